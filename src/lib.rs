@@ -1,0 +1,16 @@
+//! voiceclone: fine-tune Qwen3-TTS on a folder of recordings and speak with the cloned voice.
+//!
+//! Layout: `audio` (decode, resample, WAV), `prep` (transcription and segmentation),
+//! `hub` (model resolution), `config` and `workspace` (shared by the subcommands), and the
+//! CLI glue in `cli` and `commands`.
+
+pub mod audio;
+pub mod cli;
+pub mod commands;
+pub mod config;
+pub mod fsutil;
+pub mod hub;
+pub mod model;
+pub mod prep;
+pub mod progress;
+pub mod workspace;

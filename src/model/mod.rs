@@ -1,0 +1,5 @@
+//! The Qwen3-TTS port (spec: ../shared/spec/qwen3-tts.md). Model code knows nothing of the CLI,
+//! the workspace or files beyond the model directory it is given.
+
+pub mod config;
+pub mod weights;

@@ -1,0 +1,166 @@
+//! Loading checkpoint tensors from memory-mapped safetensors files.
+//!
+//! Every tensor is converted to the compute dtype as it is read (bf16 on disk -> f32 on CPU),
+//! and the mapped pages of the source are released right after, so peak memory is the
+//! converted weights plus one tensor, not weights plus the whole mapped file.
+//! Lookups check shapes against what the config implies and name the tensor and the file.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Device, Tensor};
+use memmap2::Mmap;
+use safetensors::{Dtype as StDtype, SafeTensors};
+
+/// All tensors of one or more safetensors files, converted to `dtype` on `device`.
+pub struct Weights {
+    tensors: HashMap<String, Tensor>,
+    /// Which file each tensor came from, for error messages.
+    origin: HashMap<String, PathBuf>,
+    files: Vec<PathBuf>,
+    dtype: DType,
+    device: Device,
+}
+
+impl Weights {
+    /// Loads every tensor of `files` whose name passes `keep`.
+    pub fn load(files: &[PathBuf], dtype: DType, device: &Device, keep: impl Fn(&str) -> bool) -> Result<Self> {
+        let mut w = Weights {
+            tensors: HashMap::new(),
+            origin: HashMap::new(),
+            files: files.to_vec(),
+            dtype,
+            device: device.clone(),
+        };
+        for file in files {
+            w.load_file(file, &keep)
+                .with_context(|| format!("cannot load checkpoint {}", file.display()))?;
+        }
+        Ok(w)
+    }
+
+    fn load_file(&mut self, path: &Path, keep: &dyn Fn(&str) -> bool) -> Result<()> {
+        let file = std::fs::File::open(path)?;
+        // SAFETY: the mapping is read-only and private to this function; checkpoint files are
+        // not expected to change while they load (as with every mmap-based loader).
+        let mmap = unsafe { Mmap::map(&file)? };
+        let st = SafeTensors::deserialize(&mmap).map_err(|e| anyhow::anyhow!("not a valid safetensors file: {e}"))?;
+        let base = mmap.as_ptr() as usize;
+        for (name, view) in st.iter() {
+            if !keep(name) {
+                continue;
+            }
+            let tensor = to_tensor(view.dtype(), view.shape(), view.data(), self.dtype, &self.device)
+                .with_context(|| format!("tensor {name}"))?;
+            // Give the mapped pages of this tensor back now that it has been converted.
+            let data = view.data();
+            let start = data.as_ptr() as usize - base;
+            let page = 4096;
+            let aligned = start.div_ceil(page) * page;
+            let end = (start + data.len()) / page * page;
+            if end > aligned {
+                // SAFETY: read-only file mapping; dropped pages are re-read from the file if
+                // touched again, and nothing borrows them after the conversion above.
+                unsafe {
+                    let _ = mmap.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, aligned, end - aligned);
+                }
+            }
+            self.origin.insert(name.to_string(), path.to_path_buf());
+            self.tensors.insert(name.to_string(), tensor);
+        }
+        Ok(())
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    /// The tensor `name`, which must have `shape`.
+    pub fn get(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        let t = self.get_any(name)?;
+        if t.dims() != shape {
+            bail!(
+                "checkpoint {}: tensor {name} has shape {:?} but the model config implies {:?}",
+                self.origin_of(name),
+                t.dims(),
+                shape
+            );
+        }
+        Ok(t)
+    }
+
+    /// The tensor `name`, whatever its shape.
+    pub fn get_any(&self, name: &str) -> Result<Tensor> {
+        match self.tensors.get(name) {
+            Some(t) => Ok(t.clone()),
+            None => bail!(
+                "checkpoint {} has no tensor {name} (does it match its config.json?)",
+                self.files_display()
+            ),
+        }
+    }
+
+    /// Names of the loaded tensors that start with `prefix`, sorted.
+    pub fn names_with_prefix(&self, prefix: &str) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .tensors
+            .keys()
+            .filter(|k| k.starts_with(prefix))
+            .cloned()
+            .collect();
+        names.sort();
+        names
+    }
+
+    fn origin_of(&self, name: &str) -> String {
+        self.origin
+            .get(name)
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|| self.files_display())
+    }
+
+    fn files_display(&self) -> String {
+        self.files
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// Converts raw little-endian safetensors bytes into a tensor of `dtype`.
+fn to_tensor(src: StDtype, shape: &[usize], data: &[u8], dtype: DType, device: &Device) -> Result<Tensor> {
+    let src_dtype = match src {
+        StDtype::BF16 => DType::BF16,
+        StDtype::F16 => DType::F16,
+        StDtype::F32 => DType::F32,
+        StDtype::F64 => DType::F64,
+        StDtype::I64 => DType::I64,
+        StDtype::U8 => DType::U8,
+        StDtype::U32 => DType::U32,
+        other => bail!("unsupported tensor dtype {other:?}"),
+    };
+    if src_dtype == DType::BF16 && dtype == DType::F32 {
+        // Straight to f32 without an intermediate bf16 tensor: halves peak memory per tensor.
+        let values: Vec<f32> = data
+            .chunks_exact(2)
+            .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect();
+        return Ok(Tensor::from_vec(values, shape, device)?);
+    }
+    let t = Tensor::from_raw_buffer(data, src_dtype, shape, device)?;
+    if src_dtype.is_float() && src_dtype != dtype {
+        Ok(t.to_dtype(dtype)?)
+    } else {
+        Ok(t)
+    }
+}

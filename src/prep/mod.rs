@@ -1,0 +1,403 @@
+//! `voiceclone prep`: recordings in, 24 kHz utterances and a training manifest out.
+//!
+//! decode (symphonia) -> resample (rubato) -> transcribe 16 kHz (Whisper) -> cut at segment
+//! boundaries -> write `data/segments/*.wav` (24 kHz mono 16-bit) and `data/train.jsonl`.
+//!
+//! Each source gets a record under `data/prep/sources/` keyed by its path, size, modification
+//! time and the prep settings; a re-run reuses the records and does no decoding or
+//! transcription for unchanged sources, and rewrites the manifest (atomically) from them.
+
+pub mod manifest;
+pub mod segment;
+pub mod sources;
+pub mod transcribe;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+
+use crate::audio::{self, OUTPUT_RATE, WHISPER_RATE};
+use crate::fsutil::write_atomic;
+use crate::progress::Progress;
+use crate::workspace::Workspace;
+use manifest::{round_ms, ManifestRow, SourceRecord, UtteranceRecord};
+use segment::Rules;
+use sources::SourceFile;
+use transcribe::Transcriber;
+
+/// Bumped whenever prep's output for the same input and settings changes.
+const PREP_FORMAT_VERSION: u32 = 1;
+
+/// Reference clip length the automatic choice aims for (seconds).
+const REF_MIN_SECONDS: f64 = 3.0;
+const REF_MAX_SECONDS: f64 = 10.0;
+
+#[derive(Debug, Clone)]
+pub struct PrepOptions {
+    pub inputs: Vec<PathBuf>,
+    pub rules: Rules,
+    /// Whisper model: local path or `owner/repo/file`.
+    pub whisper_model: String,
+    /// "auto" or a Whisper language code.
+    pub language: String,
+    /// Files processed at once; 0 = one per core.
+    pub jobs: usize,
+    /// Force this clip as the reference.
+    pub ref_audio: Option<PathBuf>,
+    /// Redo every source even if a record exists.
+    pub force: bool,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Summary {
+    pub files_found: usize,
+    pub files_reused: usize,
+    pub files_processed: usize,
+    /// Sources that failed, with the reason.
+    pub files_failed: Vec<(String, String)>,
+    pub source_seconds: f64,
+    pub kept_seconds: f64,
+    pub utterances: usize,
+    /// Seconds dropped, by reason.
+    pub dropped: BTreeMap<String, f64>,
+    pub ref_audio: String,
+    pub manifest: PathBuf,
+    pub warnings: Vec<String>,
+}
+
+/// Loads the transcriber lazily: a run with nothing new to transcribe never loads a model.
+pub type TranscriberFactory<'a> = dyn Fn() -> Result<Arc<dyn Transcriber>> + 'a;
+
+/// Runs prep over `opts.inputs` into the workspace.
+pub fn run(ws: &Workspace, opts: &PrepOptions, make_transcriber: &TranscriberFactory) -> Result<Summary> {
+    for input in &opts.inputs {
+        if let Ok(dir) = input.canonicalize() {
+            if dir.is_dir() && ws.root().starts_with(&dir) {
+                bail!(
+                    "the workspace {} lies inside the input folder {}; prep never writes into your \
+                     recordings, so run it from another directory (or pass --workdir)",
+                    ws.root().display(),
+                    input.display()
+                );
+            }
+        }
+    }
+    let discovery = sources::discover(&opts.inputs, &ws.data_dir());
+    let progress = Progress::new(discovery.files.len() as u64, "files", "prep");
+    for w in &discovery.warnings {
+        progress.warn(w.clone());
+    }
+
+    let settings = settings_digest(opts);
+    let records_dir = ws.prep_records_dir();
+    let mut records: BTreeMap<SourceFile, SourceRecord> = BTreeMap::new();
+    let mut todo: Vec<(SourceFile, String)> = Vec::new();
+    for file in &discovery.files {
+        let key = file.key(&settings);
+        match reusable_record(ws, &records_dir, &key, opts.force) {
+            Some(record) => {
+                records.insert(file.clone(), record);
+            }
+            None => todo.push((file.clone(), key)),
+        }
+    }
+    let mut summary = Summary {
+        files_found: discovery.files.len(),
+        files_reused: records.len(),
+        ..Default::default()
+    };
+    progress.inc(records.len() as u64);
+
+    if !todo.is_empty() {
+        let transcriber = make_transcriber()?;
+        let jobs = effective_jobs(opts.jobs, todo.len());
+        let threads_per_job = (available_cores() / jobs).max(1);
+        let ctx = JobContext {
+            ws,
+            rules: &opts.rules,
+            transcriber: transcriber.as_ref(),
+            threads: threads_per_job,
+            records_dir: &records_dir,
+        };
+        let (tx, rx) = mpsc::channel();
+        let next = AtomicUsize::new(0);
+        let mut audio_seconds = 0.0;
+        std::thread::scope(|scope| -> Result<()> {
+            for _ in 0..jobs {
+                let tx = tx.clone();
+                let (next, todo, ctx) = (&next, &todo, &ctx);
+                scope.spawn(move || loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some((file, key)) = todo.get(i) else { break };
+                    let result = process_source(ctx, file, key);
+                    if tx.send((file.clone(), result)).is_err() {
+                        break;
+                    }
+                });
+            }
+            drop(tx);
+            for (file, result) in rx {
+                progress.inc(1);
+                match result {
+                    Ok(record) => {
+                        audio_seconds += record.duration;
+                        summary.files_processed += 1;
+                        records.insert(file, record);
+                    }
+                    Err(reason) => {
+                        let shown = file.path.display().to_string();
+                        progress.warn(format!("skipping {shown}: {reason}"));
+                        summary.files_failed.push((shown, reason));
+                    }
+                }
+                progress.set_message(format!("{audio_seconds:.0} s of audio transcribed"));
+            }
+            Ok(())
+        })?;
+    }
+    progress.finish();
+
+    // Collect utterances from every current source, in source order.
+    let mut utterances: Vec<(&str, &UtteranceRecord)> = Vec::new();
+    for record in records.values() {
+        summary.source_seconds += record.duration;
+        for (reason, secs) in &record.dropped {
+            *summary.dropped.entry(reason.clone()).or_default() += secs;
+        }
+        for u in &record.utterances {
+            summary.kept_seconds += u.duration;
+            utterances.push((record.source.as_str(), u));
+        }
+    }
+    summary.utterances = utterances.len();
+    summary.warnings = progress.warnings();
+    if utterances.is_empty() {
+        bail!("{}", nothing_usable_message(&summary));
+    }
+
+    let ref_rel = write_reference(ws, opts.ref_audio.as_deref(), &utterances)?;
+    let rows: Vec<ManifestRow> = utterances
+        .iter()
+        .map(|(source, u)| u.to_row(source, &ref_rel))
+        .collect();
+    manifest::write_manifest(&ws.manifest(), &rows)?;
+    summary.ref_audio = ref_rel;
+    summary.manifest = ws.manifest();
+    Ok(summary)
+}
+
+struct JobContext<'a> {
+    ws: &'a Workspace,
+    rules: &'a Rules,
+    transcriber: &'a dyn Transcriber,
+    threads: usize,
+    records_dir: &'a Path,
+}
+
+/// Decodes, transcribes and cuts one source; the error is a reason for the user.
+fn process_source(ctx: &JobContext, file: &SourceFile, key: &str) -> std::result::Result<SourceRecord, String> {
+    let decoded = audio::decode_file(&file.path).map_err(|e| e.to_string())?;
+    let for_whisper = audio::resample(&decoded.samples, decoded.sample_rate, WHISPER_RATE)
+        .map_err(|e| format!("{e:#}"))?;
+    let output = audio::resample(&decoded.samples, decoded.sample_rate, OUTPUT_RATE)
+        .map_err(|e| format!("{e:#}"))?;
+    let transcript = ctx
+        .transcriber
+        .transcribe(&for_whisper, ctx.threads)
+        .map_err(|e| format!("transcription failed: {e:#}"))?;
+    let cut = segment::cut(&transcript.segments, &output, OUTPUT_RATE, ctx.rules);
+
+    let stem = file.safe_stem();
+    let mut utterances = Vec::with_capacity(cut.utterances.len());
+    for (i, u) in cut.utterances.iter().enumerate() {
+        let a = (u.start * OUTPUT_RATE as f64).round() as usize;
+        let b = ((u.end * OUTPUT_RATE as f64).round() as usize).min(output.len());
+        let path = ctx.ws.segments_dir().join(format!("{stem}-{}-{i:03}.wav", &key[..8]));
+        audio::wav::write_pcm16(&path, &output[a..b], OUTPUT_RATE).map_err(|e| format!("{e:#}"))?;
+        utterances.push(UtteranceRecord {
+            audio: ctx.ws.relative(&path),
+            text: u.text.clone(),
+            duration: round_ms((b - a) as f64 / OUTPUT_RATE as f64),
+            start: round_ms(u.start),
+            end: round_ms(u.end),
+            language: transcript.language.clone(),
+            no_speech_prob: u.no_speech_prob,
+        });
+    }
+    let record = SourceRecord {
+        key: key.to_string(),
+        source: ctx.ws.relative(&file.path),
+        duration: round_ms(decoded.duration_seconds()),
+        utterances,
+        dropped: cut
+            .dropped
+            .iter()
+            .map(|(reason, secs)| (reason.to_string(), round_ms(*secs)))
+            .collect(),
+    };
+    manifest::write_record(&ctx.records_dir.join(format!("{key}.json")), &record).map_err(|e| format!("{e:#}"))?;
+    Ok(record)
+}
+
+/// The record for `key`, if it exists and all of its utterance files are still there.
+fn reusable_record(ws: &Workspace, dir: &Path, key: &str, force: bool) -> Option<SourceRecord> {
+    if force {
+        return None;
+    }
+    let record = manifest::read_record(&dir.join(format!("{key}.json"))).ok()?;
+    let complete = record.key == key && record.utterances.iter().all(|u| ws.resolve(&u.audio).is_file());
+    complete.then_some(record)
+}
+
+fn settings_digest(opts: &PrepOptions) -> String {
+    #[derive(Serialize)]
+    struct Settings<'a> {
+        version: u32,
+        whisper_model: &'a str,
+        language: &'a str,
+        min_seconds: f64,
+        max_seconds: f64,
+        max_merge_gap: f64,
+        max_no_speech_prob: f64,
+        pad_seconds: f64,
+        silence_db: f64,
+    }
+    let r = &opts.rules;
+    sources::digest_of(&Settings {
+        version: PREP_FORMAT_VERSION,
+        whisper_model: &opts.whisper_model,
+        language: &opts.language,
+        min_seconds: r.min_seconds,
+        max_seconds: r.max_seconds,
+        max_merge_gap: r.max_merge_gap,
+        max_no_speech_prob: r.max_no_speech_prob,
+        pad_seconds: r.pad_seconds,
+        silence_db: r.silence_db,
+    })
+}
+
+fn available_cores() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+}
+
+fn effective_jobs(configured: usize, files: usize) -> usize {
+    let jobs = if configured == 0 { available_cores() } else { configured };
+    jobs.clamp(1, files.max(1))
+}
+
+/// Writes `data/ref.wav`: the forced clip (decoded and resampled to 24 kHz), or the best
+/// utterance (a clean one of 3-10 s, closest to 6 s). Returns its workspace-relative path.
+fn write_reference(ws: &Workspace, forced: Option<&Path>, utterances: &[(&str, &UtteranceRecord)]) -> Result<String> {
+    let dest = ws.ref_wav();
+    match forced {
+        Some(path) => {
+            let samples = audio::load_mono(path, OUTPUT_RATE)
+                .with_context(|| format!("prep.ref_audio {} cannot be used", path.display()))?;
+            audio::wav::write_pcm16(&dest, &samples, OUTPUT_RATE)?;
+        }
+        None => {
+            let best = choose_reference(utterances.iter().map(|(_, u)| *u))
+                .context("no utterance to use as the reference clip")?;
+            let src = ws.resolve(&best.audio);
+            let bytes = std::fs::read(&src).with_context(|| format!("cannot read {}", src.display()))?;
+            write_atomic(&dest, &bytes)?;
+        }
+    }
+    Ok(ws.relative(&dest))
+}
+
+/// The most reference-worthy utterance: inside 3-10 s if any is, then the lowest no-speech
+/// probability, then closest to 6 s; ties broken by path for determinism.
+pub fn choose_reference<'a>(utterances: impl Iterator<Item = &'a UtteranceRecord>) -> Option<&'a UtteranceRecord> {
+    let outside = |d: f64| (REF_MIN_SECONDS - d).max(d - REF_MAX_SECONDS).max(0.0);
+    let ideal = (REF_MIN_SECONDS + REF_MAX_SECONDS) / 2.0 - 0.5;
+    utterances.min_by(|a, b| {
+        let key = |u: &UtteranceRecord| (outside(u.duration), u.no_speech_prob + (u.duration - ideal).abs() / 20.0);
+        let (ka, kb) = (key(a), key(b));
+        ka.0.total_cmp(&kb.0)
+            .then(ka.1.total_cmp(&kb.1))
+            .then_with(|| a.audio.cmp(&b.audio))
+    })
+}
+
+fn nothing_usable_message(s: &Summary) -> String {
+    if s.files_found == 0 {
+        return "no audio files found in the inputs".into();
+    }
+    let mut msg = format!("no usable utterance came out of {} file(s)", s.files_found);
+    if !s.files_failed.is_empty() {
+        msg.push_str(&format!("; {} could not be read (see warnings above)", s.files_failed.len()));
+    }
+    if !s.dropped.is_empty() {
+        let parts: Vec<String> = s.dropped.iter().map(|(r, secs)| format!("{secs:.1} s {r}")).collect();
+        msg.push_str(&format!("; dropped: {}", parts.join(", ")));
+    }
+    msg
+}
+
+impl Summary {
+    /// The human-readable report printed at the end of `prep`.
+    pub fn render(&self) -> String {
+        let h = |s: f64| format!("{:.2} h ({s:.1} s)", s / 3600.0);
+        let mut out = format!(
+            "prep: {} file(s) found, {} processed, {} unchanged and reused, {} failed\n",
+            self.files_found,
+            self.files_processed,
+            self.files_reused,
+            self.files_failed.len()
+        );
+        out.push_str(&format!(
+            "  audio: {} in sources, {} kept in {} utterance(s)\n",
+            h(self.source_seconds),
+            h(self.kept_seconds),
+            self.utterances
+        ));
+        let dropped: f64 = self.dropped.values().sum();
+        let untranscribed = (self.source_seconds - self.kept_seconds - dropped).max(0.0);
+        out.push_str(&format!("  dropped: {} silence or pauses between utterances", h(untranscribed)));
+        for (reason, secs) in &self.dropped {
+            out.push_str(&format!(", {} {reason}", h(*secs)));
+        }
+        out.push('\n');
+        for (file, reason) in &self.files_failed {
+            out.push_str(&format!("  failed: {file}: {reason}\n"));
+        }
+        out.push_str(&format!(
+            "  manifest: {}\n  reference clip: {}\n",
+            self.manifest.display(),
+            self.ref_audio
+        ));
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn utt(audio: &str, duration: f64, nsp: f64) -> UtteranceRecord {
+        UtteranceRecord {
+            audio: audio.into(),
+            text: "t".into(),
+            duration,
+            start: 0.0,
+            end: duration,
+            language: "english".into(),
+            no_speech_prob: nsp,
+        }
+    }
+
+    #[test]
+    fn reference_prefers_clean_clips_of_three_to_ten_seconds() {
+        let list = [utt("a", 12.0, 0.0), utt("b", 2.0, 0.0), utt("c", 4.0, 0.3), utt("d", 7.0, 0.01)];
+        assert_eq!(choose_reference(list.iter()).unwrap().audio, "d");
+        // Nothing in range: the closest to it.
+        let list = [utt("a", 14.0, 0.0), utt("b", 1.5, 0.0), utt("c", 11.0, 0.2)];
+        assert_eq!(choose_reference(list.iter()).unwrap().audio, "c");
+        assert!(choose_reference([].iter()).is_none());
+    }
+}

@@ -1,0 +1,147 @@
+//! Speech recognition behind a small trait, so the segmenter and the pipeline can be tested
+//! without a Whisper model; the real implementation wraps whisper.cpp through whisper-rs.
+
+use std::path::Path;
+use std::sync::Once;
+
+use anyhow::{anyhow, Context, Result};
+use whisper_rs::{FullParams, SamplingStrategy, WhisperContext, WhisperContextParameters};
+
+/// One recognised word with its time span in seconds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Word {
+    pub text: String,
+    pub start: f64,
+    pub end: f64,
+}
+
+/// One recognised segment (Whisper's unit, usually a sentence or phrase).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Segment {
+    pub start: f64,
+    pub end: f64,
+    pub text: String,
+    pub no_speech_prob: f64,
+    /// Word timings inside the segment, used to split segments that are too long.
+    pub words: Vec<Word>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Transcript {
+    pub segments: Vec<Segment>,
+    /// Whisper's full language name, e.g. "english".
+    pub language: String,
+}
+
+/// Turns 16 kHz mono speech into timed text.
+pub trait Transcriber: Send + Sync {
+    fn transcribe(&self, samples_16k: &[f32], threads: usize) -> Result<Transcript>;
+}
+
+/// whisper.cpp through whisper-rs; one shared model, one decoder state per call.
+pub struct WhisperTranscriber {
+    context: WhisperContext,
+    language: Option<String>,
+}
+
+impl WhisperTranscriber {
+    /// Loads a ggml Whisper model. `language` is "auto" or a Whisper language code.
+    pub fn load(model: &Path, language: &str) -> Result<Self> {
+        static HOOKS: Once = Once::new();
+        // Route whisper.cpp's chatter through `tracing` (visible with -v) instead of stderr.
+        HOOKS.call_once(whisper_rs::install_logging_hooks);
+        let language = match language {
+            "auto" => None,
+            code => {
+                if whisper_rs::get_lang_id(code).is_none() {
+                    return Err(anyhow!("prep.language: {code:?} is not a language Whisper knows"));
+                }
+                Some(code.to_string())
+            }
+        };
+        let path = model
+            .to_str()
+            .ok_or_else(|| anyhow!("Whisper model path {} is not valid UTF-8", model.display()))?;
+        let context = WhisperContext::new_with_params(path, WhisperContextParameters::default())
+            .map_err(|e| anyhow!("cannot load Whisper model {}: {e}", model.display()))?;
+        if language.is_none() && !context.is_multilingual() {
+            tracing::info!("English-only Whisper model: transcribing as English");
+        }
+        Ok(WhisperTranscriber { context, language })
+    }
+}
+
+impl Transcriber for WhisperTranscriber {
+    fn transcribe(&self, samples_16k: &[f32], threads: usize) -> Result<Transcript> {
+        let mut state = self
+            .context
+            .create_state()
+            .map_err(|e| anyhow!("cannot create a Whisper decoder state: {e}"))?;
+        let mut params = FullParams::new(SamplingStrategy::Greedy { best_of: 1 });
+        params.set_n_threads(threads.max(1) as i32);
+        let language = match (&self.language, self.context.is_multilingual()) {
+            (Some(code), _) => Some(code.as_str()),
+            (None, true) => Some("auto"),
+            (None, false) => Some("en"),
+        };
+        params.set_language(language);
+        params.set_print_special(false);
+        params.set_print_progress(false);
+        params.set_print_realtime(false);
+        params.set_print_timestamps(false);
+        params.set_suppress_blank(true);
+        params.set_token_timestamps(true);
+        state
+            .full(params, samples_16k)
+            .map_err(|e| anyhow!("Whisper failed: {e}"))?;
+
+        let lang_id = state.full_lang_id_from_state();
+        let language = whisper_rs::get_lang_str_full(lang_id)
+            .unwrap_or("english")
+            .to_string();
+        let mut segments = Vec::new();
+        for segment in state.as_iter() {
+            let text = segment
+                .to_str_lossy()
+                .context("cannot read a Whisper segment")?
+                .trim()
+                .to_string();
+            let mut words: Vec<Word> = Vec::new();
+            for t in 0..segment.n_tokens() {
+                let Some(token) = segment.get_token(t) else { continue };
+                let piece = token.to_str_lossy().unwrap_or_default().into_owned();
+                // Special tokens ([_BEG_], [_TT_123], <|endoftext|>) carry no text.
+                if piece.starts_with("[_") || piece.starts_with("<|") {
+                    continue;
+                }
+                let data = token.token_data();
+                let (t0, t1) = (data.t0 as f64 / 100.0, data.t1 as f64 / 100.0);
+                // A leading space starts a new word; other pieces continue the current one.
+                match words.last_mut() {
+                    Some(w) if !piece.starts_with(' ') => {
+                        w.text.push_str(&piece);
+                        w.end = w.end.max(t1);
+                    }
+                    _ => {
+                        if piece.trim().is_empty() {
+                            continue;
+                        }
+                        words.push(Word {
+                            text: piece.trim_start().to_string(),
+                            start: t0,
+                            end: t1.max(t0),
+                        })
+                    }
+                }
+            }
+            segments.push(Segment {
+                start: segment.start_timestamp() as f64 / 100.0,
+                end: segment.end_timestamp() as f64 / 100.0,
+                text,
+                no_speech_prob: segment.no_speech_probability() as f64,
+                words,
+            });
+        }
+        Ok(Transcript { segments, language })
+    }
+}

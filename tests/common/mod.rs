@@ -1,0 +1,102 @@
+//! Shared helpers for the integration tests: test assets, running the binary, WAV inspection.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// Downloaded/converted test assets (`scripts/fetch_test_assets.sh`), or
+/// `$VOICECLONE_TEST_ASSETS`.
+pub fn assets() -> PathBuf {
+    let dir = std::env::var_os("VOICECLONE_TEST_ASSETS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".test-assets"));
+    assert!(
+        dir.join("whisper/ggml-tiny.en.bin").is_file() && dir.join("speech/prep2/transcripts.tsv").is_file(),
+        "test assets missing in {}: run scripts/fetch_test_assets.sh (the README's test command does)",
+        dir.display()
+    );
+    dir
+}
+
+pub fn whisper_model() -> PathBuf {
+    assets().join("whisper/ggml-tiny.en.bin")
+}
+
+/// Runs the voiceclone binary with `args` in workspace `workdir`.
+pub fn voiceclone(workdir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_voiceclone"))
+        .arg("--workdir")
+        .arg(workdir)
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("cannot run the voiceclone binary")
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Reference transcripts: `file<TAB>text` lines.
+pub fn transcripts(dir: &Path) -> Vec<(String, String)> {
+    std::fs::read_to_string(dir.join("transcripts.tsv"))
+        .expect("transcripts.tsv")
+        .lines()
+        .filter_map(|l| l.split_once('\t'))
+        .map(|(f, t)| (f.to_string(), t.to_string()))
+        .collect()
+}
+
+/// Words for WER: lower case, punctuation removed (apostrophes kept inside words).
+pub fn normalize_words(text: &str) -> Vec<String> {
+    text.to_lowercase()
+        .chars()
+        .map(|c| if c.is_alphanumeric() || c == '\'' { c } else { ' ' })
+        .collect::<String>()
+        .split_whitespace()
+        .map(|w| w.trim_matches('\'').to_string())
+        .filter(|w| !w.is_empty())
+        .collect()
+}
+
+/// Word-level edit distance (substitutions + insertions + deletions).
+pub fn word_errors(reference: &[String], hypothesis: &[String]) -> usize {
+    let mut prev: Vec<usize> = (0..=hypothesis.len()).collect();
+    for (i, r) in reference.iter().enumerate() {
+        let mut cur = vec![i + 1; hypothesis.len() + 1];
+        for (j, h) in hypothesis.iter().enumerate() {
+            let sub = prev[j] + usize::from(r != h);
+            cur[j + 1] = sub.min(prev[j + 1] + 1).min(cur[j] + 1);
+        }
+        prev = cur;
+    }
+    prev[hypothesis.len()]
+}
+
+/// Recursively lists files under `dir` with their sizes and modification times.
+pub fn snapshot(dir: &Path) -> Vec<(PathBuf, u64, std::time::SystemTime)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let m = std::fs::symlink_metadata(e.path()).unwrap();
+            if m.is_dir() {
+                stack.push(e.path());
+            } else {
+                out.push((e.path(), m.len(), m.modified().unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+pub fn copy(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+    std::fs::copy(from, to).unwrap();
+}

@@ -1,0 +1,180 @@
+//! prep's promises beyond transcription quality: re-runs do no work and leave the manifest
+//! byte-identical, a new file is processed alone, and bad inputs are reported by name without
+//! harming anything already written.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use common::*;
+use voiceclone::prep::segment::Rules;
+use voiceclone::prep::transcribe::{Transcriber, Transcript, WhisperTranscriber};
+use voiceclone::prep::{self, PrepOptions};
+use voiceclone::workspace::Workspace;
+
+/// The `n` smallest real-speech files of the test corpus.
+fn small_speech_files(n: usize) -> Vec<PathBuf> {
+    let dir = assets().join("speech/prep2");
+    let mut files: Vec<(u64, PathBuf)> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e != "tsv"))
+        .map(|p| (std::fs::metadata(&p).unwrap().len(), p))
+        .collect();
+    files.sort();
+    files.into_iter().take(n).map(|(_, p)| p).collect()
+}
+
+struct Counting {
+    inner: WhisperTranscriber,
+    calls: Arc<AtomicUsize>,
+}
+
+impl Transcriber for Counting {
+    fn transcribe(&self, samples: &[f32], threads: usize) -> anyhow::Result<Transcript> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.inner.transcribe(samples, threads)
+    }
+}
+
+fn options(input: &Path) -> PrepOptions {
+    PrepOptions {
+        inputs: vec![input.to_path_buf()],
+        rules: Rules {
+            min_seconds: 1.0,
+            max_seconds: 15.0,
+            max_merge_gap: 1.5,
+            max_no_speech_prob: 0.6,
+            pad_seconds: 0.15,
+            silence_db: -40.0,
+        },
+        whisper_model: whisper_model().to_string_lossy().into_owned(),
+        language: "en".into(),
+        jobs: 2,
+        ref_audio: None,
+        force: false,
+    }
+}
+
+#[test]
+fn rerun_does_no_work_and_new_files_are_processed_alone() {
+    let files = small_speech_files(3);
+    let inputs = tempfile::tempdir().unwrap();
+    for f in &files[..2] {
+        copy(f, &inputs.path().join(f.file_name().unwrap()));
+    }
+    let ws_dir = tempfile::tempdir().unwrap();
+    let ws = Workspace::open(ws_dir.path()).unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let loads = AtomicUsize::new(0);
+    let make = || -> anyhow::Result<Arc<dyn Transcriber>> {
+        loads.fetch_add(1, Ordering::SeqCst);
+        Ok(Arc::new(Counting {
+            inner: WhisperTranscriber::load(&whisper_model(), "en")?,
+            calls: calls.clone(),
+        }))
+    };
+    let opts = options(inputs.path());
+
+    let first = prep::run(&ws, &opts, &make).unwrap();
+    assert_eq!((first.files_processed, first.files_reused), (2, 0));
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert!(first.utterances > 0);
+    let manifest = std::fs::read(ws.manifest()).unwrap();
+    let segments = snapshot(&ws.segments_dir());
+
+    let second = prep::run(&ws, &opts, &make).unwrap();
+    assert_eq!((second.files_processed, second.files_reused), (0, 2));
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "re-run transcribed again");
+    assert_eq!(loads.load(Ordering::SeqCst), 1, "re-run loaded the Whisper model");
+    assert_eq!(std::fs::read(ws.manifest()).unwrap(), manifest, "manifest changed");
+    assert_eq!(snapshot(&ws.segments_dir()), segments, "segments rewritten");
+
+    let new = &files[2];
+    copy(new, &inputs.path().join(new.file_name().unwrap()));
+    let third = prep::run(&ws, &opts, &make).unwrap();
+    assert_eq!((third.files_processed, third.files_reused), (1, 2));
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    let rows = std::fs::read_to_string(ws.manifest()).unwrap();
+    let new_name = new.file_stem().unwrap().to_string_lossy().into_owned();
+    assert!(rows.contains(&new_name), "new file missing from the manifest");
+    // The earlier rows are all still there, unchanged.
+    for line in String::from_utf8(manifest).unwrap().lines() {
+        assert!(rows.contains(line));
+    }
+    // --force redoes everything.
+    let forced = prep::run(&ws, &PrepOptions { force: true, ..opts }, &make).unwrap();
+    assert_eq!(forced.files_processed, 3);
+}
+
+#[test]
+fn bad_inputs_are_reported_by_name_and_harm_nothing() {
+    let good = &small_speech_files(1)[0];
+    let inputs = tempfile::tempdir().unwrap();
+    let dir = inputs.path();
+    copy(good, &dir.join("good").join(good.file_name().unwrap()));
+    let ws = tempfile::tempdir().unwrap();
+    let model = whisper_model();
+    let prep_args = |extra: &[&str]| {
+        let mut a = vec!["prep", "--whisper-model", model.to_str().unwrap(), "--language", "en"];
+        a.extend_from_slice(extra);
+        a.into_iter().map(String::from).collect::<Vec<_>>()
+    };
+    let run = |extra: &[&str]| {
+        let args = prep_args(extra);
+        voiceclone(ws.path(), &args.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let good_dir = dir.join("good");
+    let first = run(&[good_dir.to_str().unwrap()]);
+    assert!(first.status.success(), "{}", stderr(&first));
+    let manifest = std::fs::read(ws.path().join("data/train.jsonl")).unwrap();
+    let outputs = snapshot(&ws.path().join("data/segments"));
+    let reference = std::fs::read(ws.path().join("data/ref.wav")).unwrap();
+
+    // Every kind of bad input next to the good file.
+    let bad = dir.join("bad");
+    std::fs::create_dir_all(&bad).unwrap();
+    std::fs::write(bad.join("empty.wav"), b"").unwrap();
+    std::fs::write(bad.join("notes.mp3"), "not audio at all\n".repeat(100)).unwrap();
+    let flac = std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/audio/tone-44100.flac")).unwrap();
+    std::fs::write(bad.join("truncated.flac"), &flac[..flac.len() / 2]).unwrap();
+    std::fs::write(bad.join("corrupt.m4a"), [&b"\x00\x00\x00\x18ftypM4A "[..], &[0x5a; 4000][..]].concat()).unwrap();
+    std::os::unix::fs::symlink(dir.join("nowhere.wav"), bad.join("unreadable.wav")).unwrap();
+    let spec = hound::WavSpec { channels: 1, sample_rate: 16000, bits_per_sample: 16, sample_format: hound::SampleFormat::Int };
+    hound::WavWriter::create(bad.join("zero-samples.wav"), spec).unwrap().finalize().unwrap();
+    let empty_dir = dir.join("no-audio-here");
+    std::fs::create_dir_all(&empty_dir).unwrap();
+    std::fs::write(empty_dir.join("readme.txt"), b"nothing").unwrap();
+
+    let second = run(&[good_dir.to_str().unwrap(), bad.to_str().unwrap(), empty_dir.to_str().unwrap()]);
+    let err = stderr(&second);
+    assert!(second.status.success(), "bad inputs must not fail the run:\n{err}");
+    for (name, reason) in [
+        ("empty.wav", "empty file"),
+        ("notes.mp3", "not a recognised audio format"),
+        ("truncated.flac", ""),
+        ("corrupt.m4a", ""),
+        ("unreadable.wav", "cannot open"),
+        ("zero-samples.wav", "no audio samples"),
+        ("no-audio-here", "no audio files"),
+    ] {
+        let line = err.lines().find(|l| l.contains(name)).unwrap_or_else(|| panic!("no warning names {name}:\n{err}"));
+        assert!(line.starts_with("warning:") && line.contains(reason), "{line}");
+    }
+    // The good file's results are untouched, and still the whole manifest.
+    assert_eq!(std::fs::read(ws.path().join("data/train.jsonl")).unwrap(), manifest);
+    assert_eq!(snapshot(&ws.path().join("data/segments")), outputs);
+    assert_eq!(std::fs::read(ws.path().join("data/ref.wav")).unwrap(), reference);
+    assert!(stdout(&second).contains("6 failed"), "{}", stdout(&second));
+
+    // Only bad inputs: a non-zero exit that says why; earlier outputs still intact.
+    let third = run(&[bad.to_str().unwrap()]);
+    assert!(!third.status.success());
+    assert!(stderr(&third).contains("error: no usable utterance"), "{}", stderr(&third));
+    assert_eq!(std::fs::read(ws.path().join("data/train.jsonl")).unwrap(), manifest);
+    let none = run(&[empty_dir.to_str().unwrap()]);
+    assert!(!none.status.success());
+    assert!(stderr(&none).contains("no audio files found"), "{}", stderr(&none));
+}
