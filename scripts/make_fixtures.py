@@ -1,0 +1,1233 @@
+#!/usr/bin/env python3
+"""Build the small Qwen3-TTS parity fixtures under tests/fixtures/ with the official package.
+
+What it does
+------------
+* Builds small, randomly initialised Qwen3-TTS **Base** models in the official directory layout
+  (``config.json`` with every field, ``generation_config.json``, bf16 ``model.safetensors``, the
+  real Qwen2 BPE tokenizer files, a tiny ``speech_tokenizer/``) with the official ``qwen-tts==0.1.1``
+  classes (torch, CPU, float32 init, fixed seeds):
+    - ``tests/fixtures/tiny-0b6``: talker hidden == code-predictor hidden
+      (``small_to_mtp_projection`` is ``Identity``, no tensors), like the 0.6B;
+    - ``tests/fixtures/tiny-1b7``: talker hidden != code-predictor hidden (projection ``Linear``), like the 1.7B.
+* Re-loads every directory with the official loader (``Qwen3TTSModel.from_pretrained(dir,
+  dtype=torch.float32, device_map="cpu")``, i.e. what a user's load gives) and records reference
+  tensors stage by stage into ``tests/fixtures/refs/`` (tokenizer ids, log-mel, x-vector, talker
+  prefill, code predictor).  ``tests/fixtures/README.md`` documents every file and tensor name.
+* ``--full-size DEST`` writes a randomly initialised checkpoint with the real 0.6B shapes
+  (~1.8 GB, ignored by git) and checks that the official class loads it.
+
+CI never runs this script; it is run by hand and its output is committed.  Re-running it with the
+same package versions reproduces the committed files bit for bit (fixed seeds, one thread,
+deterministic algorithms); the committed reference clip ``tests/fixtures/audio/ref24k.wav`` is
+reused when present (espeak-ng output differs between versions; ``--regen-audio`` remakes it).
+
+Setup (a virtual environment outside the repository; torch from PyPI pulls the CUDA wheels,
+~6 GB on disk, which is fine for a CPU run)::
+
+    python3 -m venv /work/fixtures-venv
+    /work/fixtures-venv/bin/pip install -r scripts/requirements-fixtures.txt
+    /work/fixtures-venv/bin/pip install --no-deps qwen-tts==0.1.1
+    apt-get install -y espeak-ng        # only needed when tests/fixtures/audio/ref24k.wav is (re)made
+
+(``requirements-fixtures.txt`` = torch, torchaudio, transformers==4.57.3, accelerate==1.12.0,
+librosa, soundfile, einops, safetensors, onnxruntime, sox, gguf: ``qwen_tts`` imports torchaudio,
+onnxruntime and sox at import time through its 25 Hz tokenizer module, accelerate for
+``device_map``; gguf only to read the Qwen2 vocabulary, see below.)
+
+Run (from the repository root)::
+
+    /work/fixtures-venv/bin/python scripts/make_fixtures.py             # tiny models + references
+    /work/fixtures-venv/bin/python scripts/make_fixtures.py --full-size .big-fixtures/qwen3-tts-0.6b-random
+
+Tokenizer source: the Hugging Face hub is unreachable here, so the real Qwen2 BPE vocabulary
+(``vocab.json`` 151643 entries, ``merges.txt`` 151387 merges) is rebuilt from
+``vendor/llama.cpp/models/ggml-vocab-qwen2.gguf`` in the ``llama-cpp-python`` sdist on PyPI
+(fetched with ``pip download``; or pass ``--qwen2-gguf PATH``; once committed, the files in
+``tests/fixtures/tiny-0b6/`` are reused).  It is verified against the tokenizations that llama.cpp
+ships next to that file (made with the Hugging Face tokenizer) and against known Qwen2 ids.
+
+Later issues are expected to extend this script (speech-tokenizer/codec references into
+``<model>/speech_tokenizer/``, full generation references, SFT loss/gradient references): each stage
+is one ``ref_*`` function taking the loaded official model and returning tensors + JSON data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import inspect
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = REPO / "tests" / "fixtures"
+REFS = FIXTURES / "refs"
+AUDIO_WAV = FIXTURES / "audio" / "ref24k.wav"
+GGUF_SDIST = "llama-cpp-python==0.3.36"
+GGUF_MEMBER = "vendor/llama.cpp/models/ggml-vocab-qwen2.gguf"
+
+# --------------------------------------------------------------------------------------------
+# Constants of the real checkpoints (spec §2, §3.1)
+# --------------------------------------------------------------------------------------------
+
+TEXT_VOCAB_SIZE = 151936
+CODEC_VOCAB_SIZE = 3072
+NUM_CODE_GROUPS = 16
+CP_VOCAB_SIZE = 2048
+CODEC_IDS = dict(
+    codec_pad_id=2148,
+    codec_bos_id=2149,
+    codec_eos_token_id=2150,
+    codec_think_id=2154,
+    codec_nothink_id=2155,
+    codec_think_bos_id=2156,
+    codec_think_eos_id=2157,
+)
+# Base / VoiceDesign: the 10 non-dialect languages (CustomVoice adds sichuan_dialect 2062, beijing_dialect 2074).
+CODEC_LANGUAGE_ID = {
+    "english": 2050,
+    "german": 2053,
+    "spanish": 2054,
+    "chinese": 2055,
+    "japanese": 2058,
+    "french": 2061,
+    "korean": 2064,
+    "russian": 2069,
+    "italian": 2070,
+    "portuguese": 2071,
+}
+TOP_LEVEL_IDS = dict(
+    im_start_token_id=151644,
+    im_end_token_id=151645,
+    assistant_token_id=77091,
+    tts_pad_token_id=151671,
+    tts_bos_token_id=151672,
+    tts_eos_token_id=151673,
+)
+GENERATION_CONFIG = dict(
+    do_sample=True,
+    temperature=0.9,
+    top_k=50,
+    top_p=1.0,
+    repetition_penalty=1.05,
+    subtalker_dosample=True,
+    subtalker_temperature=0.9,
+    subtalker_top_k=50,
+    subtalker_top_p=1.0,
+    max_new_tokens=8192,
+)
+# The added-token block (ids 151643..151675): the Qwen3 block (special flags as in the Qwen3
+# tokenizer_config.json) followed by the Qwen3-Omni / Qwen3-TTS audio + TTS tokens.
+ADDED_TOKENS = [
+    (151643, "<|endoftext|>", True),
+    (151644, "<|im_start|>", True),
+    (151645, "<|im_end|>", True),
+    (151646, "<|object_ref_start|>", True),
+    (151647, "<|object_ref_end|>", True),
+    (151648, "<|box_start|>", True),
+    (151649, "<|box_end|>", True),
+    (151650, "<|quad_start|>", True),
+    (151651, "<|quad_end|>", True),
+    (151652, "<|vision_start|>", True),
+    (151653, "<|vision_end|>", True),
+    (151654, "<|vision_pad|>", True),
+    (151655, "<|image_pad|>", True),
+    (151656, "<|video_pad|>", True),
+    (151657, "<tool_call>", False),
+    (151658, "</tool_call>", False),
+    (151659, "<|fim_prefix|>", False),
+    (151660, "<|fim_middle|>", False),
+    (151661, "<|fim_suffix|>", False),
+    (151662, "<|fim_pad|>", False),
+    (151663, "<|repo_name|>", False),
+    (151664, "<|file_sep|>", False),
+    (151665, "<tool_response>", False),
+    (151666, "</tool_response>", False),
+    (151667, "<think>", False),
+    (151668, "</think>", False),
+    (151669, "<|audio_start|>", True),
+    (151670, "<|audio_end|>", True),
+    (151671, "<tts_pad>", True),
+    (151672, "<tts_text_bos>", True),
+    (151673, "<tts_text_eod>", True),
+    (151674, "<tts_text_bos_single>", True),
+    (151675, "<|audio_pad|>", True),
+]
+# The standard Qwen2 pre-tokenizer regex (transformers' Qwen2Converter; what hub-id loads use).
+QWEN2_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# transformers 4.57.3 `_patch_mistral_regex` replaces the regex for *local-directory* loads with
+# `fix_mistral_regex=True` (what `Qwen3TTSModel.from_pretrained` passes) unless config.json's
+# `transformers_version` is <= 4.57.2 (or >= 5.0.0).  The fixtures must give the standard Qwen2
+# tokenization through the official local load, so config.json says 4.57.2 (see README.md).
+CONFIG_TRANSFORMERS_VERSION = "4.57.2"
+
+# --------------------------------------------------------------------------------------------
+# Model specs
+# --------------------------------------------------------------------------------------------
+
+TINY_SPEAKER = dict(
+    mel_dim=128,  # fixed by mel_spectrogram(num_mels=128)
+    enc_channels=[16, 16, 16, 16, 48],  # divisible by res2net scale 8
+    enc_kernel_sizes=[5, 3, 3, 3, 1],
+    enc_dilations=[1, 2, 3, 4, 1],
+    enc_attention_channels=8,
+    enc_res2net_scale=8,
+    enc_se_channels=8,
+    sample_rate=24000,
+)
+
+MODEL_SPECS = {
+    # like 0.6B: talker hidden == predictor hidden -> small_to_mtp_projection = Identity
+    "tiny-0b6": dict(
+        size="0b6",
+        seed=1000,
+        hidden=8,
+        intermediate=24,
+        layers=2,
+        heads=4,
+        kv_heads=2,
+        head_dim=8,  # q dim 32 != hidden 8
+        mrope_section=[2, 1, 1],  # sums to head_dim/2 (real: [24, 20, 20] for head_dim 128)
+        text_hidden=4,
+        cp_hidden=8,
+        cp_intermediate=24,
+        cp_layers=2,
+        cp_heads=4,
+        cp_kv_heads=2,
+        cp_head_dim=8,
+        speaker=TINY_SPEAKER,
+    ),
+    # like 1.7B: talker hidden != predictor hidden -> small_to_mtp_projection = Linear(16 -> 8)
+    "tiny-1b7": dict(
+        size="1b7",
+        seed=2000,
+        hidden=16,
+        intermediate=48,
+        layers=2,
+        heads=4,
+        kv_heads=2,
+        head_dim=8,  # q dim 32 != hidden 16
+        mrope_section=[2, 1, 1],
+        text_hidden=4,
+        cp_hidden=8,
+        cp_intermediate=24,
+        cp_layers=2,
+        cp_heads=4,
+        cp_kv_heads=2,
+        cp_head_dim=8,
+        speaker=TINY_SPEAKER,
+    ),
+}
+
+FULL_0B6_SPEC = dict(
+    size="0b6",
+    seed=600,
+    hidden=1024,
+    intermediate=3072,
+    layers=28,
+    heads=16,
+    kv_heads=8,
+    head_dim=128,
+    mrope_section=[24, 20, 20],
+    text_hidden=2048,
+    cp_hidden=1024,
+    cp_intermediate=3072,
+    cp_layers=5,
+    cp_heads=16,
+    cp_kv_heads=8,
+    cp_head_dim=128,
+    speaker=dict(
+        mel_dim=128,
+        enc_channels=[512, 512, 512, 512, 1536],
+        enc_kernel_sizes=[5, 3, 3, 3, 1],
+        enc_dilations=[1, 2, 3, 4, 1],
+        enc_attention_channels=128,
+        enc_res2net_scale=8,
+        enc_se_channels=128,
+        sample_rate=24000,
+    ),
+)
+
+# Tiny 12 Hz speech tokenizer: real frame geometry (24 kHz, 1920 samples per frame: encoder
+# 8*6*5*4 * downsample 2, decoder 8*5*4*3 * 2*2), 16 quantizers x 2048 entries, tiny widths.
+TINY_CODEC = dict(
+    encoder=dict(
+        sampling_rate=24000,
+        frame_rate=12.5,
+        audio_channels=1,
+        hidden_size=16,
+        num_filters=2,
+        num_residual_layers=1,
+        upsampling_ratios=[8, 6, 5, 4],
+        kernel_size=7,
+        last_kernel_size=3,
+        residual_kernel_size=3,
+        dilation_growth_rate=2,
+        use_causal_conv=True,
+        pad_mode="constant",
+        compress=2,
+        trim_right_ratio=1.0,
+        codebook_size=2048,
+        codebook_dim=2,
+        num_quantizers=16,
+        use_conv_shortcut=False,
+        vector_quantization_hidden_dimension=2,
+        num_semantic_quantizers=1,
+        upsample_groups=16,
+        num_hidden_layers=1,
+        intermediate_size=32,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=8,
+        hidden_act="gelu",
+        max_position_embeddings=8000,
+        initializer_range=0.02,
+        norm_eps=1e-5,
+        use_cache=False,
+        use_streaming=False,
+        rope_theta=10000.0,
+        sliding_window=250,
+        attention_dropout=0.0,
+        layer_scale_initial_scale=0.01,
+        attention_bias=False,
+    ),
+    decoder=dict(
+        codebook_size=2048,
+        codebook_dim=4,  # quantizer entries are codebook_dim // 2 = 2 wide
+        hidden_size=16,
+        latent_dim=16,
+        max_position_embeddings=8000,
+        rope_theta=10000,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=8,
+        attention_bias=False,
+        sliding_window=72,
+        intermediate_size=32,
+        hidden_act="silu",
+        layer_scale_initial_scale=0.01,
+        rms_norm_eps=1e-5,
+        num_hidden_layers=1,
+        num_quantizers=16,
+        num_semantic_quantizers=1,
+        semantic_codebook_size=4096,
+        vector_quantization_hidden_dimension=4,
+        upsample_rates=[8, 5, 4, 3],
+        upsampling_ratios=[2, 2],
+        decoder_dim=16,  # 16 -> 8 -> 4 -> 2 -> 1 channels through the 4 upsampling blocks
+        attention_dropout=0.0,
+    ),
+    encoder_valid_num_quantizers=16,
+    input_sample_rate=24000,
+    output_sample_rate=24000,
+    decode_upsample_rate=1920,
+    encode_downsample_rate=1920,
+)
+
+# Texts used by the references.
+SINGLE_TEXT = "Hello world."
+BATCH_TEXTS = ["Hi there, this is a batch.", "The quick brown fox jumps over the lazy dog!"]
+BATCH_LANGUAGES = ["English", "Auto"]
+REF_TEXT = "Okay. Yeah. I resent you. I love you."
+INSTRUCT_TEXT = "Speak slowly, in a warm and calm voice."
+ESPEAK_TEXT = "The birch canoe slid on the smooth planks. Glue the sheet to the dark blue background."
+TOKENIZER_TEXTS = [
+    ("digits", "12345 and 3.14"),
+    ("camel_case", "CamelCaseWordsLikeThis"),
+    ("mixed_case", "camelCase getHTTPResponse iPhone McDonald's"),
+    ("contractions", "I'm can't they'll we've"),
+    ("contractions_upper", "I'M HE'S THEY'LL"),
+    ("unicode", "Grüße, ça va? 你好，世界。 Привет"),
+    ("nfc", "cafe\u0301 vs caf\u00e9"),
+    ("emoji", "👍🏽 🎉🎉"),
+    ("crlf_tabs", "a\r\nb\n\nc\td"),
+    ("spaces", "  leading and trailing  "),
+    ("multi_spaces", "multiple    spaces\n  \n end"),
+    ("slashes_newline", "path/to/file\n/next"),
+    ("punct_newlines", "x=1;\n/* c */\n\n// end./\n"),
+    ("combining_marks", "नमस्ते दुनिया, สวัสดี"),
+    ("special_literal", "<|im_start|>assistant\nHi<|im_end|>"),
+    ("tts_special_literal", "<tts_text_bos>x<tts_text_eod><tts_pad>"),
+    ("empty", ""),
+]
+
+MARGIN_MIN = 0.05  # required top-1/top-2 gap of every greedy decision recorded (logit units)
+
+
+# --------------------------------------------------------------------------------------------
+# Imports of the heavy packages (after argparse so --help works without them)
+# --------------------------------------------------------------------------------------------
+
+
+def _import_stack():
+    global np, torch, librosa, sf, safetensors_save, safetensors_load
+    global Qwen3TTSModel, Qwen3TTSConfig, Qwen3TTSForConditionalGeneration
+    global Qwen3TTSTalkerConfig, Qwen3TTSSpeakerEncoderConfig, Qwen3TTSTalkerCodePredictorConfig
+    global Qwen3TTSTokenizerV2Config, Qwen3TTSTokenizerV2Model, Qwen3TTSTokenizerV2DecoderConfig
+    global MimiConfig, mel_spectrogram
+    import numpy as np
+    import torch
+    import librosa
+    import soundfile as sf
+    from safetensors.torch import save_file as safetensors_save, load_file as safetensors_load
+    from transformers import MimiConfig
+    from qwen_tts import Qwen3TTSModel
+    from qwen_tts.core.models import Qwen3TTSConfig, Qwen3TTSForConditionalGeneration
+    from qwen_tts.core.models.configuration_qwen3_tts import (
+        Qwen3TTSSpeakerEncoderConfig,
+        Qwen3TTSTalkerCodePredictorConfig,
+        Qwen3TTSTalkerConfig,
+    )
+    from qwen_tts.core.models.modeling_qwen3_tts import mel_spectrogram
+    from qwen_tts.core.tokenizer_12hz.configuration_qwen3_tts_tokenizer_v2 import (
+        Qwen3TTSTokenizerV2Config,
+        Qwen3TTSTokenizerV2DecoderConfig,
+    )
+    from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2Model
+
+    import transformers
+
+    assert transformers.__version__ == "4.57.3", f"need transformers==4.57.3, have {transformers.__version__}"
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+
+
+def _log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+# --------------------------------------------------------------------------------------------
+# config.json (every field; spec §14: save_pretrained would only write non-defaults)
+# --------------------------------------------------------------------------------------------
+
+
+def build_config_dict(spec: dict) -> dict:
+    cp = dict(
+        model_type="qwen3_tts_talker_code_predictor",
+        vocab_size=CP_VOCAB_SIZE,
+        hidden_size=spec["cp_hidden"],
+        intermediate_size=spec["cp_intermediate"],
+        num_hidden_layers=spec["cp_layers"],
+        num_attention_heads=spec["cp_heads"],
+        num_key_value_heads=spec["cp_kv_heads"],
+        head_dim=spec["cp_head_dim"],
+        hidden_act="silu",
+        max_position_embeddings=65536,
+        initializer_range=0.02,
+        rms_norm_eps=1e-6,
+        use_cache=True,
+        tie_word_embeddings=False,
+        rope_theta=1000000,
+        rope_scaling=None,
+        attention_bias=False,
+        use_sliding_window=False,
+        sliding_window=None,
+        max_window_layers=28,
+        layer_types=["full_attention"] * spec["cp_layers"],
+        attention_dropout=0.0,
+        num_code_groups=NUM_CODE_GROUPS,
+    )
+    talker = dict(
+        model_type="qwen3_tts_talker",
+        vocab_size=CODEC_VOCAB_SIZE,
+        hidden_size=spec["hidden"],
+        intermediate_size=spec["intermediate"],
+        num_hidden_layers=spec["layers"],
+        num_attention_heads=spec["heads"],
+        num_key_value_heads=spec["kv_heads"],
+        head_dim=spec["head_dim"],
+        hidden_act="silu",
+        max_position_embeddings=32768,
+        initializer_range=0.02,
+        rms_norm_eps=1e-6,
+        use_cache=True,
+        tie_word_embeddings=False,
+        rope_theta=1000000,
+        rope_scaling=dict(interleaved=True, mrope_section=list(spec["mrope_section"]), rope_type="default"),
+        attention_bias=False,
+        use_sliding_window=False,
+        sliding_window=None,
+        attention_dropout=0.0,
+        num_code_groups=NUM_CODE_GROUPS,
+        text_hidden_size=spec["text_hidden"],
+        text_vocab_size=TEXT_VOCAB_SIZE,
+        position_id_per_seconds=13,
+        **CODEC_IDS,
+        spk_id={},
+        spk_is_dialect={},
+        codec_language_id=dict(CODEC_LANGUAGE_ID),
+        code_predictor_config=cp,
+    )
+    speaker = dict(spec["speaker"])
+    speaker["enc_dim"] = spec["hidden"]  # the x-vector is injected into the codec-embedding stream
+    speaker = {k: speaker[k] for k in inspect.signature(Qwen3TTSSpeakerEncoderConfig.__init__).parameters if k != "self"}
+    cfg = dict(
+        architectures=["Qwen3TTSForConditionalGeneration"],
+        model_type="qwen3_tts",
+        tokenizer_type="qwen3_tts_tokenizer_12hz",
+        tts_model_size=spec["size"],
+        tts_model_type="base",
+        **TOP_LEVEL_IDS,
+        torch_dtype="bfloat16",
+        transformers_version=CONFIG_TRANSFORMERS_VERSION,
+        speaker_encoder_config=speaker,
+        talker_config=talker,
+    )
+    _check_all_init_params(cfg)
+    return cfg
+
+
+def _init_params(cls) -> list[str]:
+    return [
+        n
+        for n, p in inspect.signature(cls.__init__).parameters.items()
+        if n != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+    ]
+
+
+def _check_all_init_params(cfg: dict) -> None:
+    """Every __init__ parameter of every config class must be written explicitly."""
+    checks = [
+        (Qwen3TTSConfig, cfg),
+        (Qwen3TTSTalkerConfig, cfg["talker_config"]),
+        (Qwen3TTSTalkerCodePredictorConfig, cfg["talker_config"]["code_predictor_config"]),
+        (Qwen3TTSSpeakerEncoderConfig, cfg["speaker_encoder_config"]),
+    ]
+    for cls, d in checks:
+        missing = [p for p in _init_params(cls) if p not in d]
+        assert not missing, f"{cls.__name__}: config.json lacks {missing}"
+
+
+def verify_config_roundtrip(model_dir: Path, cfg: dict) -> None:
+    """Load config.json with the official class and check every field we wrote reads back."""
+    loaded = Qwen3TTSConfig.from_pretrained(str(model_dir))
+
+    def cmp(obj, d, path):
+        for k, v in d.items():
+            if k in ("architectures", "model_type", "transformers_version", "torch_dtype"):
+                continue
+            got = getattr(obj, k)
+            if isinstance(v, dict) and k in ("talker_config", "code_predictor_config", "speaker_encoder_config"):
+                cmp(got, v, f"{path}.{k}")
+            else:
+                assert got == v, f"{path}.{k}: wrote {v!r}, official class reads {got!r}"
+
+    cmp(loaded, cfg, "config")
+
+
+def tokenizer_config_dict() -> dict:
+    return dict(
+        add_bos_token=False,
+        add_prefix_space=False,
+        added_tokens_decoder={
+            str(i): dict(content=c, lstrip=False, normalized=False, rstrip=False, single_word=False, special=s)
+            for i, c, s in ADDED_TOKENS
+        },
+        additional_special_tokens=[c for i, c, s in ADDED_TOKENS if s and c != "<|endoftext|>"],
+        bos_token=None,
+        clean_up_tokenization_spaces=False,
+        eos_token="<|im_end|>",
+        errors="replace",
+        model_max_length=131072,
+        pad_token="<|endoftext|>",
+        split_special_tokens=False,
+        tokenizer_class="Qwen2Tokenizer",
+        unk_token=None,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Qwen2 BPE vocabulary
+# --------------------------------------------------------------------------------------------
+
+
+def _fetch_gguf_from_pypi(cache: Path) -> Path:
+    dst = cache / "ggml-vocab-qwen2.gguf"
+    if dst.exists():
+        return dst
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        _log(f"fetching {GGUF_SDIST} sdist (~77 MB) with pip download for {GGUF_MEMBER}")
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", GGUF_SDIST, "-d", tmp],
+            check=True,
+        )
+        (sdist,) = Path(tmp).glob("llama_cpp_python-*.tar.gz")
+        with tarfile.open(sdist) as tf:
+            for suffix in ("", ".inp", ".out"):
+                member = next(m for m in tf.getmembers() if m.name.endswith(GGUF_MEMBER + suffix))
+                with tf.extractfile(member) as src, open(str(dst) + suffix, "wb") as out:
+                    shutil.copyfileobj(src, out)
+    return dst
+
+
+def load_qwen2_bpe(args) -> tuple[dict, list[str], Path | None]:
+    """Returns (vocab, merges, gguf path or None)."""
+    committed = FIXTURES / "tiny-0b6"
+    if args.qwen2_gguf is None and (committed / "vocab.json").exists() and (committed / "merges.txt").exists():
+        vocab = json.loads((committed / "vocab.json").read_text(encoding="utf-8"))
+        merges = (committed / "merges.txt").read_text(encoding="utf-8").split("\n")
+        assert merges[0].startswith("#version")
+        merges = [m for m in merges[1:] if m]
+        _log("tokenizer: reusing the committed vocab.json / merges.txt")
+        return vocab, merges, None
+    gguf_path = Path(args.qwen2_gguf) if args.qwen2_gguf else _fetch_gguf_from_pypi(Path(args.cache_dir))
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(gguf_path))
+    assert reader.fields["tokenizer.ggml.pre"].contents() == "qwen2"
+    tokens = reader.fields["tokenizer.ggml.tokens"].contents()
+    types = reader.fields["tokenizer.ggml.token_type"].contents()
+    merges = reader.fields["tokenizer.ggml.merges"].contents()
+    assert len(tokens) == TEXT_VOCAB_SIZE
+    n_regular = 151643
+    assert all(t == 1 for t in types[:n_regular]) and types[n_regular] == 3, "unexpected token types"
+    vocab = {t: i for i, t in enumerate(tokens[:n_regular])}
+    assert len(vocab) == n_regular and len(merges) == 151387
+    _log(f"tokenizer: rebuilt vocab.json ({len(vocab)}) + merges.txt ({len(merges)}) from {gguf_path}")
+    return vocab, merges, gguf_path
+
+
+def write_tokenizer_files(dst: Path, vocab: dict, merges: list[str]) -> None:
+    dst.mkdir(parents=True, exist_ok=True)
+    # Same serialisation as the Hugging Face Qwen2 files (compact JSON, '#version: 0.2' header).
+    (dst / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False, separators=(",", ":")), encoding="utf-8")
+    (dst / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8")
+    _write_json(dst / "tokenizer_config.json", tokenizer_config_dict())
+
+
+def link_or_copy(src: Path, dst: Path, copy: bool) -> None:
+    """Identical files in a second model dir are relative symlinks (keeps the working tree small)."""
+    if dst.is_symlink() or dst.is_file():
+        dst.unlink()
+    elif dst.is_dir():
+        shutil.rmtree(dst)
+    if copy:
+        if src.is_dir():
+            shutil.copytree(src, dst)
+        else:
+            shutil.copy2(src, dst)
+    else:
+        dst.symlink_to(os.path.relpath(src, dst.parent))
+
+
+def standard_qwen2_tokenizer(vocab: dict, merges: list[str]):
+    """An independent Qwen2 tokenizer built with `tokenizers` (standard regex, NFC, ByteLevel)."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    tok = Tokenizer(
+        models.BPE(vocab=vocab, merges=[tuple(m.split(" ")) for m in merges], unk_token=None, fuse_unk=False,
+                   byte_fallback=False)
+    )
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    added = [AddedToken(c, special=s, normalized=False) for _, c, s in ADDED_TOKENS]
+    tok.add_tokens(added)
+    for i, c, _ in ADDED_TOKENS:
+        assert tok.token_to_id(c) == i, (c, tok.token_to_id(c))
+    return tok
+
+
+def verify_vocab(tok, gguf_path: Path | None) -> None:
+    known = {"\n": [198], "assistant": [77091], "Hello": [9707], " world": [1879], "Hello world": [9707, 1879]}
+    for text, ids in known.items():
+        got = tok.encode(text, add_special_tokens=False).ids
+        assert got == ids, f"{text!r}: {got} != {ids}"
+    if gguf_path is None:
+        return
+    inp, out = Path(str(gguf_path) + ".inp"), Path(str(gguf_path) + ".out")
+    if not (inp.exists() and out.exists()):
+        return
+    texts = inp.read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")
+    expected = out.read_text(encoding="utf-8").split("\n")
+    n = 0
+    for text, line in zip(texts, expected):
+        want = [int(x) for x in line.split()]
+        got = tok.encode(text, add_special_tokens=False).ids
+        assert got == want, f"llama.cpp reference mismatch for {text!r}: {got} != {want}"
+        n += 1
+    _log(f"tokenizer: matches all {n} reference tokenizations shipped with the llama.cpp vocab")
+
+
+# --------------------------------------------------------------------------------------------
+# Weights
+# --------------------------------------------------------------------------------------------
+
+
+def init_weights(model, gen) -> None:
+    """Deterministic init with O(1) activations and robust greedy decisions.
+
+    Linear/conv weights ~ N(0, 1/fan_in); embeddings ~ N(0, 1); norm weights 1 + 0.2 N; biases
+    0.1 N.  The output heads (talker codec_head, predictor lm_heads) get heavy-tailed rows (row
+    scale exp(N) and 2x std) so that top-1/top-2 logit gaps are large.
+    """
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            shape = tuple(p.shape)
+            if len(shape) == 1:
+                if "norm" in name:
+                    v = 1.0 + 0.2 * torch.randn(shape, generator=gen)
+                else:
+                    v = 0.1 * torch.randn(shape, generator=gen)
+            elif "embedding" in name:
+                v = torch.randn(shape, generator=gen)
+            else:
+                fan_in = int(np.prod(shape[1:]))
+                v = torch.randn(shape, generator=gen) / (fan_in**0.5)
+                if "codec_head" in name or "lm_head" in name:
+                    row = torch.exp(1.0 * torch.randn((shape[0], 1), generator=gen))
+                    v = 2.0 * v * row
+            p.copy_(v)
+
+
+def build_tts_model(spec: dict, cfg: dict, seed: int, randomize: bool = True):
+    config = Qwen3TTSConfig(**copy.deepcopy({k: v for k, v in cfg.items() if k not in ("architectures", "model_type")}))
+    torch.manual_seed(seed)
+    model = Qwen3TTSForConditionalGeneration(config).eval()
+    if randomize:
+        gen = torch.Generator().manual_seed(seed)
+        init_weights(model, gen)
+    return model
+
+
+def save_bf16(model, path: Path) -> dict:
+    sd = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
+    safetensors_save(sd, str(path), metadata={"format": "pt"})
+    return sd
+
+
+def tiny_codec_config_dict() -> dict:
+    enc = dict(TINY_CODEC["encoder"])
+    dec = dict(TINY_CODEC["decoder"])
+    return dict(
+        architectures=["Qwen3TTSTokenizerV2Model"],
+        model_type="qwen3_tts_tokenizer_12hz",
+        encoder_config=dict(model_type="mimi", **enc),
+        decoder_config=dec,
+        encoder_valid_num_quantizers=TINY_CODEC["encoder_valid_num_quantizers"],
+        input_sample_rate=TINY_CODEC["input_sample_rate"],
+        output_sample_rate=TINY_CODEC["output_sample_rate"],
+        decode_upsample_rate=TINY_CODEC["decode_upsample_rate"],
+        encode_downsample_rate=TINY_CODEC["encode_downsample_rate"],
+        torch_dtype="float32",
+        transformers_version="4.57.3",
+    )
+
+
+def write_speech_tokenizer(dst: Path, seed: int, cfg: dict | None = None) -> None:
+    """A random 12 Hz codec in the official `speech_tokenizer/` layout (f32 safetensors)."""
+    dst.mkdir(parents=True, exist_ok=True)
+    cfg = cfg or tiny_codec_config_dict()
+    for cls, d in ((MimiConfig, cfg["encoder_config"]), (Qwen3TTSTokenizerV2Config, cfg)):
+        missing = [p for p in _init_params(cls) if p not in d]
+        assert not missing, f"{cls.__name__}: speech_tokenizer/config.json lacks {missing}"
+    config = Qwen3TTSTokenizerV2Config(**{k: v for k, v in copy.deepcopy(cfg).items() if k not in ("architectures", "model_type")})
+    torch.manual_seed(seed)
+    model = Qwen3TTSTokenizerV2Model(config).eval()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, buf in list(model.named_buffers()) + list(model.named_parameters()):
+            if name.endswith("embed_sum") or name.endswith("embedding_sum"):
+                buf.copy_(torch.randn(tuple(buf.shape), generator=gen))
+            elif name.endswith("cluster_usage"):
+                buf.copy_(0.5 + torch.rand(tuple(buf.shape), generator=gen))
+    sd = {k: v.detach().to(torch.float32).contiguous() for k, v in model.state_dict().items()}
+    safetensors_save(sd, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    _write_json(dst / "config.json", cfg)
+    _write_json(
+        dst / "preprocessor_config.json",
+        dict(
+            chunk_length_s=None,
+            feature_extractor_type="EncodecFeatureExtractor",
+            feature_size=1,
+            overlap=None,
+            padding_side="right",
+            padding_value=0.0,
+            return_attention_mask=True,
+            sampling_rate=24000,
+        ),
+    )
+
+
+def _write_json(path: Path, obj) -> None:
+    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def load_official(model_dir: Path):
+    return Qwen3TTSModel.from_pretrained(str(model_dir), dtype=torch.float32, device_map="cpu")
+
+
+def verify_loaded_weights(tts, saved: dict) -> None:
+    """Every saved tensor is loaded (as f32 of the bf16 value) and every parameter came from the file."""
+    sd = tts.model.state_dict()
+    sd = {k: v for k, v in sd.items() if not k.startswith("speech_tokenizer")}
+    assert set(sd) == set(saved), (set(sd) ^ set(saved))
+    for k, v in saved.items():
+        assert sd[k].dtype == torch.float32, (k, sd[k].dtype)
+        assert torch.equal(sd[k], v.to(torch.float32)), k
+
+
+# --------------------------------------------------------------------------------------------
+# Reference audio
+# --------------------------------------------------------------------------------------------
+
+
+def make_reference_audio(regen: bool) -> None:
+    if AUDIO_WAV.exists() and not regen:
+        return
+    AUDIO_WAV.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = Path(tmp) / "espeak.wav"
+        subprocess.run(["espeak-ng", "-v", "en-us", "-s", "150", "-w", str(raw), ESPEAK_TEXT], check=True)
+        y, sr = librosa.load(str(raw), sr=None, mono=True)
+    y = librosa.resample(y, orig_sr=sr, target_sr=24000)  # librosa default (soxr_hq), as the official code
+    y, _ = librosa.effects.trim(y, top_db=40)
+    y = y[: int(2.6 * 24000)]
+    y = 0.6 * y / np.max(np.abs(y))
+    sf.write(str(AUDIO_WAV), y, 24000, subtype="PCM_16")
+    _log(f"wrote {AUDIO_WAV} ({len(y) / 24000:.2f} s)")
+
+
+def read_reference_audio():
+    # Exactly how the official wrapper reads a path (`_load_audio_to_np`): librosa.load(sr=None).
+    audio, sr = librosa.load(str(AUDIO_WAV), sr=None, mono=True)
+    audio = audio.astype(np.float32)
+    assert sr == 24000
+    pcm, sr2 = sf.read(str(AUDIO_WAV), dtype="int16")
+    assert sr2 == 24000 and np.array_equal(audio, pcm.astype(np.float32) / 32768.0)
+    return audio
+
+
+# --------------------------------------------------------------------------------------------
+# Reference stages
+# --------------------------------------------------------------------------------------------
+
+
+def ref_tokenizer(tts, std_tok, model_dir: Path) -> list[dict]:
+    """Tokenizer cases through the official processor (what `_tokenize_texts` calls)."""
+    cases = list(TOKENIZER_TEXTS) + [
+        ("assistant_prompt", tts._build_assistant_text(SINGLE_TEXT)),
+        ("assistant_prompt_batch0", tts._build_assistant_text(BATCH_TEXTS[0])),
+        ("assistant_prompt_batch1", tts._build_assistant_text(BATCH_TEXTS[1])),
+        ("ref_prompt", tts._build_ref_text(REF_TEXT)),
+        ("instruct_prompt", tts._build_instruct_text(INSTRUCT_TEXT)),
+    ]
+    patched = _regex_patched_processor(model_dir)
+    out = []
+    for name, text in cases:
+        ids = tts._tokenize_texts([text])[0]
+        ids = ids.reshape(-1).tolist()
+        std = std_tok.encode(text, add_special_tokens=False).ids
+        assert ids == std, f"official processor differs from the standard Qwen2 tokenization for {name}: {ids} vs {std}"
+        entry = dict(name=name, text=text, ids=ids)
+        pids = patched(text=[text], return_tensors="pt", padding=True)["input_ids"].reshape(-1).tolist()
+        if pids != ids:
+            entry["ids_mistral_regex_patched"] = pids
+        out.append(entry)
+    return out
+
+
+def _regex_patched_processor(model_dir: Path):
+    """The processor an official local-dir load gives when config.json says transformers 4.57.3."""
+    from transformers import AutoProcessor
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for f in ("vocab.json", "merges.txt", "tokenizer_config.json"):
+            shutil.copy2(model_dir / f, Path(tmp) / f)
+        cfg = json.loads((model_dir / "config.json").read_text())
+        cfg["transformers_version"] = "4.57.3"
+        _write_json(Path(tmp) / "config.json", cfg)
+        proc = AutoProcessor.from_pretrained(tmp, fix_mistral_regex=True)
+    assert getattr(proc.tokenizer, "fix_mistral_regex", False), "expected the regex patch to apply"
+    return proc
+
+
+def ref_mel(audio) -> dict:
+    # Exactly as `extract_speaker_embedding` calls it.
+    mel = mel_spectrogram(
+        torch.from_numpy(audio).unsqueeze(0),
+        n_fft=1024,
+        num_mels=128,
+        sampling_rate=24000,
+        hop_size=256,
+        win_size=1024,
+        fmin=0,
+        fmax=12000,
+    ).transpose(1, 2)
+    n = len(audio)
+    assert mel.shape == (1, 1 + (n + 768 - 1024) // 256, 128), mel.shape
+    return {"audio.mel": mel[0].contiguous()}
+
+
+def ref_xvector(tts, audio) -> torch.Tensor:
+    return tts.model.extract_speaker_embedding(audio, sr=24000).detach().clone()
+
+
+class _Capture:
+    """Forward hooks on the talker and the code predictor during one generate call."""
+
+    def __init__(self, tts):
+        self.talker_calls = []
+        self.cp_calls = []
+        self.generated = None
+        self.handles = [
+            tts.model.talker.register_forward_hook(self._talker_hook, with_kwargs=True),
+            tts.model.talker.code_predictor.register_forward_hook(self._cp_hook, with_kwargs=True),
+        ]
+        self._orig_generate = tts.model.generate
+        self._tts = tts
+
+        def wrapped(*a, **kw):
+            res = self._orig_generate(*a, **kw)
+            self.generated = res
+            return res
+
+        tts.model.generate = wrapped
+
+    def _talker_hook(self, module, args, kwargs, output):
+        rec = dict(logits=output.logits.detach().clone())
+        if len(self.talker_calls) == 0:
+            assert kwargs["inputs_embeds"].shape[1] > 1, "first talker call must be the prefill"
+            rec.update(
+                inputs_embeds=kwargs["inputs_embeds"].detach().clone(),
+                attention_mask=kwargs["attention_mask"].detach().clone(),
+                hidden_states=torch.stack([h.detach().clone() for h in output.hidden_states[0]]),
+                hidden=output.hidden_states[0][-1].detach().clone(),
+                trailing_text_hidden=kwargs["trailing_text_hidden"].detach().clone(),
+                tts_pad_embed=kwargs["tts_pad_embed"].detach().clone(),
+            )
+        self.talker_calls.append(rec)
+
+    def _cp_hook(self, module, args, kwargs, output):
+        self.cp_calls.append(output.logits[:, -1, :].detach().clone())
+
+    def close(self):
+        for h in self.handles:
+            h.remove()
+        del self._tts.model.generate  # back to the class method
+
+
+def _margin(x) -> float:
+    top = torch.topk(x.double(), 2).values
+    return float(top[0] - top[1])
+
+
+def _check_talker_decisions(cap: _Capture, eos: int, vocab: int) -> tuple[list, list[float]]:
+    """Replays the official logits processors (repetition penalty 1.05 over generated code-0 ids,
+    min_new_tokens=2, suppress 2048..3071 except EOS) on the captured talker logits; returns the
+    greedy code-0 ids per row and the top-1/top-2 margins."""
+    bsz = cap.talker_calls[0]["logits"].shape[0]
+    history = [[] for _ in range(bsz)]
+    margins = []
+    for step, rec in enumerate(cap.talker_calls):
+        logits = rec["logits"][:, -1, :].float().clone()
+        for b in range(bsz):
+            s = logits[b]
+            for t in set(history[b]):
+                s[t] = s[t] * 1.05 if s[t] < 0 else s[t] / 1.05
+            if step < 2:
+                s[eos] = float("-inf")
+            mask = torch.zeros(vocab, dtype=torch.bool)
+            mask[vocab - 1024:] = True
+            mask[eos] = False
+            s[mask] = float("-inf")
+            history[b].append(int(torch.argmax(s)))
+            margins.append(_margin(s))
+    return history, margins
+
+
+def ref_talker(tts, texts: list[str], languages: list[str], prefix: str, max_new_tokens: int = 3):
+    """Prefill capture inside the official generate_voice_clone (x-vector only, streaming text)."""
+    cap = _Capture(tts)
+    try:
+        torch.manual_seed(0)
+        tts.generate_voice_clone(
+            text=texts if len(texts) > 1 else texts[0],
+            language=languages if len(languages) > 1 else languages[0],
+            ref_audio=str(AUDIO_WAV),
+            x_vector_only_mode=True,
+            non_streaming_mode=False,
+            do_sample=False,
+            subtalker_dosample=False,
+            max_new_tokens=max_new_tokens,
+        )
+    finally:
+        cap.close()
+    pre = cap.talker_calls[0]
+    tcfg = tts.model.config.talker_config
+    c0_hist, tmargins = _check_talker_decisions(cap, tcfg.codec_eos_token_id, tcfg.vocab_size)
+    codes_list, _ = cap.generated
+    # Code predictor decisions inside the loop (greedy, raw logits).
+    cmargins = [_margin(l[b]) for l in cap.cp_calls for b in range(l.shape[0])]
+    n_frames = [int(c.shape[0]) for c in codes_list]
+    for b, c in enumerate(codes_list):
+        assert c.shape[0] <= max_new_tokens - 1
+        assert c[:, 0].tolist() == c0_hist[b][: c.shape[0]], "replayed talker greedy picks differ from the official codes"
+    cp_steps = len(cap.cp_calls)
+    assert cp_steps == (NUM_CODE_GROUPS - 1) * (max_new_tokens - 1), cp_steps
+    for f in range(max_new_tokens - 1):
+        picks = torch.stack([torch.argmax(cap.cp_calls[f * 15 + j], dim=-1) for j in range(15)], dim=1)
+        for b, c in enumerate(codes_list):
+            if f < c.shape[0]:
+                assert c[f, 1:].tolist() == picks[b].tolist(), "predictor greedy picks differ from official codes"
+
+    input_ids = [tts._tokenize_texts([tts._build_assistant_text(t)])[0].reshape(-1) for t in texts]
+    tensors = {
+        f"{prefix}.inputs_embeds": pre["inputs_embeds"],
+        f"{prefix}.attention_mask": pre["attention_mask"].to(torch.int64),
+        f"{prefix}.hidden": pre["hidden"],
+        f"{prefix}.hidden_states": pre["hidden_states"],
+        f"{prefix}.logits": pre["logits"],
+        f"{prefix}.trailing_text_hidden": pre["trailing_text_hidden"],
+        f"{prefix}.tts_pad_embed": pre["tts_pad_embed"].reshape(-1),
+    }
+    for b, ids in enumerate(input_ids):
+        tensors[f"{prefix}.input_ids.{b}"] = ids.to(torch.int64)
+        tensors[f"{prefix}.codes.{b}"] = codes_list[b].to(torch.int64).reshape(-1, NUM_CODE_GROUPS)
+    meta = dict(
+        texts=texts,
+        languages=languages,
+        input_ids=[i.tolist() for i in input_ids],
+        prompt_lengths=pre["attention_mask"].sum(-1).tolist(),
+        max_new_tokens=max_new_tokens,
+        greedy_code0=c0_hist,
+        codes=[c.tolist() for c in codes_list],
+        frames=n_frames,
+        min_margin_talker=min(tmargins),
+        min_margin_code_predictor=min(cmargins),
+    )
+    return tensors, meta, pre
+
+
+def ref_code_predictor(tts, h: torch.Tensor, seed: int):
+    """Teacher-forced logits (forward_sub_talker_finetune) and greedy generation (as the talker calls it)."""
+    talker = tts.model.talker
+    gen = torch.Generator().manual_seed(seed)
+    frame = torch.randint(0, CP_VOCAB_SIZE, (NUM_CODE_GROUPS,), generator=gen)
+    with torch.no_grad():
+        tf_logits, _ = talker.forward_sub_talker_finetune(frame[None], h[None])
+        tf_logits = tf_logits[0]
+        # Manual check of the documented input layout.
+        embeds = [h[None], talker.get_input_embeddings()(frame[:1])]
+        embeds += [talker.code_predictor.get_input_embeddings()[i - 1](frame[i : i + 1]) for i in range(1, 15)]
+        x = talker.code_predictor.small_to_mtp_projection(torch.cat(embeds, 0)[None])
+        hid = talker.code_predictor.model(inputs_embeds=x).last_hidden_state[0]
+        manual = torch.stack([talker.code_predictor.lm_head[j](hid[j + 1]) for j in range(15)])
+        assert torch.allclose(manual, tf_logits, atol=1e-5, rtol=0), (manual - tf_logits).abs().max()
+
+        c0 = frame[:1]
+        res = talker.code_predictor.generate(
+            inputs_embeds=torch.cat((h[None, None], talker.get_input_embeddings()(c0[None])), dim=1),
+            max_new_tokens=NUM_CODE_GROUPS - 1,
+            do_sample=False,
+            top_p=1.0,
+            top_k=50,
+            temperature=0.9,
+            output_hidden_states=True,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
+    greedy = res.sequences[0]
+    glogits = torch.stack([l[0] for l in res.logits])
+    assert greedy.shape == (15,) and torch.equal(greedy, glogits.argmax(-1))
+    margins = [_margin(l) for l in glogits] + [_margin(l) for l in tf_logits]
+    tensors = {
+        "cp.h": h.clone(),
+        "cp.frame": frame.to(torch.int64),
+        "cp.teacher_forced_logits": tf_logits.contiguous(),
+        "cp.greedy_codes": greedy.to(torch.int64),
+    }
+    meta = dict(frame=frame.tolist(), c0=int(c0[0]), greedy_codes=greedy.tolist(), min_margin=min(margins),
+                min_margin_greedy=min(margins[:15]))
+    return tensors, meta
+
+
+# --------------------------------------------------------------------------------------------
+# Orchestration
+# --------------------------------------------------------------------------------------------
+
+
+def make_model_dir(name: str, spec: dict, vocab, merges, attempt: int, copy_shared: bool) -> tuple[Path, dict, dict]:
+    model_dir = FIXTURES / name
+    if model_dir.exists():
+        # keep nothing stale, but never touch the tokenizer files other dirs may link to
+        for p in model_dir.iterdir():
+            if p.name in ("vocab.json", "merges.txt") and name == "tiny-0b6":
+                continue
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+    model_dir.mkdir(parents=True, exist_ok=True)
+    cfg = build_config_dict(spec)
+    model = build_tts_model(spec, cfg, seed=spec["seed"] + attempt)
+    saved = save_bf16(model, model_dir / "model.safetensors")
+    _write_json(model_dir / "config.json", cfg)
+    _write_json(model_dir / "generation_config.json", GENERATION_CONFIG)
+    first = FIXTURES / "tiny-0b6"
+    if name == "tiny-0b6":
+        write_tokenizer_files(model_dir, vocab, merges)
+        write_speech_tokenizer(model_dir / "speech_tokenizer", seed=77)
+    else:
+        _write_json(model_dir / "tokenizer_config.json", tokenizer_config_dict())
+        for f in ("vocab.json", "merges.txt", "speech_tokenizer"):
+            link_or_copy(first / f, model_dir / f, copy_shared)
+    verify_config_roundtrip(model_dir, cfg)
+    return model_dir, cfg, saved
+
+
+def run_tiny(args) -> None:
+    vocab, merges, gguf_path = load_qwen2_bpe(args)
+    std_tok = standard_qwen2_tokenizer(vocab, merges)
+    verify_vocab(std_tok, gguf_path)
+    make_reference_audio(args.regen_audio)
+    audio = read_reference_audio()
+    REFS.mkdir(parents=True, exist_ok=True)
+
+    audio_refs = ref_mel(audio)
+    safetensors_save({k: v.contiguous() for k, v in audio_refs.items()}, str(REFS / "audio.safetensors"))
+    _write_json(
+        REFS / "audio.json",
+        dict(
+            wav=str(AUDIO_WAV.relative_to(FIXTURES)),
+            wav_sha256=hashlib.sha256(AUDIO_WAV.read_bytes()).hexdigest(),
+            sample_rate=24000,
+            samples=int(len(audio)),
+            samples_read_as="int16 / 32768 (librosa.load(sr=None), as the official wrapper reads a path)",
+            made_from=f"first 2.6 s (after trimming silence) of espeak-ng -v en-us -s 150 saying {ESPEAK_TEXT!r}, "
+            "resampled to 24 kHz with librosa (soxr_hq), peak-normalised to 0.6, 16-bit PCM",
+            mel_shape=list(audio_refs["audio.mel"].shape),
+            first_samples=[float(x) for x in audio[:8]],
+        ),
+    )
+    summary = {}
+    for name, spec in MODEL_SPECS.items():
+        for attempt in range(args.max_attempts):
+            model_dir, cfg, saved = make_model_dir(name, spec, vocab, merges, attempt, args.copy_shared)
+            tts = load_official(model_dir)
+            verify_loaded_weights(tts, saved)
+            cp_mod = tts.model.talker.code_predictor
+            has_proj = isinstance(cp_mod.small_to_mtp_projection, torch.nn.Linear)
+            assert has_proj == (spec["hidden"] != spec["cp_hidden"])
+            tensors, meta = {}, dict(model=name, attempt=attempt, seed=spec["seed"] + attempt,
+                                     attn_implementation=tts.model.config._attn_implementation)
+            torch.manual_seed(0)
+            xvec = ref_xvector(tts, audio)
+            tensors["xvector"] = xvec
+            t1, m1, pre = ref_talker(tts, [SINGLE_TEXT], ["Auto"], "talker.single")
+            tensors.update(t1)
+            meta["talker_single"] = m1
+            # the x-vector inside the prompt (position 6 for language=auto) is the reference one
+            prompt_x = pre["inputs_embeds"][0, 6] - pre["tts_pad_embed"].reshape(-1)
+            assert torch.allclose(prompt_x, xvec, atol=1e-5), (prompt_x - xvec).abs().max()
+            t2, m2, _ = ref_talker(tts, BATCH_TEXTS, BATCH_LANGUAGES, "talker.batch")
+            tensors.update(t2)
+            meta["talker_batch"] = m2
+            h = t1["talker.single.hidden"][0, -1]
+            t3, m3 = ref_code_predictor(tts, h, seed=spec["seed"] + 7)
+            tensors.update(t3)
+            meta["code_predictor"] = m3
+            margins = dict(
+                talker_single=m1["min_margin_talker"],
+                talker_batch=m2["min_margin_talker"],
+                cp_in_loop_single=m1["min_margin_code_predictor"],
+                cp_in_loop_batch=m2["min_margin_code_predictor"],
+                cp_reference=m3["min_margin"],
+            )
+            meta["min_margins"] = margins
+            worst = min(margins.values())
+            _log(f"{name} attempt {attempt}: min greedy margins {json.dumps(margins)}")
+            if worst >= MARGIN_MIN:
+                break
+            _log(f"{name}: min margin {worst:.4g} < {MARGIN_MIN}; re-drawing weights")
+        else:
+            raise SystemExit(f"{name}: no seed gave margins >= {MARGIN_MIN}")
+        if name == "tiny-0b6":
+            cases = ref_tokenizer(tts, std_tok, model_dir)
+            _write_json(REFS / "tokenizer_cases.json", cases)
+            n_diff = sum("ids_mistral_regex_patched" in c for c in cases)
+            _log(f"tokenizer: {len(cases)} cases; {n_diff} differ under the mistral-regex patch")
+        meta["dims"] = {k: v for k, v in spec.items() if k != "speaker"}
+        meta["speaker_encoder"] = cfg["speaker_encoder_config"]
+        meta["tensors"] = {k: dict(shape=list(v.shape), dtype=str(v.dtype).replace("torch.", "")) for k, v in sorted(tensors.items())}
+        safetensors_save({k: v.contiguous() for k, v in tensors.items()}, str(REFS / f"{name}.safetensors"))
+        _write_json(REFS / f"{name}.json", meta)
+        summary[name] = margins
+        del tts
+    _log("done: " + json.dumps(summary))
+    _log_sizes()
+
+
+def _log_sizes() -> None:
+    total = 0
+    for p in sorted(FIXTURES.rglob("*")):
+        if p.is_file() and not p.is_symlink():
+            total += p.stat().st_size
+    _log(f"tests/fixtures working tree: {total / 1e6:.2f} MB (symlinks not counted)")
+
+
+def run_full_size(dest: Path, args) -> None:
+    vocab, merges, gguf_path = load_qwen2_bpe(args)
+    dest.mkdir(parents=True, exist_ok=True)
+    spec = FULL_0B6_SPEC
+    cfg = build_config_dict(spec)
+    _log("building a random model with the real 0.6B shapes (f32 in memory, ~3.7 GB)")
+    model = build_tts_model(spec, cfg, seed=spec["seed"], randomize=False)  # official init: N(0, 0.02)
+    n_params = sum(p.numel() for p in model.parameters())
+    saved = save_bf16(model, dest / "model.safetensors")
+    del model
+    _write_json(dest / "config.json", cfg)
+    _write_json(dest / "generation_config.json", GENERATION_CONFIG)
+    write_tokenizer_files(dest, vocab, merges)
+    write_speech_tokenizer(dest / "speech_tokenizer", seed=78)
+    verify_config_roundtrip(dest, cfg)
+    tts = Qwen3TTSModel.from_pretrained(str(dest), dtype=torch.bfloat16, device_map="cpu")
+    verify_loaded_weights_bf16(tts, saved)
+    n_talker = sum(1 for k in saved if k.startswith("talker.") and not k.startswith("talker.code_predictor"))
+    _log(f"full-size: {n_params / 1e6:.1f} M parameters, {len(saved)} tensors ({n_talker} talker-only), "
+         f"{(dest / 'model.safetensors').stat().st_size / 1e9:.2f} GB; the official class loads it")
+
+
+def verify_loaded_weights_bf16(tts, saved: dict) -> None:
+    sd = {k: v for k, v in tts.model.state_dict().items() if not k.startswith("speech_tokenizer")}
+    assert set(sd) == set(saved), (set(sd) ^ set(saved))
+    for k, v in saved.items():
+        assert sd[k].shape == v.shape and sd[k].dtype == torch.bfloat16, k
+        assert torch.equal(sd[k], v), k
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--full-size", metavar="DEST", help="write a random checkpoint with the real 0.6B shapes to DEST")
+    ap.add_argument("--qwen2-gguf", metavar="PATH", help="llama.cpp ggml-vocab-qwen2.gguf to rebuild the Qwen2 vocabulary from")
+    ap.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "voiceclone-fixtures"))
+    ap.add_argument("--regen-audio", action="store_true", help="re-make tests/fixtures/audio/ref24k.wav with espeak-ng")
+    ap.add_argument("--copy-shared", action="store_true",
+                    help="copy (instead of symlink) tokenizer/speech_tokenizer files into tiny-1b7")
+    ap.add_argument("--max-attempts", type=int, default=20)
+    args = ap.parse_args()
+    _import_stack()
+    if args.full_size:
+        run_full_size(Path(args.full_size).resolve(), args)
+    else:
+        run_tiny(args)
+
+
+if __name__ == "__main__":
+    main()
