@@ -75,7 +75,12 @@ pub fn decode_file(path: &Path) -> Result<Audio, DecodeError> {
         hint.with_extension(ext);
     }
     let probed = symphonia::default::get_probe()
-        .format(&hint, mss, &FormatOptions::default(), &MetadataOptions::default())
+        .format(
+            &hint,
+            mss,
+            &FormatOptions::default(),
+            &MetadataOptions::default(),
+        )
         .map_err(|e| DecodeError::UnknownFormat(short(&e)))?;
     let mut format = probed.format;
     let track = format
@@ -113,7 +118,7 @@ pub fn decode_file(path: &Path) -> Result<Audio, DecodeError> {
         sample_rate = spec.rate;
         let channels = spec.channels.count().max(1);
         let needed = decoded.capacity() * channels;
-        if buf.as_ref().map_or(true, |b| b.capacity() < needed) {
+        if buf.as_ref().is_none_or(|b| b.capacity() < needed) {
             buf = Some(SampleBuffer::new(decoded.capacity() as u64, spec));
         }
         let b = buf.as_mut().expect("sample buffer allocated above");
