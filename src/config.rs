@@ -92,7 +92,11 @@ impl Override {
 
 /// Builds the configuration from the defaults, the workspace file (if present), an explicit
 /// `--config` file (which must exist), and flag overrides, in that order.
-pub fn resolve(workdir: &Path, explicit: Option<&Path>, overrides: &[Override]) -> Result<Resolved> {
+pub fn resolve(
+    workdir: &Path,
+    explicit: Option<&Path>,
+    overrides: &[Override],
+) -> Result<Resolved> {
     let mut layers: Vec<(Table, Source)> = Vec::new();
     let workspace_file = workdir.join(WORKSPACE_CONFIG);
     if workspace_file.is_file() {
@@ -105,7 +109,10 @@ pub fn resolve(workdir: &Path, explicit: Option<&Path>, overrides: &[Override]) 
         layers.push((read_table(path)?, Source::File(path.to_path_buf())));
     }
     for o in overrides {
-        layers.push((dotted_table(o.key, o.value.clone()), Source::Flag(o.flag.to_string())));
+        layers.push((
+            dotted_table(o.key, o.value.clone()),
+            Source::Flag(o.flag.to_string()),
+        ));
     }
     resolve_layers(layers)
 }
@@ -168,16 +175,25 @@ impl Resolved {
     fn validate(&self) -> Result<()> {
         let p = &self.config.prep;
         let bad = |key: &str, why: String| -> anyhow::Error {
-            anyhow::anyhow!("invalid value for `{key}` (set in {}): {why}", self.source_of(key))
+            anyhow::anyhow!(
+                "invalid value for `{key}` (set in {}): {why}",
+                self.source_of(key)
+            )
         };
         if self.config.model.base.trim().is_empty() {
-            return Err(bad("model.base", "must name a hub repo id or a local directory".into()));
+            return Err(bad(
+                "model.base",
+                "must name a hub repo id or a local directory".into(),
+            ));
         }
         if p.whisper_model.trim().is_empty() {
             return Err(bad("prep.whisper_model", "must name a model file".into()));
         }
         if !(p.min_seconds > 0.0 && p.min_seconds.is_finite()) {
-            return Err(bad("prep.min_seconds", format!("{} is not a positive number", p.min_seconds)));
+            return Err(bad(
+                "prep.min_seconds",
+                format!("{} is not a positive number", p.min_seconds),
+            ));
         }
         if !(p.max_seconds > p.min_seconds && p.max_seconds.is_finite()) {
             return Err(bad(
@@ -195,23 +211,35 @@ impl Resolved {
             ("prep.pad_seconds", p.pad_seconds),
         ] {
             if !(v >= 0.0 && v.is_finite()) {
-                return Err(bad(key, format!("{v} is not a non-negative number of seconds")));
+                return Err(bad(
+                    key,
+                    format!("{v} is not a non-negative number of seconds"),
+                ));
             }
         }
         if !(0.0..=1.0).contains(&p.max_no_speech_prob) {
             return Err(bad(
                 "prep.max_no_speech_prob",
-                format!("{} is not a probability between 0 and 1", p.max_no_speech_prob),
+                format!(
+                    "{} is not a probability between 0 and 1",
+                    p.max_no_speech_prob
+                ),
             ));
         }
         if !(p.silence_db < 0.0 && p.silence_db.is_finite()) {
-            return Err(bad("prep.silence_db", format!("{} must be negative (dB below the peak)", p.silence_db)));
+            return Err(bad(
+                "prep.silence_db",
+                format!("{} must be negative (dB below the peak)", p.silence_db),
+            ));
         }
         let lang = p.language.trim();
         if lang != "auto" && (lang.is_empty() || !lang.chars().all(|c| c.is_ascii_lowercase())) {
             return Err(bad(
                 "prep.language",
-                format!("{:?} is neither \"auto\" nor a Whisper language code such as \"en\"", p.language),
+                format!(
+                    "{:?} is neither \"auto\" nor a Whisper language code such as \"en\"",
+                    p.language
+                ),
             ));
         }
         Ok(())
@@ -269,7 +297,12 @@ fn type_name(v: &Value) -> &'static str {
     }
 }
 
-fn check_against_schema(layer: &Table, schema: &Table, prefix: &str, source: &Source) -> Result<()> {
+fn check_against_schema(
+    layer: &Table,
+    schema: &Table,
+    prefix: &str,
+    source: &Source,
+) -> Result<()> {
     for (k, v) in layer {
         let key = join_key(prefix, k);
         let Some(expected) = schema.get(k) else {
@@ -372,7 +405,10 @@ mod tests {
         let err = resolve_layers(vec![layer("[nonsense]\nx = 1", "c.toml")])
             .unwrap_err()
             .to_string();
-        assert!(err.contains("`nonsense`") && err.contains("c.toml"), "{err}");
+        assert!(
+            err.contains("`nonsense`") && err.contains("c.toml"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -380,22 +416,34 @@ mod tests {
         let err = resolve_layers(vec![layer("[prep]\nmin_seconds = \"one\"", "x.toml")])
             .unwrap_err()
             .to_string();
-        assert!(err.contains("prep.min_seconds") && err.contains("x.toml") && err.contains("number"), "{err}");
+        assert!(
+            err.contains("prep.min_seconds") && err.contains("x.toml") && err.contains("number"),
+            "{err}"
+        );
         let err = resolve_layers(vec![(
             dotted_table("prep.max_seconds", Value::Float(0.5)),
             Source::Flag("--max-seconds".into()),
         )])
         .unwrap_err()
         .to_string();
-        assert!(err.contains("prep.max_seconds") && err.contains("--max-seconds"), "{err}");
+        assert!(
+            err.contains("prep.max_seconds") && err.contains("--max-seconds"),
+            "{err}"
+        );
         let err = resolve_layers(vec![layer("[prep]\njobs = -2", "y.toml")])
             .unwrap_err()
             .to_string();
-        assert!(err.contains("prep.jobs") && err.contains("negative"), "{err}");
+        assert!(
+            err.contains("prep.jobs") && err.contains("negative"),
+            "{err}"
+        );
         let err = resolve_layers(vec![layer("[prep]\nlanguage = \"English!\"", "z.toml")])
             .unwrap_err()
             .to_string();
-        assert!(err.contains("prep.language") && err.contains("z.toml"), "{err}");
+        assert!(
+            err.contains("prep.language") && err.contains("z.toml"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -409,10 +457,14 @@ mod tests {
                 continue;
             }
             let mut j = i;
-            while j > 0 && !lines[j - 1].trim().starts_with('#') && !lines[j - 1].trim().is_empty() {
+            while j > 0 && !lines[j - 1].trim().starts_with('#') && !lines[j - 1].trim().is_empty()
+            {
                 j -= 1;
             }
-            assert!(j > 0 && lines[j - 1].trim().starts_with('#'), "undocumented key: {t}");
+            assert!(
+                j > 0 && lines[j - 1].trim().starts_with('#'),
+                "undocumented key: {t}"
+            );
         }
     }
 }

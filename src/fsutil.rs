@@ -23,15 +23,18 @@ pub fn write_atomic(dest: &Path, bytes: &[u8]) -> Result<()> {
 
 /// Calls `fill` on a temporary file next to `dest`, syncs it and renames it to `dest`.
 /// On error the temporary file is removed and `dest` is untouched.
-pub fn write_atomic_with(dest: &Path, fill: impl FnOnce(&mut fs::File) -> Result<()>) -> Result<()> {
+pub fn write_atomic_with(
+    dest: &Path,
+    fill: impl FnOnce(&mut fs::File) -> Result<()>,
+) -> Result<()> {
     if let Some(parent) = dest.parent() {
         fs::create_dir_all(parent)
             .with_context(|| format!("cannot create directory {}", parent.display()))?;
     }
     let tmp = temp_path_for(dest);
     let result = (|| -> Result<()> {
-        let mut file = fs::File::create(&tmp)
-            .with_context(|| format!("cannot create {}", tmp.display()))?;
+        let mut file =
+            fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
         fill(&mut file)?;
         file.sync_all()
             .with_context(|| format!("cannot flush {}", tmp.display()))?;

@@ -28,7 +28,9 @@ impl ModelSource {
                 repo: spec.to_string(),
             });
         }
-        bail!("model {spec:?} is neither an existing local path nor a hub repository id (owner/name)")
+        bail!(
+            "model {spec:?} is neither an existing local path nor a hub repository id (owner/name)"
+        )
     }
 
     /// The path of `file` inside this model, downloading it if needed.
@@ -80,7 +82,10 @@ pub fn resolve_single_file(spec: &str) -> Result<PathBuf> {
     let mut parts = spec.splitn(3, '/');
     match (parts.next(), parts.next(), parts.next()) {
         (Some(owner), Some(name), Some(file))
-            if !owner.is_empty() && !name.is_empty() && !file.is_empty() && looks_like_repo_id(&format!("{owner}/{name}")) =>
+            if !owner.is_empty()
+                && !name.is_empty()
+                && !file.is_empty()
+                && looks_like_repo_id(&format!("{owner}/{name}")) =>
         {
             hub_file(&format!("{owner}/{name}"), file)
         }
@@ -97,7 +102,8 @@ fn looks_like_repo_id(spec: &str) -> bool {
         s.is_some_and(|s| {
             !s.is_empty()
                 && !s.starts_with('.')
-                && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+                && s.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
         })
     };
     ok(parts.next()) && ok(parts.next()) && parts.next().is_none()
@@ -145,11 +151,15 @@ fn hub_file(repo_id: &str, file: &str) -> Result<PathBuf> {
     match api.repo(repo).download(file) {
         Ok(path) => Ok(path),
         // hf-hub boxes ureq's status errors; their text is all we can inspect.
-        Err(e @ hf_hub::api::sync::ApiError::RequestError(_)) if e.to_string().contains("404") => Err(NotFound {
-            message: format!("hub repository {repo_id} has no file {file}"),
+        Err(e @ hf_hub::api::sync::ApiError::RequestError(_)) if e.to_string().contains("404") => {
+            Err(NotFound {
+                message: format!("hub repository {repo_id} has no file {file}"),
+            }
+            .into())
         }
-        .into()),
-        Err(e) => Err(e).with_context(|| format!("cannot download {file} from hub repository {repo_id}")),
+        Err(e) => {
+            Err(e).with_context(|| format!("cannot download {file} from hub repository {repo_id}"))
+        }
     }
 }
 

@@ -23,7 +23,11 @@ impl Workspace {
         let root = root
             .canonicalize()
             .with_context(|| format!("workspace directory {} does not exist", root.display()))?;
-        anyhow::ensure!(root.is_dir(), "workspace {} is not a directory", root.display());
+        anyhow::ensure!(
+            root.is_dir(),
+            "workspace {} is not a directory",
+            root.display()
+        );
         Ok(Workspace { root })
     }
 

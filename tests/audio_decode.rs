@@ -10,7 +10,9 @@ const FREQ: f64 = 997.0;
 const LEVEL_DB: f64 = -6.0206; // amplitude 0.5
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/audio").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/audio")
+        .join(name)
 }
 
 /// Checks rate, length, that the energy sits at `FREQ`, and the level (within `tol_db`).
@@ -25,10 +27,22 @@ fn check_tone(path: &Path, rate: u32, seconds: f64, level_db: f64, tol_db: f64) 
     let mid = &audio.samples[n / 5..n * 4 / 5];
     let total = rms_db(mid);
     let at_tone = goertzel_db(mid, FREQ, rate);
-    assert!((total - level_db).abs() < tol_db, "{}: level {total:.3} dB", path.display());
-    assert!((at_tone - total).abs() < 0.15, "{}: {at_tone:.3} dB at tone vs {total:.3} dB total", path.display());
+    assert!(
+        (total - level_db).abs() < tol_db,
+        "{}: level {total:.3} dB",
+        path.display()
+    );
+    assert!(
+        (at_tone - total).abs() < 0.15,
+        "{}: {at_tone:.3} dB at tone vs {total:.3} dB total",
+        path.display()
+    );
     // And not at a neighbouring frequency.
-    assert!(goertzel_db(mid, FREQ * 1.5, rate) < level_db - 40.0, "{}", path.display());
+    assert!(
+        goertzel_db(mid, FREQ * 1.5, rate) < level_db - 40.0,
+        "{}",
+        path.display()
+    );
 }
 
 #[test]
@@ -66,7 +80,9 @@ fn write_wav(path: &Path, spec: hound::WavSpec, channels: &[Vec<f32>]) {
                 (_, 8) => w.write_sample((s * 127.0).round() as i8).unwrap(),
                 (_, 16) => w.write_sample((s * 32767.0).round() as i16).unwrap(),
                 (_, 24) => w.write_sample((s * 8_388_607.0).round() as i32).unwrap(),
-                (_, 32) => w.write_sample((s as f64 * 2_147_483_647.0).round() as i32).unwrap(),
+                (_, 32) => w
+                    .write_sample((s as f64 * 2_147_483_647.0).round() as i32)
+                    .unwrap(),
                 _ => unreachable!(),
             }
         }
@@ -108,7 +124,11 @@ fn stereo_is_downmixed_by_averaging() {
         sample_format: hound::SampleFormat::Int,
     };
     // Tone on the left only: the mono mix has half the amplitude (-6 dB).
-    write_wav(&path, spec, &[sine(FREQ, 0.5, 24000, 12000), vec![0.0; 12000]]);
+    write_wav(
+        &path,
+        spec,
+        &[sine(FREQ, 0.5, 24000, 12000), vec![0.0; 12000]],
+    );
     check_tone(&path, 24000, 0.5, LEVEL_DB - 6.0206, 0.02);
 }
 
@@ -120,8 +140,15 @@ fn bad_files_give_reasons() {
     assert!(matches!(decode_file(&empty), Err(DecodeError::Empty)));
 
     let text = dir.path().join("notes.mp3");
-    std::fs::write(&text, "these are not the samples you are looking for\n".repeat(50)).unwrap();
-    assert!(matches!(decode_file(&text), Err(DecodeError::UnknownFormat(_))));
+    std::fs::write(
+        &text,
+        "these are not the samples you are looking for\n".repeat(50),
+    )
+    .unwrap();
+    assert!(matches!(
+        decode_file(&text),
+        Err(DecodeError::UnknownFormat(_))
+    ));
 
     let zero = dir.path().join("zero.wav");
     let spec = hound::WavSpec {
@@ -130,7 +157,10 @@ fn bad_files_give_reasons() {
         bits_per_sample: 16,
         sample_format: hound::SampleFormat::Int,
     };
-    hound::WavWriter::create(&zero, spec).unwrap().finalize().unwrap();
+    hound::WavWriter::create(&zero, spec)
+        .unwrap()
+        .finalize()
+        .unwrap();
     assert!(matches!(decode_file(&zero), Err(DecodeError::NoSamples)));
 
     for name in ["tone-44100.flac", "tone-22050-alac.m4a"] {
@@ -139,7 +169,10 @@ fn bad_files_give_reasons() {
         std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
         let err = decode_file(&cut).expect_err(name);
         assert!(
-            matches!(err, DecodeError::Corrupt(_) | DecodeError::UnknownFormat(_) | DecodeError::NoTrack),
+            matches!(
+                err,
+                DecodeError::Corrupt(_) | DecodeError::UnknownFormat(_) | DecodeError::NoTrack
+            ),
             "{name}: {err:?}"
         );
     }
@@ -148,7 +181,11 @@ fn bad_files_give_reasons() {
     write_wav(&wav, spec, &[sine(FREQ, 0.5, 16000, 16000)]);
     let bytes = std::fs::read(&wav).unwrap();
     std::fs::write(&wav, &bytes[..bytes.len() / 3]).unwrap();
-    assert!(matches!(decode_file(&wav), Err(DecodeError::Corrupt(_))), "{:?}", decode_file(&wav));
+    assert!(
+        matches!(decode_file(&wav), Err(DecodeError::Corrupt(_))),
+        "{:?}",
+        decode_file(&wav)
+    );
 
     let missing = dir.path().join("gone.wav");
     std::os::unix::fs::symlink(dir.path().join("nowhere"), &missing).unwrap();

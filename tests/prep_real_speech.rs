@@ -26,7 +26,14 @@ fn prep_on_mixed_real_speech() {
     let model = whisper_model();
     let out = voiceclone(
         ws.path(),
-        &["prep", input.to_str().unwrap(), "--whisper-model", model.to_str().unwrap(), "--language", "en"],
+        &[
+            "prep",
+            input.to_str().unwrap(),
+            "--whisper-model",
+            model.to_str().unwrap(),
+            "--language",
+            "en",
+        ],
     );
     assert!(out.status.success(), "prep failed:\n{}", stderr(&out));
     assert_eq!(snapshot(&input), before, "prep wrote into the input folder");
@@ -49,24 +56,37 @@ fn prep_on_mixed_real_speech() {
         }
         assert_eq!(row["ref_audio"], "data/ref.wav");
         let wav = ws.path().join(row["audio"].as_str().unwrap());
-        let reader = hound::WavReader::open(&wav).unwrap_or_else(|e| panic!("{}: {e}", wav.display()));
+        let reader =
+            hound::WavReader::open(&wav).unwrap_or_else(|e| panic!("{}: {e}", wav.display()));
         let spec = reader.spec();
-        assert_eq!((spec.sample_rate, spec.channels, spec.bits_per_sample), (24000, 1, 16), "{}", wav.display());
+        assert_eq!(
+            (spec.sample_rate, spec.channels, spec.bits_per_sample),
+            (24000, 1, 16),
+            "{}",
+            wav.display()
+        );
         assert_eq!(spec.sample_format, hound::SampleFormat::Int);
         let secs = reader.duration() as f64 / 24000.0;
         assert!((1.0..=15.0).contains(&secs), "{}: {secs} s", wav.display());
         assert!((secs - row["duration"].as_f64().unwrap()).abs() < 0.002);
         total += secs;
         let source = row["source"].as_str().unwrap();
-        let name = std::path::Path::new(source).file_name().unwrap().to_string_lossy().into_owned();
-        hypotheses
-            .entry(name)
-            .or_default()
-            .push((row["start"].as_f64().unwrap(), row["text"].as_str().unwrap().to_string()));
+        let name = std::path::Path::new(source)
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        hypotheses.entry(name).or_default().push((
+            row["start"].as_f64().unwrap(),
+            row["text"].as_str().unwrap().to_string(),
+        ));
     }
     let ref_wav = hound::WavReader::open(ws.path().join("data/ref.wav")).unwrap();
     let ref_secs = ref_wav.duration() as f64 / 24000.0;
-    assert!((3.0..=10.0).contains(&ref_secs), "reference clip lasts {ref_secs} s");
+    assert!(
+        (3.0..=10.0).contains(&ref_secs),
+        "reference clip lasts {ref_secs} s"
+    );
 
     // Word error rate over every source file, against the package transcripts.
     let (mut errors, mut words) = (0, 0);
@@ -77,13 +97,29 @@ fn prep_on_mixed_real_speech() {
         let hyp: Vec<String> = parts.iter().flat_map(|(_, t)| normalize_words(t)).collect();
         let e = word_errors(&reference, &hyp);
         if e * 3 > reference.len() {
-            eprintln!("{file}: {e} errors\n  ref: {}\n  hyp: {}", reference.join(" "), hyp.join(" "));
+            eprintln!(
+                "{file}: {e} errors\n  ref: {}\n  hyp: {}",
+                reference.join(" "),
+                hyp.join(" ")
+            );
         }
         errors += e;
         words += reference.len();
     }
-    assert!(hypotheses.is_empty(), "utterances from unknown sources: {:?}", hypotheses.keys());
+    assert!(
+        hypotheses.is_empty(),
+        "utterances from unknown sources: {:?}",
+        hypotheses.keys()
+    );
     let wer = errors as f64 / words as f64;
-    eprintln!("{} utterances, {total:.1} s kept, WER {:.1} % ({errors}/{words})", rows.len(), wer * 100.0);
-    assert!(wer <= 0.20, "word error rate {:.1} % exceeds 20 %", wer * 100.0);
+    eprintln!(
+        "{} utterances, {total:.1} s kept, WER {:.1} % ({errors}/{words})",
+        rows.len(),
+        wer * 100.0
+    );
+    assert!(
+        wer <= 0.20,
+        "word error rate {:.1} % exceeds 20 %",
+        wer * 100.0
+    );
 }

@@ -88,8 +88,16 @@ fn rerun_does_no_work_and_new_files_are_processed_alone() {
     let second = prep::run(&ws, &opts, &make).unwrap();
     assert_eq!((second.files_processed, second.files_reused), (0, 2));
     assert_eq!(calls.load(Ordering::SeqCst), 2, "re-run transcribed again");
-    assert_eq!(loads.load(Ordering::SeqCst), 1, "re-run loaded the Whisper model");
-    assert_eq!(std::fs::read(ws.manifest()).unwrap(), manifest, "manifest changed");
+    assert_eq!(
+        loads.load(Ordering::SeqCst),
+        1,
+        "re-run loaded the Whisper model"
+    );
+    assert_eq!(
+        std::fs::read(ws.manifest()).unwrap(),
+        manifest,
+        "manifest changed"
+    );
     assert_eq!(snapshot(&ws.segments_dir()), segments, "segments rewritten");
 
     let new = &files[2];
@@ -99,13 +107,24 @@ fn rerun_does_no_work_and_new_files_are_processed_alone() {
     assert_eq!(calls.load(Ordering::SeqCst), 3);
     let rows = std::fs::read_to_string(ws.manifest()).unwrap();
     let new_name = new.file_stem().unwrap().to_string_lossy().into_owned();
-    assert!(rows.contains(&new_name), "new file missing from the manifest");
+    assert!(
+        rows.contains(&new_name),
+        "new file missing from the manifest"
+    );
     // The earlier rows are all still there, unchanged.
     for line in String::from_utf8(manifest).unwrap().lines() {
         assert!(rows.contains(line));
     }
     // --force redoes everything.
-    let forced = prep::run(&ws, &PrepOptions { force: true, ..opts }, &make).unwrap();
+    let forced = prep::run(
+        &ws,
+        &PrepOptions {
+            force: true,
+            ..opts
+        },
+        &make,
+    )
+    .unwrap();
     assert_eq!(forced.files_processed, 3);
 }
 
@@ -118,13 +137,22 @@ fn bad_inputs_are_reported_by_name_and_harm_nothing() {
     let ws = tempfile::tempdir().unwrap();
     let model = whisper_model();
     let prep_args = |extra: &[&str]| {
-        let mut a = vec!["prep", "--whisper-model", model.to_str().unwrap(), "--language", "en"];
+        let mut a = vec![
+            "prep",
+            "--whisper-model",
+            model.to_str().unwrap(),
+            "--language",
+            "en",
+        ];
         a.extend_from_slice(extra);
         a.into_iter().map(String::from).collect::<Vec<_>>()
     };
     let run = |extra: &[&str]| {
         let args = prep_args(extra);
-        voiceclone(ws.path(), &args.iter().map(String::as_str).collect::<Vec<_>>())
+        voiceclone(
+            ws.path(),
+            &args.iter().map(String::as_str).collect::<Vec<_>>(),
+        )
     };
     let good_dir = dir.join("good");
     let first = run(&[good_dir.to_str().unwrap()]);
@@ -138,19 +166,41 @@ fn bad_inputs_are_reported_by_name_and_harm_nothing() {
     std::fs::create_dir_all(&bad).unwrap();
     std::fs::write(bad.join("empty.wav"), b"").unwrap();
     std::fs::write(bad.join("notes.mp3"), "not audio at all\n".repeat(100)).unwrap();
-    let flac = std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/audio/tone-44100.flac")).unwrap();
+    let flac = std::fs::read(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/audio/tone-44100.flac"),
+    )
+    .unwrap();
     std::fs::write(bad.join("truncated.flac"), &flac[..flac.len() / 2]).unwrap();
-    std::fs::write(bad.join("corrupt.m4a"), [&b"\x00\x00\x00\x18ftypM4A "[..], &[0x5a; 4000][..]].concat()).unwrap();
+    std::fs::write(
+        bad.join("corrupt.m4a"),
+        [&b"\x00\x00\x00\x18ftypM4A "[..], &[0x5a; 4000][..]].concat(),
+    )
+    .unwrap();
     std::os::unix::fs::symlink(dir.join("nowhere.wav"), bad.join("unreadable.wav")).unwrap();
-    let spec = hound::WavSpec { channels: 1, sample_rate: 16000, bits_per_sample: 16, sample_format: hound::SampleFormat::Int };
-    hound::WavWriter::create(bad.join("zero-samples.wav"), spec).unwrap().finalize().unwrap();
+    let spec = hound::WavSpec {
+        channels: 1,
+        sample_rate: 16000,
+        bits_per_sample: 16,
+        sample_format: hound::SampleFormat::Int,
+    };
+    hound::WavWriter::create(bad.join("zero-samples.wav"), spec)
+        .unwrap()
+        .finalize()
+        .unwrap();
     let empty_dir = dir.join("no-audio-here");
     std::fs::create_dir_all(&empty_dir).unwrap();
     std::fs::write(empty_dir.join("readme.txt"), b"nothing").unwrap();
 
-    let second = run(&[good_dir.to_str().unwrap(), bad.to_str().unwrap(), empty_dir.to_str().unwrap()]);
+    let second = run(&[
+        good_dir.to_str().unwrap(),
+        bad.to_str().unwrap(),
+        empty_dir.to_str().unwrap(),
+    ]);
     let err = stderr(&second);
-    assert!(second.status.success(), "bad inputs must not fail the run:\n{err}");
+    assert!(
+        second.status.success(),
+        "bad inputs must not fail the run:\n{err}"
+    );
     for (name, reason) in [
         ("empty.wav", "empty file"),
         ("notes.mp3", "not a recognised audio format"),
@@ -160,21 +210,44 @@ fn bad_inputs_are_reported_by_name_and_harm_nothing() {
         ("zero-samples.wav", "no audio samples"),
         ("no-audio-here", "no audio files"),
     ] {
-        let line = err.lines().find(|l| l.contains(name)).unwrap_or_else(|| panic!("no warning names {name}:\n{err}"));
-        assert!(line.starts_with("warning:") && line.contains(reason), "{line}");
+        let line = err
+            .lines()
+            .find(|l| l.contains(name))
+            .unwrap_or_else(|| panic!("no warning names {name}:\n{err}"));
+        assert!(
+            line.starts_with("warning:") && line.contains(reason),
+            "{line}"
+        );
     }
     // The good file's results are untouched, and still the whole manifest.
-    assert_eq!(std::fs::read(ws.path().join("data/train.jsonl")).unwrap(), manifest);
+    assert_eq!(
+        std::fs::read(ws.path().join("data/train.jsonl")).unwrap(),
+        manifest
+    );
     assert_eq!(snapshot(&ws.path().join("data/segments")), outputs);
-    assert_eq!(std::fs::read(ws.path().join("data/ref.wav")).unwrap(), reference);
+    assert_eq!(
+        std::fs::read(ws.path().join("data/ref.wav")).unwrap(),
+        reference
+    );
     assert!(stdout(&second).contains("6 failed"), "{}", stdout(&second));
 
     // Only bad inputs: a non-zero exit that says why; earlier outputs still intact.
     let third = run(&[bad.to_str().unwrap()]);
     assert!(!third.status.success());
-    assert!(stderr(&third).contains("error: no usable utterance"), "{}", stderr(&third));
-    assert_eq!(std::fs::read(ws.path().join("data/train.jsonl")).unwrap(), manifest);
+    assert!(
+        stderr(&third).contains("error: no usable utterance"),
+        "{}",
+        stderr(&third)
+    );
+    assert_eq!(
+        std::fs::read(ws.path().join("data/train.jsonl")).unwrap(),
+        manifest
+    );
     let none = run(&[empty_dir.to_str().unwrap()]);
     assert!(!none.status.success());
-    assert!(stderr(&none).contains("no audio files found"), "{}", stderr(&none));
+    assert!(
+        stderr(&none).contains("no audio files found"),
+        "{}",
+        stderr(&none)
+    );
 }

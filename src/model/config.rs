@@ -131,10 +131,14 @@ fn default_sample_rate() -> u32 {
 impl Qwen3TtsConfig {
     /// Reads and checks `config.json`; errors name the file.
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-        let raw: serde_json::Value =
-            serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", path.display()))?;
-        let model_type = raw.get("model_type").and_then(|v| v.as_str()).unwrap_or("<missing>");
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        let raw: serde_json::Value = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not valid JSON", path.display()))?;
+        let model_type = raw
+            .get("model_type")
+            .and_then(|v| v.as_str())
+            .unwrap_or("<missing>");
         if model_type != "qwen3_tts" {
             bail!(
                 "{}: model_type {model_type:?} is not supported (expected \"qwen3_tts\", a Qwen3-TTS 12 Hz checkpoint)",
@@ -143,7 +147,9 @@ impl Qwen3TtsConfig {
         }
         let config: Self = serde_json::from_value(raw)
             .with_context(|| format!("{}: not a valid Qwen3-TTS config", path.display()))?;
-        config.validate().with_context(|| format!("{}: inconsistent config", path.display()))?;
+        config
+            .validate()
+            .with_context(|| format!("{}: inconsistent config", path.display()))?;
         Ok(config)
     }
 
@@ -151,7 +157,9 @@ impl Qwen3TtsConfig {
         let t = &self.talker_config;
         match self.tts_model_type.as_str() {
             "base" | "custom_voice" | "voice_design" => {}
-            other => bail!("tts_model_type {other:?} is not one of base, custom_voice, voice_design"),
+            other => {
+                bail!("tts_model_type {other:?} is not one of base, custom_voice, voice_design")
+            }
         }
         if t.num_attention_heads % t.num_key_value_heads.max(1) != 0 {
             bail!("talker_config: num_attention_heads must be a multiple of num_key_value_heads");
@@ -161,7 +169,9 @@ impl Qwen3TtsConfig {
             bail!("code_predictor_config: num_attention_heads must be a multiple of num_key_value_heads");
         }
         if t.num_code_groups != cp.num_code_groups {
-            bail!("talker_config.num_code_groups differs from code_predictor_config.num_code_groups");
+            bail!(
+                "talker_config.num_code_groups differs from code_predictor_config.num_code_groups"
+            );
         }
         if let Some(se) = &self.speaker_encoder_config {
             if se.enc_dim != t.hidden_size {

@@ -25,7 +25,12 @@ pub struct Weights {
 
 impl Weights {
     /// Loads every tensor of `files` whose name passes `keep`.
-    pub fn load(files: &[PathBuf], dtype: DType, device: &Device, keep: impl Fn(&str) -> bool) -> Result<Self> {
+    pub fn load(
+        files: &[PathBuf],
+        dtype: DType,
+        device: &Device,
+        keep: impl Fn(&str) -> bool,
+    ) -> Result<Self> {
         let mut w = Weights {
             tensors: HashMap::new(),
             origin: HashMap::new(),
@@ -45,14 +50,21 @@ impl Weights {
         // SAFETY: the mapping is read-only and private to this function; checkpoint files are
         // not expected to change while they load (as with every mmap-based loader).
         let mmap = unsafe { Mmap::map(&file)? };
-        let st = SafeTensors::deserialize(&mmap).map_err(|e| anyhow::anyhow!("not a valid safetensors file: {e}"))?;
+        let st = SafeTensors::deserialize(&mmap)
+            .map_err(|e| anyhow::anyhow!("not a valid safetensors file: {e}"))?;
         let base = mmap.as_ptr() as usize;
         for (name, view) in st.iter() {
             if !keep(name) {
                 continue;
             }
-            let tensor = to_tensor(view.dtype(), view.shape(), view.data(), self.dtype, &self.device)
-                .with_context(|| format!("tensor {name}"))?;
+            let tensor = to_tensor(
+                view.dtype(),
+                view.shape(),
+                view.data(),
+                self.dtype,
+                &self.device,
+            )
+            .with_context(|| format!("tensor {name}"))?;
             // Give the mapped pages of this tensor back now that it has been converted.
             let data = view.data();
             let start = data.as_ptr() as usize - base;
@@ -63,7 +75,11 @@ impl Weights {
                 // SAFETY: read-only file mapping; dropped pages are re-read from the file if
                 // touched again, and nothing borrows them after the conversion above.
                 unsafe {
-                    let _ = mmap.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, aligned, end - aligned);
+                    let _ = mmap.unchecked_advise_range(
+                        memmap2::UncheckedAdvice::DontNeed,
+                        aligned,
+                        end - aligned,
+                    );
                 }
             }
             self.origin.insert(name.to_string(), path.to_path_buf());
@@ -138,7 +154,13 @@ impl Weights {
 }
 
 /// Converts raw little-endian safetensors bytes into a tensor of `dtype`.
-fn to_tensor(src: StDtype, shape: &[usize], data: &[u8], dtype: DType, device: &Device) -> Result<Tensor> {
+fn to_tensor(
+    src: StDtype,
+    shape: &[usize],
+    data: &[u8],
+    dtype: DType,
+    device: &Device,
+) -> Result<Tensor> {
     let src_dtype = match src {
         StDtype::BF16 => DType::BF16,
         StDtype::F16 => DType::F16,

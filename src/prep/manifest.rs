@@ -92,7 +92,8 @@ pub fn write_manifest(path: &Path, rows: &[ManifestRow]) -> Result<()> {
 
 /// Reads a prep manifest; errors name the file and line.
 pub fn read_manifest(path: &Path) -> Result<Vec<ManifestRow>> {
-    let file = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let file =
+        std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     let mut rows = Vec::new();
     for (i, line) in BufReader::new(file).lines().enumerate() {
         let line = line.with_context(|| format!("cannot read {}", path.display()))?;
@@ -107,8 +108,10 @@ pub fn read_manifest(path: &Path) -> Result<Vec<ManifestRow>> {
 }
 
 pub fn read_record(path: &Path) -> Result<SourceRecord> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    serde_json::from_str(&text).with_context(|| format!("{} is not a valid prep record", path.display()))
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a valid prep record", path.display()))
 }
 
 pub fn write_record(path: &Path, record: &SourceRecord) -> Result<()> {

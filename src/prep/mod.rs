@@ -73,7 +73,11 @@ pub struct Summary {
 pub type TranscriberFactory<'a> = dyn Fn() -> Result<Arc<dyn Transcriber>> + 'a;
 
 /// Runs prep over `opts.inputs` into the workspace.
-pub fn run(ws: &Workspace, opts: &PrepOptions, make_transcriber: &TranscriberFactory) -> Result<Summary> {
+pub fn run(
+    ws: &Workspace,
+    opts: &PrepOptions,
+    make_transcriber: &TranscriberFactory,
+) -> Result<Summary> {
     for input in &opts.inputs {
         if let Ok(dir) = input.canonicalize() {
             if dir.is_dir() && ws.root().starts_with(&dir) {
@@ -132,7 +136,9 @@ pub fn run(ws: &Workspace, opts: &PrepOptions, make_transcriber: &TranscriberFac
                 let (next, todo, ctx) = (&next, &todo, &ctx);
                 scope.spawn(move || loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some((file, key)) = todo.get(i) else { break };
+                    let Some((file, key)) = todo.get(i) else {
+                        break;
+                    };
                     let result = process_source(ctx, file, key);
                     if tx.send((file.clone(), result)).is_err() {
                         break;
@@ -199,7 +205,11 @@ struct JobContext<'a> {
 }
 
 /// Decodes, transcribes and cuts one source; the error is a reason for the user.
-fn process_source(ctx: &JobContext, file: &SourceFile, key: &str) -> std::result::Result<SourceRecord, String> {
+fn process_source(
+    ctx: &JobContext,
+    file: &SourceFile,
+    key: &str,
+) -> std::result::Result<SourceRecord, String> {
     let decoded = audio::decode_file(&file.path).map_err(|e| e.to_string())?;
     let for_whisper = audio::resample(&decoded.samples, decoded.sample_rate, WHISPER_RATE)
         .map_err(|e| format!("{e:#}"))?;
@@ -216,7 +226,10 @@ fn process_source(ctx: &JobContext, file: &SourceFile, key: &str) -> std::result
     for (i, u) in cut.utterances.iter().enumerate() {
         let a = (u.start * OUTPUT_RATE as f64).round() as usize;
         let b = ((u.end * OUTPUT_RATE as f64).round() as usize).min(output.len());
-        let path = ctx.ws.segments_dir().join(format!("{stem}-{}-{i:03}.wav", &key[..8]));
+        let path = ctx
+            .ws
+            .segments_dir()
+            .join(format!("{stem}-{}-{i:03}.wav", &key[..8]));
         audio::wav::write_pcm16(&path, &output[a..b], OUTPUT_RATE).map_err(|e| format!("{e:#}"))?;
         utterances.push(UtteranceRecord {
             audio: ctx.ws.relative(&path),
@@ -239,7 +252,8 @@ fn process_source(ctx: &JobContext, file: &SourceFile, key: &str) -> std::result
             .map(|(reason, secs)| (reason.to_string(), round_ms(*secs)))
             .collect(),
     };
-    manifest::write_record(&ctx.records_dir.join(format!("{key}.json")), &record).map_err(|e| format!("{e:#}"))?;
+    manifest::write_record(&ctx.records_dir.join(format!("{key}.json")), &record)
+        .map_err(|e| format!("{e:#}"))?;
     Ok(record)
 }
 
@@ -249,7 +263,11 @@ fn reusable_record(ws: &Workspace, dir: &Path, key: &str, force: bool) -> Option
         return None;
     }
     let record = manifest::read_record(&dir.join(format!("{key}.json"))).ok()?;
-    let complete = record.key == key && record.utterances.iter().all(|u| ws.resolve(&u.audio).is_file());
+    let complete = record.key == key
+        && record
+            .utterances
+            .iter()
+            .all(|u| ws.resolve(&u.audio).is_file());
     complete.then_some(record)
 }
 
@@ -281,17 +299,27 @@ fn settings_digest(opts: &PrepOptions) -> String {
 }
 
 fn available_cores() -> usize {
-    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
 }
 
 fn effective_jobs(configured: usize, files: usize) -> usize {
-    let jobs = if configured == 0 { available_cores() } else { configured };
+    let jobs = if configured == 0 {
+        available_cores()
+    } else {
+        configured
+    };
     jobs.clamp(1, files.max(1))
 }
 
 /// Writes `data/ref.wav`: the forced clip (decoded and resampled to 24 kHz), or the best
 /// utterance (a clean one of 3-10 s, closest to 6 s). Returns its workspace-relative path.
-fn write_reference(ws: &Workspace, forced: Option<&Path>, utterances: &[(&str, &UtteranceRecord)]) -> Result<String> {
+fn write_reference(
+    ws: &Workspace,
+    forced: Option<&Path>,
+    utterances: &[(&str, &UtteranceRecord)],
+) -> Result<String> {
     let dest = ws.ref_wav();
     match forced {
         Some(path) => {
@@ -303,7 +331,8 @@ fn write_reference(ws: &Workspace, forced: Option<&Path>, utterances: &[(&str, &
             let best = choose_reference(utterances.iter().map(|(_, u)| *u))
                 .context("no utterance to use as the reference clip")?;
             let src = ws.resolve(&best.audio);
-            let bytes = std::fs::read(&src).with_context(|| format!("cannot read {}", src.display()))?;
+            let bytes =
+                std::fs::read(&src).with_context(|| format!("cannot read {}", src.display()))?;
             write_atomic(&dest, &bytes)?;
         }
     }
@@ -312,11 +341,18 @@ fn write_reference(ws: &Workspace, forced: Option<&Path>, utterances: &[(&str, &
 
 /// The most reference-worthy utterance: inside 3-10 s if any is, then the lowest no-speech
 /// probability, then closest to 6 s; ties broken by path for determinism.
-pub fn choose_reference<'a>(utterances: impl Iterator<Item = &'a UtteranceRecord>) -> Option<&'a UtteranceRecord> {
+pub fn choose_reference<'a>(
+    utterances: impl Iterator<Item = &'a UtteranceRecord>,
+) -> Option<&'a UtteranceRecord> {
     let outside = |d: f64| (REF_MIN_SECONDS - d).max(d - REF_MAX_SECONDS).max(0.0);
     let ideal = (REF_MIN_SECONDS + REF_MAX_SECONDS) / 2.0 - 0.5;
     utterances.min_by(|a, b| {
-        let key = |u: &UtteranceRecord| (outside(u.duration), u.no_speech_prob + (u.duration - ideal).abs() / 20.0);
+        let key = |u: &UtteranceRecord| {
+            (
+                outside(u.duration),
+                u.no_speech_prob + (u.duration - ideal).abs() / 20.0,
+            )
+        };
         let (ka, kb) = (key(a), key(b));
         ka.0.total_cmp(&kb.0)
             .then(ka.1.total_cmp(&kb.1))
@@ -330,10 +366,17 @@ fn nothing_usable_message(s: &Summary) -> String {
     }
     let mut msg = format!("no usable utterance came out of {} file(s)", s.files_found);
     if !s.files_failed.is_empty() {
-        msg.push_str(&format!("; {} could not be read (see warnings above)", s.files_failed.len()));
+        msg.push_str(&format!(
+            "; {} could not be read (see warnings above)",
+            s.files_failed.len()
+        ));
     }
     if !s.dropped.is_empty() {
-        let parts: Vec<String> = s.dropped.iter().map(|(r, secs)| format!("{secs:.1} s {r}")).collect();
+        let parts: Vec<String> = s
+            .dropped
+            .iter()
+            .map(|(r, secs)| format!("{secs:.1} s {r}"))
+            .collect();
         msg.push_str(&format!("; dropped: {}", parts.join(", ")));
     }
     msg
@@ -358,7 +401,10 @@ impl Summary {
         ));
         let dropped: f64 = self.dropped.values().sum();
         let untranscribed = (self.source_seconds - self.kept_seconds - dropped).max(0.0);
-        out.push_str(&format!("  dropped: {} silence or pauses between utterances", h(untranscribed)));
+        out.push_str(&format!(
+            "  dropped: {} silence or pauses between utterances",
+            h(untranscribed)
+        ));
         for (reason, secs) in &self.dropped {
             out.push_str(&format!(", {} {reason}", h(*secs)));
         }
@@ -393,7 +439,12 @@ mod tests {
 
     #[test]
     fn reference_prefers_clean_clips_of_three_to_ten_seconds() {
-        let list = [utt("a", 12.0, 0.0), utt("b", 2.0, 0.0), utt("c", 4.0, 0.3), utt("d", 7.0, 0.01)];
+        let list = [
+            utt("a", 12.0, 0.0),
+            utt("b", 2.0, 0.0),
+            utt("c", 4.0, 0.3),
+            utt("d", 7.0, 0.01),
+        ];
         assert_eq!(choose_reference(list.iter()).unwrap().audio, "d");
         // Nothing in range: the closest to it.
         let list = [utt("a", 14.0, 0.0), utt("b", 1.5, 0.0), utt("c", 11.0, 0.2)];

@@ -123,7 +123,10 @@ pub fn cut(segments: &[Segment], audio: &[f32], rate: u32, rules: &Rules) -> Cut
     let merged = merge_short(split, rules);
 
     // 4. Move edges onto the audio and enforce the duration bounds.
-    let levels = frame_levels_db(audio, ((rate as f64) * FRAME_SECONDS).round().max(1.0) as usize);
+    let levels = frame_levels_db(
+        audio,
+        ((rate as f64) * FRAME_SECONDS).round().max(1.0) as usize,
+    );
     let peak = levels.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
     let threshold = peak + rules.silence_db;
     for i in 0..merged.len() {
@@ -133,11 +136,20 @@ pub fn cut(segments: &[Segment], audio: &[f32], rate: u32, rules: &Rules) -> Cut
             continue;
         }
         // Never reach past the middle of the gap to a neighbour.
-        let lower = if i > 0 { (merged[i - 1].end + span.start) / 2.0 } else { 0.0 };
-        let upper = if i + 1 < merged.len() { (span.end + merged[i + 1].start) / 2.0 } else { total };
+        let lower = if i > 0 {
+            (merged[i - 1].end + span.start) / 2.0
+        } else {
+            0.0
+        };
+        let upper = if i + 1 < merged.len() {
+            (span.end + merged[i + 1].start) / 2.0
+        } else {
+            total
+        };
         let lower = lower.max(span.start - EDGE_SEARCH_SECONDS);
         let upper = upper.min(span.end + EDGE_SEARCH_SECONDS);
-        let Some((voiced_start, voiced_end)) = voiced_range(&levels, threshold, lower, upper) else {
+        let Some((voiced_start, voiced_end)) = voiced_range(&levels, threshold, lower, upper)
+        else {
             out.dropped.push((DropReason::Silent, span.duration()));
             continue;
         };
@@ -192,7 +204,12 @@ impl Span {
     }
 }
 
-fn split_long(span: Span, rules: &Rules, out: &mut Vec<Span>, dropped: &mut Vec<(DropReason, f64)>) {
+fn split_long(
+    span: Span,
+    rules: &Rules,
+    out: &mut Vec<Span>,
+    dropped: &mut Vec<(DropReason, f64)>,
+) {
     if span.duration() <= rules.max_seconds {
         out.push(span);
         return;
@@ -257,7 +274,8 @@ fn merge_short(spans: Vec<Span>, rules: &Rules) -> Vec<Span> {
     for span in spans {
         if let Some(current) = out.last_mut() {
             let gap = span.start - current.end;
-            let short = current.duration() < rules.min_seconds || span.duration() < rules.min_seconds;
+            let short =
+                current.duration() < rules.min_seconds || span.duration() < rules.min_seconds;
             let fits = span.end - current.start <= rules.max_seconds;
             if short && fits && gap <= rules.max_merge_gap {
                 current.end = span.end;
@@ -337,7 +355,15 @@ mod tests {
 
     #[test]
     fn non_speech_markers_are_recognised() {
-        for t in ["", "  ", "[BLANK_AUDIO]", "(music)", "*laughs*", "♪ ♪", "..."] {
+        for t in [
+            "",
+            "  ",
+            "[BLANK_AUDIO]",
+            "(music)",
+            "*laughs*",
+            "♪ ♪",
+            "...",
+        ] {
             assert!(is_non_speech_text(t), "{t:?}");
         }
         for t in ["Hello.", "(It) works", "42"] {
@@ -367,14 +393,23 @@ mod tests {
         assert!(reasons.contains(&DropReason::EmptyText));
         // Edges snap to the tone bursts with the padding kept.
         let u = &cut.utterances[1];
-        assert!((u.start - 2.9).abs() < 0.02 && (u.end - 6.1).abs() < 0.02, "{u:?}");
+        assert!(
+            (u.start - 2.9).abs() < 0.02 && (u.end - 6.1).abs() < 0.02,
+            "{u:?}"
+        );
         let u = &cut.utterances[0];
-        assert!((u.start - 0.4).abs() < 0.02 && (u.end - 1.7).abs() < 0.02, "{u:?}");
+        assert!(
+            (u.start - 0.4).abs() < 0.02 && (u.end - 1.7).abs() < 0.02,
+            "{u:?}"
+        );
     }
 
     #[test]
     fn long_segments_split_at_word_boundaries_within_bounds() {
-        let text = (0..60).map(|i| format!("w{i}")).collect::<Vec<_>>().join(" ");
+        let text = (0..60)
+            .map(|i| format!("w{i}"))
+            .collect::<Vec<_>>()
+            .join(" ");
         let x = audio(42.0, &[(1.0, 41.0)]);
         let cut = cut(&[seg(1.0, 41.0, &text)], &x, RATE, &rules());
         assert!(cut.utterances.len() >= 3, "{:?}", cut.utterances);
@@ -404,7 +439,12 @@ mod tests {
     #[test]
     fn silent_segment_is_dropped() {
         let x = audio(6.0, &[(4.0, 5.5)]);
-        let cut = cut(&[seg(0.5, 3.0, "ghost words"), seg(4.0, 5.5, "Real speech.")], &x, RATE, &rules());
+        let cut = cut(
+            &[seg(0.5, 3.0, "ghost words"), seg(4.0, 5.5, "Real speech.")],
+            &x,
+            RATE,
+            &rules(),
+        );
         assert_eq!(cut.utterances.len(), 1);
         assert_eq!(cut.dropped, vec![(DropReason::Silent, 2.5)]);
     }

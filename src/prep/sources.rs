@@ -29,7 +29,9 @@ pub fn discover(inputs: &[PathBuf], exclude: &Path) -> Discovery {
     for input in inputs {
         let abs = absolute(input);
         match std::fs::metadata(&abs) {
-            Err(e) => d.warnings.push(format!("{}: cannot read input: {e}", input.display())),
+            Err(e) => d
+                .warnings
+                .push(format!("{}: cannot read input: {e}", input.display())),
             Ok(m) if m.is_dir() => {
                 let before = d.files.len();
                 walk(&abs, exclude, &mut d);
@@ -56,7 +58,8 @@ fn walk(dir: &Path, exclude: &Path, d: &mut Discovery) {
     let entries = match std::fs::read_dir(dir) {
         Ok(e) => e,
         Err(e) => {
-            d.warnings.push(format!("{}: cannot list folder: {e}", dir.display()));
+            d.warnings
+                .push(format!("{}: cannot list folder: {e}", dir.display()));
             return;
         }
     };
@@ -65,7 +68,9 @@ fn walk(dir: &Path, exclude: &Path, d: &mut Discovery) {
     for path in paths {
         // Follow symlinks for the type check, but keep a dangling link as a file so that the
         // user hears about it.
-        let is_dir = std::fs::metadata(&path).map(|m| m.is_dir()).unwrap_or(false);
+        let is_dir = std::fs::metadata(&path)
+            .map(|m| m.is_dir())
+            .unwrap_or(false);
         if is_dir {
             walk(&path, exclude, d);
         } else if has_audio_extension(&path) && !path.starts_with(exclude) {
@@ -108,7 +113,13 @@ impl SourceFile {
             .unwrap_or_else(|| "audio".into());
         let safe: String = stem
             .chars()
-            .map(|c| if c.is_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
+            .map(|c| {
+                if c.is_alphanumeric() || c == '-' || c == '_' {
+                    c
+                } else {
+                    '_'
+                }
+            })
             .take(48)
             .collect();
         if safe.is_empty() {
@@ -140,14 +151,29 @@ mod tests {
         std::fs::create_dir_all(root.join("a/b")).unwrap();
         std::fs::create_dir_all(root.join("data/segments")).unwrap();
         std::fs::create_dir_all(root.join("empty")).unwrap();
-        for f in ["a/b/z.wav", "a/x.FLAC", "a/notes.txt", "data/segments/s.wav", "y.mp3"] {
+        for f in [
+            "a/b/z.wav",
+            "a/x.FLAC",
+            "a/notes.txt",
+            "data/segments/s.wav",
+            "y.mp3",
+        ] {
             std::fs::write(root.join(f), b"x").unwrap();
         }
-        let d = discover(&[root.to_path_buf(), root.join("empty")], &root.join("data"));
+        let d = discover(
+            &[root.to_path_buf(), root.join("empty")],
+            &root.join("data"),
+        );
         let names: Vec<String> = d
             .files
             .iter()
-            .map(|f| f.path.strip_prefix(root).unwrap().to_string_lossy().into_owned())
+            .map(|f| {
+                f.path
+                    .strip_prefix(root)
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned()
+            })
             .collect();
         assert_eq!(names, ["a/b/z.wav", "a/x.FLAC", "y.mp3"]);
         assert_eq!(d.warnings.len(), 1);

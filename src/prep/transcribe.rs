@@ -54,7 +54,9 @@ impl WhisperTranscriber {
             "auto" => None,
             code => {
                 if whisper_rs::get_lang_id(code).is_none() {
-                    return Err(anyhow!("prep.language: {code:?} is not a language Whisper knows"));
+                    return Err(anyhow!(
+                        "prep.language: {code:?} is not a language Whisper knows"
+                    ));
                 }
                 Some(code.to_string())
             }
@@ -108,7 +110,9 @@ impl Transcriber for WhisperTranscriber {
                 .to_string();
             let mut words: Vec<Word> = Vec::new();
             for t in 0..segment.n_tokens() {
-                let Some(token) = segment.get_token(t) else { continue };
+                let Some(token) = segment.get_token(t) else {
+                    continue;
+                };
                 let piece = token.to_str_lossy().unwrap_or_default().into_owned();
                 // Special tokens ([_BEG_], [_TT_123], <|endoftext|>) carry no text.
                 if piece.starts_with("[_") || piece.starts_with("<|") {

@@ -55,7 +55,13 @@ pub fn transcripts(dir: &Path) -> Vec<(String, String)> {
 pub fn normalize_words(text: &str) -> Vec<String> {
     text.to_lowercase()
         .chars()
-        .map(|c| if c.is_alphanumeric() || c == '\'' { c } else { ' ' })
+        .map(|c| {
+            if c.is_alphanumeric() || c == '\'' {
+                c
+            } else {
+                ' '
+            }
+        })
         .collect::<String>()
         .split_whitespace()
         .map(|w| w.trim_matches('\'').to_string())
