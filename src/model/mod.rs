@@ -1,5 +1,11 @@
 //! The Qwen3-TTS port (spec: ../shared/spec/qwen3-tts.md). Model code knows nothing of the CLI,
 //! the workspace or files beyond the model directory it is given.
 
+pub mod code_predictor;
 pub mod config;
+pub mod files;
+pub mod layers;
+pub mod ops;
+pub mod talker;
+pub mod text;
 pub mod weights;

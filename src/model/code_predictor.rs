@@ -1,0 +1,202 @@
+//! The code predictor ("sub-talker", spec §5): a 5-layer Qwen3 decoder that turns the talker's
+//! hidden state and code-0 into codebooks 1..15 of a frame.
+
+use anyhow::bail;
+use candle_core::{DType, Result, Tensor, D};
+
+use super::config::Qwen3TtsConfig;
+use super::layers::{Decoder, DecoderCache, DecoderConfig, TensorSource};
+use super::ops::{embedding, linear, Numerics};
+
+/// Checkpoint prefix of the code predictor.
+pub const PREFIX: &str = "talker.code_predictor";
+
+/// Picks the next sub-code of every row: called with the codebook index `j` (1..=15, the
+/// codebook being predicted) and its f32 logits `(B, vocab)`; returns `(B,)` u32 codes.
+/// [`greedy`] is one; sampling strategies plug in here.
+pub trait SubCodePicker: FnMut(usize, &Tensor) -> Result<Tensor> {}
+impl<F: FnMut(usize, &Tensor) -> Result<Tensor>> SubCodePicker for F {}
+
+/// Greedy pick: the arg-max of each row.
+pub fn greedy(_codebook: usize, logits: &Tensor) -> Result<Tensor> {
+    logits.argmax(D::Minus1)
+}
+
+#[derive(Debug, Clone)]
+pub struct CodePredictor {
+    pub decoder: Decoder,
+    /// `model.codec_embedding.{i}` for codebook i+1 (i = 0..G-2), `(vocab, talker_hidden)`.
+    pub codec_embedding: Vec<Tensor>,
+    /// `lm_head.{j}` predicting codebook j+1, `(vocab, hidden)`.
+    pub lm_head: Vec<Tensor>,
+    /// `small_to_mtp_projection` (weight, bias): talker width -> predictor width; `None` (the
+    /// official `Identity`) when both widths agree (0.6B).
+    pub projection: Option<(Tensor, Tensor)>,
+    num_code_groups: usize,
+}
+
+impl CodePredictor {
+    pub fn load(
+        src: &dyn TensorSource,
+        cfg: &Qwen3TtsConfig,
+        numerics: Numerics,
+    ) -> anyhow::Result<Self> {
+        let t = &cfg.talker_config;
+        let c = &t.code_predictor_config;
+        if c.num_code_groups < 2 {
+            bail!("code_predictor_config.num_code_groups must be at least 2");
+        }
+        let n = c.num_code_groups - 1;
+        let decoder = Decoder::load(
+            src,
+            &format!("{PREFIX}.model"),
+            DecoderConfig::code_predictor(c)?,
+            numerics,
+        )?;
+        let codec_embedding = (0..n)
+            .map(|i| {
+                src.tensor(
+                    &format!("{PREFIX}.model.codec_embedding.{i}.weight"),
+                    &[c.vocab_size, t.hidden_size],
+                )
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let lm_head = (0..n)
+            .map(|j| {
+                src.tensor(
+                    &format!("{PREFIX}.lm_head.{j}.weight"),
+                    &[c.vocab_size, c.hidden_size],
+                )
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let projection = if cfg.has_mtp_projection() {
+            let p = format!("{PREFIX}.small_to_mtp_projection");
+            Some((
+                src.tensor(&format!("{p}.weight"), &[c.hidden_size, t.hidden_size])?,
+                src.tensor(&format!("{p}.bias"), &[c.hidden_size])?,
+            ))
+        } else {
+            None
+        };
+        Ok(Self {
+            decoder,
+            codec_embedding,
+            lm_head,
+            projection,
+            num_code_groups: c.num_code_groups,
+        })
+    }
+
+    /// Codebooks per frame (16), including code-0.
+    pub fn num_code_groups(&self) -> usize {
+        self.num_code_groups
+    }
+
+    pub fn set_numerics(&mut self, numerics: Numerics) {
+        self.decoder.set_numerics(numerics);
+    }
+
+    /// A cache for [`Self::generate`], sized for one frame; reuse it across frames.
+    pub fn new_cache(&self) -> DecoderCache {
+        self.decoder.new_cache(self.num_code_groups)
+    }
+
+    /// `small_to_mtp_projection`, applied to every predictor input (spec §5.1).
+    pub fn project(&self, x: &Tensor) -> Result<Tensor> {
+        match &self.projection {
+            Some((w, b)) => linear(x, w, Some(b)),
+            None => Ok(x.clone()),
+        }
+    }
+
+    /// `codec_embedding[i-1](codes[..., i])` summed over i = 1..G-1 for codes `(..., G)`:
+    /// the predictor's part of the frame embedding (spec §5.4), talker width.
+    pub fn embed_sub_codes(&self, codes: &Tensor) -> Result<Tensor> {
+        let g = codes.dim(D::Minus1)?;
+        if g != self.num_code_groups {
+            candle_core::bail!(
+                "frame codes have {g} codebooks, expected {}",
+                self.num_code_groups
+            );
+        }
+        let last = codes.rank() - 1;
+        let mut sum = embedding(
+            &self.codec_embedding[0],
+            &codes.narrow(last, 1, 1)?.squeeze(last)?,
+        )?;
+        for i in 2..g {
+            let ids = codes.narrow(last, i, 1)?.squeeze(last)?;
+            sum = (sum + embedding(&self.codec_embedding[i - 1], &ids)?)?;
+        }
+        Ok(sum)
+    }
+
+    /// Teacher-forced logits (the training path, `forward_sub_talker_finetune`, spec §10.3):
+    /// input `[h, talker.codec_embedding(c0), cp_emb[0](c1), …, cp_emb[G-3](c_{G-2})]`
+    /// (`G` positions), projected, through the decoder (causal), and `lm_head[j]` at position
+    /// `j+1`. `hidden` `(N, Ht)` is the talker state that predicted c0, `c0_embed` `(N, Ht)` is
+    /// `talker.codec_embedding(c0)`, `codes` `(N, G)` the frame (its last code is not an
+    /// input). Returns `(N, G-1, vocab)`; row j predicts codebook j+1.
+    pub fn teacher_forced_logits(
+        &self,
+        hidden: &Tensor,
+        c0_embed: &Tensor,
+        codes: &Tensor,
+    ) -> Result<Tensor> {
+        let (n, g) = codes.dims2()?;
+        if g != self.num_code_groups {
+            candle_core::bail!(
+                "frame codes have {g} codebooks, expected {}",
+                self.num_code_groups
+            );
+        }
+        let mut inputs = Vec::with_capacity(g);
+        inputs.push(hidden.unsqueeze(1)?);
+        inputs.push(c0_embed.unsqueeze(1)?);
+        for i in 1..g - 1 {
+            let ids = codes.narrow(1, i, 1)?; // (N, 1)
+            inputs.push(embedding(&self.codec_embedding[i - 1], &ids)?);
+        }
+        let x = self.project(&Tensor::cat(&inputs, 1)?)?;
+        let out = self.decoder.forward(&x, None, None)?; // (N, G, Hc)
+        let logits = (0..g - 1)
+            .map(|j| {
+                linear(
+                    &out.narrow(1, j + 1, 1)?.squeeze(1)?,
+                    &self.lm_head[j],
+                    None,
+                )
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let logits = Tensor::stack(&logits, 1)?;
+        debug_assert_eq!(logits.dims()[..2], [n, g - 1]);
+        Ok(logits)
+    }
+
+    /// Generates codebooks 1..G-1 of a frame (spec §5.2): prefill `[h, c0_embed]` at positions
+    /// 0, 1 on an emptied `cache`, then one token per step; `lm_head[j]` gives codebook j+1 and
+    /// `pick(j+1, logits_f32)` chooses it. `hidden`, `c0_embed`: `(B, Ht)`. Returns `(B, G-1)` u32.
+    pub fn generate(
+        &self,
+        hidden: &Tensor,
+        c0_embed: &Tensor,
+        cache: &mut DecoderCache,
+        mut pick: impl SubCodePicker,
+    ) -> Result<Tensor> {
+        cache.reset();
+        let g = self.num_code_groups;
+        let mut x = self.project(&Tensor::stack(&[hidden, c0_embed], 1)?)?; // (B, 2, Hc)
+        let mut codes = Vec::with_capacity(g - 1);
+        for j in 0..g - 1 {
+            let out = self.decoder.forward(&x, None, Some(cache))?;
+            let last = out.narrow(1, out.dim(1)? - 1, 1)?.squeeze(1)?; // (B, Hc)
+            let logits = linear(&last, &self.lm_head[j], None)?.to_dtype(DType::F32)?;
+            let code = pick(j + 1, &logits)?.to_dtype(DType::U32)?; // (B,)
+            if j + 1 < g - 1 {
+                x = self.project(&embedding(&self.codec_embedding[j], &code)?.unsqueeze(1)?)?;
+            }
+            codes.push(code);
+        }
+        Tensor::stack(&codes, 1)
+    }
+}
