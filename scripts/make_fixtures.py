@@ -9,18 +9,23 @@ What it does
   classes (torch, CPU, float32 init, fixed seeds):
     - ``tests/fixtures/tiny-0b6``: talker hidden == code-predictor hidden
       (``small_to_mtp_projection`` is ``Identity``, no tensors), like the 0.6B;
-    - ``tests/fixtures/tiny-1b7``: talker hidden != code-predictor hidden (projection ``Linear``), like the 1.7B.
+    - ``tests/fixtures/tiny-1b7``: talker hidden != code-predictor hidden (projection ``Linear``), like the 1.7B;
+    - ``tiny-0b6/speech_tokenizer`` (linked from tiny-1b7): a tiny 12 Hz codec with the real structure
+      (32 encoder quantizers, the wrapper keeps 16) and frame geometry; its encoder codebooks are built
+      against the reference clips so that no nearest-neighbour lookup is a near-tie.
 * Re-loads every directory with the official loader (``Qwen3TTSModel.from_pretrained(dir,
-  dtype=torch.float32, device_map="cpu")``, i.e. what a user's load gives) and records reference
-  tensors stage by stage into ``tests/fixtures/refs/`` (tokenizer ids, log-mel, x-vector, talker
-  prefill, code predictor).  ``tests/fixtures/README.md`` documents every file and tensor name.
+  dtype=torch.float32, device_map="cpu")``, i.e. what a user's load gives; the codec with
+  ``Qwen3TTSTokenizer.from_pretrained``) and records reference tensors stage by stage into
+  ``tests/fixtures/refs/`` (tokenizer ids, log-mel, x-vector, talker prefill, code predictor, codec
+  encode / decode with intermediates).  ``tests/fixtures/README.md`` documents every file and tensor name.
 * ``--full-size DEST`` writes a randomly initialised checkpoint with the real 0.6B shapes
   (~1.8 GB, ignored by git) and checks that the official class loads it.
 
 CI never runs this script; it is run by hand and its output is committed.  Re-running it with the
 same package versions reproduces the committed files bit for bit (fixed seeds, one thread,
-deterministic algorithms); the committed reference clip ``tests/fixtures/audio/ref24k.wav`` is
-reused when present (espeak-ng output differs between versions; ``--regen-audio`` remakes it).
+deterministic algorithms); the committed reference clips ``tests/fixtures/audio/ref24k.wav`` and
+``codec-clip{1,2}.wav`` are reused when present (espeak-ng output differs between versions;
+``--regen-audio`` remakes them).  ``scripts/bench_codec_official.py`` reuses the codec helpers here.
 
 Setup (a virtual environment outside the repository; torch from PyPI pulls the CUDA wheels,
 ~6 GB on disk, which is fine for a CPU run)::
@@ -28,7 +33,7 @@ Setup (a virtual environment outside the repository; torch from PyPI pulls the C
     python3 -m venv /work/fixtures-venv
     /work/fixtures-venv/bin/pip install -r scripts/requirements-fixtures.txt
     /work/fixtures-venv/bin/pip install --no-deps qwen-tts==0.1.1
-    apt-get install -y espeak-ng        # only needed when tests/fixtures/audio/ref24k.wav is (re)made
+    apt-get install -y espeak-ng        # only needed when tests/fixtures/audio/*.wav are (re)made
 
 (``requirements-fixtures.txt`` = torch, torchaudio, transformers==4.57.3, accelerate==1.12.0,
 librosa, soundfile, einops, safetensors, onnxruntime, sox, gguf: ``qwen_tts`` imports torchaudio,
@@ -47,9 +52,9 @@ Tokenizer source: the Hugging Face hub is unreachable here, so the real Qwen2 BP
 ``tests/fixtures/tiny-0b6/`` are reused).  It is verified against the tokenizations that llama.cpp
 ships next to that file (made with the Hugging Face tokenizer) and against known Qwen2 ids.
 
-Later issues are expected to extend this script (speech-tokenizer/codec references into
-``<model>/speech_tokenizer/``, full generation references, SFT loss/gradient references): each stage
-is one ``ref_*`` function taking the loaded official model and returning tensors + JSON data.
+Later issues are expected to extend this script (full generation references, SFT loss/gradient
+references): each stage is one ``ref_*`` function taking the loaded official model and returning
+tensors + JSON data.
 """
 
 from __future__ import annotations
@@ -258,15 +263,20 @@ FULL_0B6_SPEC = dict(
     ),
 )
 
-# Tiny 12 Hz speech tokenizer: real frame geometry (24 kHz, 1920 samples per frame: encoder
-# 8*6*5*4 * downsample 2, decoder 8*5*4*3 * 2*2), 16 quantizers x 2048 entries, tiny widths.
+# Tiny 12 Hz speech tokenizer with the real structure and frame geometry (spec §2, §9): 24 kHz,
+# 1920 samples per frame (encoder SEANet 8*6*5*4 = 960 -> 25 Hz, downsample x2; decoder 2*2 * 8*5*4*3),
+# encoder with all 32 quantizers (1 semantic + 31 acoustic; the wrapper keeps the first 16) x 2048
+# entries, decoder with 16 quantizers x 2048 entries, every layer type of the real codec, tiny widths.
+# Ratios kept from the real config: SEANet channels num_filters*2^k, last conv 16*num_filters ->
+# hidden (1024 -> 512), decoder head_dim * heads != hidden (64*16 != 512), latent_dim = 2 * hidden,
+# decoder codebook entries codebook_dim // 2 wide (512 // 2 = 256 real).
 TINY_CODEC = dict(
     encoder=dict(
         sampling_rate=24000,
         frame_rate=12.5,
         audio_channels=1,
         hidden_size=16,
-        num_filters=2,
+        num_filters=2,  # SEANet channels 2 -> 4 -> 8 -> 16 -> 32, then 32 -> hidden 16
         num_residual_layers=1,
         upsampling_ratios=[8, 6, 5, 4],
         kernel_size=7,
@@ -278,13 +288,13 @@ TINY_CODEC = dict(
         compress=2,
         trim_right_ratio=1.0,
         codebook_size=2048,
-        codebook_dim=2,
-        num_quantizers=16,
+        codebook_dim=6,  # = vector_quantization_hidden_dimension (both 256 real); 6 keeps 32 codebooks small
+        num_quantizers=32,  # as real: HF Mimi computes all 32, the wrapper keeps 16 (spec §14)
         use_conv_shortcut=False,
-        vector_quantization_hidden_dimension=2,
+        vector_quantization_hidden_dimension=6,
         num_semantic_quantizers=1,
-        upsample_groups=16,
-        num_hidden_layers=1,
+        upsample_groups=16,  # only used by Mimi's upsample, which the Qwen encoder deletes
+        num_hidden_layers=2,
         intermediate_size=32,
         num_attention_heads=2,
         num_key_value_heads=2,
@@ -303,28 +313,28 @@ TINY_CODEC = dict(
     ),
     decoder=dict(
         codebook_size=2048,
-        codebook_dim=4,  # quantizer entries are codebook_dim // 2 = 2 wide
+        codebook_dim=4,  # NOT an __init__ parameter (kwargs); entries are codebook_dim // 2 = 2 wide
         hidden_size=16,
-        latent_dim=16,
+        latent_dim=32,
         max_position_embeddings=8000,
         rope_theta=10000,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        head_dim=8,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        head_dim=8,  # NOT an __init__ parameter (kwargs); q dim 4*8 = 32 != hidden 16, like 16*64 != 512
         attention_bias=False,
         sliding_window=72,
         intermediate_size=32,
         hidden_act="silu",
         layer_scale_initial_scale=0.01,
         rms_norm_eps=1e-5,
-        num_hidden_layers=1,
+        num_hidden_layers=2,
         num_quantizers=16,
-        num_semantic_quantizers=1,
-        semantic_codebook_size=4096,
-        vector_quantization_hidden_dimension=4,
+        num_semantic_quantizers=1,  # unused by the code (as real)
+        semantic_codebook_size=4096,  # unused by the code (as real, spec Q6)
+        vector_quantization_hidden_dimension=4,  # unused by the code
         upsample_rates=[8, 5, 4, 3],
         upsampling_ratios=[2, 2],
-        decoder_dim=16,  # 16 -> 8 -> 4 -> 2 -> 1 channels through the 4 upsampling blocks
+        decoder_dim=32,  # 32 -> 16 -> 8 -> 4 -> 2 channels through the 4 upsampling blocks (real 1536 -> 96)
         attention_dropout=0.0,
     ),
     encoder_valid_num_quantizers=16,
@@ -333,6 +343,27 @@ TINY_CODEC = dict(
     decode_upsample_rate=1920,
     encode_downsample_rate=1920,
 )
+# Decoder config fields that are read by the official code but are not __init__ parameters of
+# Qwen3TTSTokenizerV2DecoderConfig (they arrive through **kwargs; without head_dim the official code
+# silently uses hidden_size // num_attention_heads, without codebook_dim it raises).
+CODEC_DECODER_KWARG_FIELDS = ("codebook_dim", "head_dim")
+
+# Codec references (refs/codec.*): two espeak-ng clips of different lengths (clip1 is not a whole
+# number of 1920-sample frames, clip2 is exactly 40 frames), and a > 300-frame decode crossing the
+# 300-frame chunk boundary (chunk 300, left context 25; spec §9.2).
+CODEC_SEED = 77
+CODEC_CLIPS = [
+    dict(name="clip1", wav="codec-clip1.wav", seconds=1.7, voice="en-gb+f3", speed=165, peak=0.7,
+         text="Four hours of steady work faced us. The wide road shimmered in the hot sun."),
+    dict(name="clip2", wav="codec-clip2.wav", seconds=3.2, voice="en-us", speed=140, peak=0.9,
+         text="A large size in stockings is hard to sell. The boy was there when the sun rose."),
+]
+LONG_DECODE_FRAMES = 330
+LONG_DECODE_TAIL_FROM = 290  # refs keep wav[290*1920:] (chunk boundary at frame 300) + every 32nd sample
+LONG_DECODE_STRIDE = 32
+CODEC_GAP_MIN = 1e-4  # asserted: (d2^2 - d1^2) / (|r|^2 + |e1|^2) for every recorded NN lookup
+CODEC_GAP_TARGET = 1e-3  # codebook entries behind a smaller gap are re-drawn while building
+CODEC_CLIP_TARGET = 0.02  # fraction of pre-clamp clip1 decode samples with |y| > 1 (exercises the clamp)
 
 # Texts used by the references.
 SINGLE_TEXT = "Hello world."
@@ -374,14 +405,14 @@ def _import_stack():
     global Qwen3TTSModel, Qwen3TTSConfig, Qwen3TTSForConditionalGeneration
     global Qwen3TTSTalkerConfig, Qwen3TTSSpeakerEncoderConfig, Qwen3TTSTalkerCodePredictorConfig
     global Qwen3TTSTokenizerV2Config, Qwen3TTSTokenizerV2Model, Qwen3TTSTokenizerV2DecoderConfig
-    global MimiConfig, mel_spectrogram
+    global MimiConfig, mel_spectrogram, Qwen3TTSTokenizer
     import numpy as np
     import torch
     import librosa
     import soundfile as sf
     from safetensors.torch import save_file as safetensors_save, load_file as safetensors_load
     from transformers import MimiConfig
-    from qwen_tts import Qwen3TTSModel
+    from qwen_tts import Qwen3TTSModel, Qwen3TTSTokenizer
     from qwen_tts.core.models import Qwen3TTSConfig, Qwen3TTSForConditionalGeneration
     from qwen_tts.core.models.configuration_qwen3_tts import (
         Qwen3TTSSpeakerEncoderConfig,
@@ -712,57 +743,264 @@ def save_bf16(model, path: Path) -> dict:
     return sd
 
 
-def tiny_codec_config_dict() -> dict:
-    enc = dict(TINY_CODEC["encoder"])
-    dec = dict(TINY_CODEC["decoder"])
-    return dict(
+def codec_config_dict(spec: dict | None = None) -> dict:
+    """speech_tokenizer/config.json with every field (save_pretrained would only write non-defaults)."""
+    spec = spec or TINY_CODEC
+    cfg = dict(
         architectures=["Qwen3TTSTokenizerV2Model"],
         model_type="qwen3_tts_tokenizer_12hz",
-        encoder_config=dict(model_type="mimi", **enc),
-        decoder_config=dec,
-        encoder_valid_num_quantizers=TINY_CODEC["encoder_valid_num_quantizers"],
-        input_sample_rate=TINY_CODEC["input_sample_rate"],
-        output_sample_rate=TINY_CODEC["output_sample_rate"],
-        decode_upsample_rate=TINY_CODEC["decode_upsample_rate"],
-        encode_downsample_rate=TINY_CODEC["encode_downsample_rate"],
+        encoder_config=dict(model_type="mimi", **spec["encoder"]),
+        decoder_config=dict(spec["decoder"]),
+        encoder_valid_num_quantizers=spec["encoder_valid_num_quantizers"],
+        input_sample_rate=spec["input_sample_rate"],
+        output_sample_rate=spec["output_sample_rate"],
+        decode_upsample_rate=spec["decode_upsample_rate"],
+        encode_downsample_rate=spec["encode_downsample_rate"],
         torch_dtype="float32",
         transformers_version="4.57.3",
     )
+    checks = (
+        (MimiConfig, cfg["encoder_config"]),
+        (Qwen3TTSTokenizerV2DecoderConfig, cfg["decoder_config"]),
+        (Qwen3TTSTokenizerV2Config, cfg),
+    )
+    for cls, d in checks:
+        missing = [p for p in _init_params(cls) if p not in d]
+        assert not missing, f"{cls.__name__}: speech_tokenizer/config.json lacks {missing}"
+    for k in CODEC_DECODER_KWARG_FIELDS:
+        assert k in cfg["decoder_config"], k
+    return cfg
+
+
+CODEC_PREPROCESSOR_CONFIG = dict(
+    chunk_length_s=None,
+    feature_extractor_type="EncodecFeatureExtractor",
+    feature_size=1,
+    overlap=None,
+    padding_side="right",
+    padding_value=0.0,
+    return_attention_mask=True,
+    sampling_rate=24000,
+)
+
+
+def new_codec_model(cfg: dict, seed: int):
+    config = Qwen3TTSTokenizerV2Config(
+        **{k: v for k, v in copy.deepcopy(cfg).items() if k not in ("architectures", "model_type")}
+    )
+    torch.manual_seed(seed)
+    return Qwen3TTSTokenizerV2Model(config).eval()
+
+
+def _codec_codebooks(model) -> tuple[list, list]:
+    """(encoder codebooks [semantic, acoustic 0..30], decoder codebooks [rvq_first, rvq_rest 0..14]);
+    each item is (embed_sum / embedding_sum, cluster_usage)."""
+    q = model.encoder.quantizer
+    enc = [(l.codebook.embed_sum, l.codebook.cluster_usage) for l in q.semantic_residual_vector_quantizer.layers]
+    enc += [(l.codebook.embed_sum, l.codebook.cluster_usage) for l in q.acoustic_residual_vector_quantizer.layers]
+    dq = model.decoder.quantizer
+    dec = [(l._codebook.embedding_sum, l._codebook.cluster_usage) for l in dq.rvq_first.vq.layers]
+    dec += [(l._codebook.embedding_sum, l._codebook.cluster_usage) for l in dq.rvq_rest.vq.layers]
+    return enc, dec
+
+
+def init_codec_weights(model, gen) -> None:
+    """Deterministic init with O(1) activations in every block of the codec.
+
+    Conv / linear weights N(0, 1/fan_in) (transposed convs: fan_in = in*k/stride), biases 0.1 N,
+    LayerNorm / RMSNorm weights 1 + 0.2 N (LayerNorm bias 0.1 N), layer scales and ConvNeXt gamma
+    0.5 + 0.1 N (the official inits 0.01 / 1e-6 would make the transformers and ConvNeXt blocks
+    invisible in the references), SnakeBeta log-alpha / log-beta 0.2 N, decoder residual units'
+    second conv x0.3 (else the 12 residual units grow the signal ~80x).  Codebooks: entries
+    N(0, 1), cluster_usage 0.5 + U(0, 1) (so embed = embed_sum / usage is exercised); the encoder
+    codebooks are then re-drawn by `build_tiny_codec`.
+    """
+    nn = torch.nn
+    with torch.no_grad():
+        for _, m in model.named_modules():
+            if isinstance(m, (nn.Conv1d, nn.ConvTranspose1d, nn.Linear)):
+                w = m.weight
+                if isinstance(m, nn.ConvTranspose1d):
+                    fan_in = w.shape[0] * w.shape[2] / m.stride[0]
+                elif isinstance(m, nn.Conv1d):
+                    fan_in = w.shape[1] * w.shape[2]
+                else:
+                    fan_in = w.shape[1]
+                w.copy_(torch.randn(tuple(w.shape), generator=gen) / fan_in**0.5)
+                if m.bias is not None:
+                    m.bias.copy_(0.1 * torch.randn(tuple(m.bias.shape), generator=gen))
+            elif isinstance(m, nn.LayerNorm) or type(m).__name__.endswith("RMSNorm"):
+                m.weight.copy_(1.0 + 0.2 * torch.randn(tuple(m.weight.shape), generator=gen))
+                if getattr(m, "bias", None) is not None:
+                    m.bias.copy_(0.1 * torch.randn(tuple(m.bias.shape), generator=gen))
+        for name, p in model.named_parameters():
+            leaf = name.rsplit(".", 1)[-1]
+            if leaf in ("scale", "gamma"):
+                p.copy_(0.5 + 0.1 * torch.randn(tuple(p.shape), generator=gen))
+            elif leaf in ("alpha", "beta"):
+                p.copy_(0.2 * torch.randn(tuple(p.shape), generator=gen))
+        for blk in model.decoder.decoder:
+            for unit in getattr(blk, "block", [])[2:]:
+                unit.conv2.conv.weight.mul_(0.3)  # residual branches: keeps the 12-unit stack O(1)
+        enc_cbs, dec_cbs = _codec_codebooks(model)
+        for emb, usage in enc_cbs + dec_cbs:
+            usage.copy_(0.5 + torch.rand(tuple(usage.shape), generator=gen))
+            emb.copy_(torch.randn(tuple(emb.shape), generator=gen) * usage[:, None])
+
+
+def _encoder_latent(model, x):
+    """Encoder up to the quantizer, exactly as `MimiModel._encode_frame` runs it: returns
+    (seanet, transformer, latent) for input (B, 1, samples)."""
+    enc = model.encoder
+    seanet = enc.encoder(x)
+    tr = enc.encoder_transformer(seanet.transpose(1, 2), return_dict=True).last_hidden_state
+    latent = enc.downsample(tr.transpose(1, 2))
+    return seanet, tr, latent
+
+
+def _nn_with_gaps(r, embed):
+    """Nearest neighbour of every row of r (N, D) among embed (K, D) in float64, with the relative
+    gap (d2^2 - d1^2) / (|r|^2 + |e1|^2) between the best and second-best squared distances."""
+    r64, e64 = r.double(), embed.double()
+    d = ((r64[:, None, :] - e64[None, :, :]) ** 2).sum(-1)
+    top = torch.topk(d, 2, dim=1, largest=False)
+    d1, d2 = top.values[:, 0], top.values[:, 1]
+    idx = top.indices[:, 0]
+    gap = (d2 - d1) / ((r64**2).sum(-1) + (e64[idx] ** 2).sum(-1))
+    return idx, top.indices[:, 1], gap
+
+
+def _mimi_embed(embed_sum, usage):
+    return embed_sum / usage.clamp(min=1e-5)[:, None]  # MimiEuclideanCodebook.embed (epsilon 1e-5)
+
+
+def _rvq_replay(x, codebooks):
+    """Residual VQ as MimiResidualVectorQuantizer.encode computes it (f32 residuals), rows of x
+    (N, D); returns codes (N, L) and the relative NN gaps (N, L)."""
+    r = x.clone()
+    codes, gaps = [], []
+    for embed_sum, usage in codebooks:
+        embed = _mimi_embed(embed_sum, usage)
+        idx, _, gap = _nn_with_gaps(r, embed)
+        codes.append(idx)
+        gaps.append(gap)
+        r = r - embed[idx]
+    return torch.stack(codes, 1), torch.stack(gaps, 1)
+
+
+def _build_rvq_codebooks(x, n_layers: int, scale: float, gen) -> tuple[list, int]:
+    """Codebooks for one residual VQ, layer by layer, such that every lookup of the rows of x
+    (N, D) has a relative gap >= CODEC_GAP_TARGET: the two entries behind any smaller gap are
+    re-drawn.  Entries N(0, scale^2), every layer the same scale, so the residual stays O(scale)
+    instead of collapsing towards float32 noise (8-dim codebooks would otherwise shrink it ~0.5x
+    per layer)."""
+    out, redrawn = [], 0
+    r = x.clone()
+    dim = x.shape[1]
+    for _ in range(n_layers):
+        usage = 0.5 + torch.rand(2048, generator=gen)
+        base = torch.randn(2048, dim, generator=gen) * scale
+        for _ in range(1000):
+            embed_sum = base * usage[:, None]
+            embed = _mimi_embed(embed_sum, usage)
+            idx, idx2, gap = _nn_with_gaps(r, embed)
+            bad = gap < CODEC_GAP_TARGET
+            if not bool(bad.any()):
+                break
+            rows = torch.unique(torch.cat([idx[bad], idx2[bad]]))
+            base[rows] = torch.randn(len(rows), dim, generator=gen) * scale
+            redrawn += len(rows)
+        else:
+            raise SystemExit("could not build near-tie-free codebooks")
+        out.append((embed_sum, usage))
+        r = r - embed[idx]
+    return out, redrawn
+
+
+def build_tiny_codec(clips: dict, seed: int) -> tuple[dict, dict, dict]:
+    """The tiny codec: init, then encoder codebooks built against the latents of every input
+    the references encode (clip1, clip2, and the right-padded batch of both), then the last
+    decoder conv scaled so that ~2 % of clip1's pre-clamp decode lies outside [-1, 1].
+    Returns (config dict, f32 state dict, build info)."""
+    cfg = codec_config_dict()
+    model = new_codec_model(cfg, seed)
+    gen = torch.Generator().manual_seed(seed)
+    init_codec_weights(model, gen)
+    q = model.encoder.quantizer
+    sem, aco = q.semantic_residual_vector_quantizer, q.acoustic_residual_vector_quantizer
+    info = {}
+    with torch.no_grad():
+        # every (input, kept frames) pair the references will quantize
+        a1, a2 = clips["clip1"], clips["clip2"]
+        batch = torch.zeros(2, max(len(a1), len(a2)))
+        batch[0, : len(a1)] = torch.from_numpy(a1)
+        batch[1, : len(a2)] = torch.from_numpy(a2)
+        inputs = [(torch.from_numpy(a)[None, None], [-(-len(a) // 1920)]) for a in (a1, a2)]
+        inputs.append((batch[:, None], [-(-len(a1) // 1920), -(-len(a2) // 1920)]))
+        xs, xa = [], []
+        for x, keep in inputs:
+            seanet, tr, latent = _encoder_latent(model, x)
+            ps, pa = sem.input_proj(latent), aco.input_proj(latent)
+            for b, n in enumerate(keep):
+                xs.append(ps[b, :, :n].T)
+                xa.append(pa[b, :, :n].T)
+            info.setdefault("rms", {}).setdefault("seanet", float(seanet.pow(2).mean().sqrt()))
+            info["rms"].setdefault("transformer", float(tr.pow(2).mean().sqrt()))
+            info["rms"].setdefault("latent", float(latent.pow(2).mean().sqrt()))
+        xs, xa = torch.cat(xs), torch.cat(xa)
+        s_scale, a_scale = float(xs.pow(2).mean().sqrt()), float(xa.pow(2).mean().sqrt())
+        sem_cbs, n1 = _build_rvq_codebooks(xs, len(sem.layers), s_scale, gen)
+        aco_cbs, n2 = _build_rvq_codebooks(xa, len(aco.layers), a_scale, gen)
+        enc_cbs, _ = _codec_codebooks(model)
+        for (emb, usage), (new_emb, new_usage) in zip(enc_cbs, sem_cbs + aco_cbs):
+            emb.copy_(new_emb)
+            usage.copy_(new_usage)
+        info.update(codebook_scale=dict(semantic=s_scale, acoustic=a_scale), entries_redrawn=n1 + n2)
+
+        # decoder output scale: clip1's codes (replayed) through the decoder, pre-clamp quantile
+        n1f = -(-len(a1) // 1920)
+        c_sem, _ = _rvq_replay(xs[:n1f], sem_cbs)
+        c_aco, _ = _rvq_replay(xa[:n1f], aco_cbs[:15])
+        codes = torch.cat([c_sem, c_aco], 1).T[None]  # (1, 16, T)
+        final = model.decoder.decoder[-1]
+        y = final(_decoder_trunk(model.decoder, codes))
+        k = 1.0 / float(torch.quantile(y.abs().flatten(), 1.0 - CODEC_CLIP_TARGET))
+        final.conv.weight.mul_(k)
+        final.conv.bias.mul_(k)
+        info.update(final_conv_scale=k, preclamp_rms_after_scaling=float((k * y).pow(2).mean().sqrt()))
+    sd = {k: v.detach().to(torch.float32).contiguous() for k, v in model.state_dict().items()}
+    return cfg, sd, info
+
+
+def _decoder_trunk(dec, codes):
+    """Qwen3TTSTokenizerV2Decoder.forward up to (not including) the last conv."""
+    hidden = dec.quantizer.decode(codes)
+    hidden = dec.pre_conv(hidden).transpose(1, 2)
+    hidden = dec.pre_transformer(inputs_embeds=hidden).last_hidden_state.permute(0, 2, 1)
+    for blocks in dec.upsample:
+        for block in blocks:
+            hidden = block(hidden)
+    for block in dec.decoder[:-1]:
+        hidden = block(hidden)
+    return hidden
+
+
+def write_codec_dir(dst: Path, cfg: dict, sd: dict) -> None:
+    """A codec in the official `speech_tokenizer/` layout (f32 safetensors)."""
+    if dst.is_symlink() or dst.is_file():
+        dst.unlink()
+    dst.mkdir(parents=True, exist_ok=True)
+    safetensors_save(sd, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    _write_json(dst / "config.json", cfg)
+    _write_json(dst / "preprocessor_config.json", CODEC_PREPROCESSOR_CONFIG)
 
 
 def write_speech_tokenizer(dst: Path, seed: int, cfg: dict | None = None) -> None:
-    """A random 12 Hz codec in the official `speech_tokenizer/` layout (f32 safetensors)."""
-    dst.mkdir(parents=True, exist_ok=True)
-    cfg = cfg or tiny_codec_config_dict()
-    for cls, d in ((MimiConfig, cfg["encoder_config"]), (Qwen3TTSTokenizerV2Config, cfg)):
-        missing = [p for p in _init_params(cls) if p not in d]
-        assert not missing, f"{cls.__name__}: speech_tokenizer/config.json lacks {missing}"
-    config = Qwen3TTSTokenizerV2Config(**{k: v for k, v in copy.deepcopy(cfg).items() if k not in ("architectures", "model_type")})
-    torch.manual_seed(seed)
-    model = Qwen3TTSTokenizerV2Model(config).eval()
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, buf in list(model.named_buffers()) + list(model.named_parameters()):
-            if name.endswith("embed_sum") or name.endswith("embedding_sum"):
-                buf.copy_(torch.randn(tuple(buf.shape), generator=gen))
-            elif name.endswith("cluster_usage"):
-                buf.copy_(0.5 + torch.rand(tuple(buf.shape), generator=gen))
-    sd = {k: v.detach().to(torch.float32).contiguous() for k, v in model.state_dict().items()}
-    safetensors_save(sd, str(dst / "model.safetensors"), metadata={"format": "pt"})
-    _write_json(dst / "config.json", cfg)
-    _write_json(
-        dst / "preprocessor_config.json",
-        dict(
-            chunk_length_s=None,
-            feature_extractor_type="EncodecFeatureExtractor",
-            feature_size=1,
-            overlap=None,
-            padding_side="right",
-            padding_value=0.0,
-            return_attention_mask=True,
-            sampling_rate=24000,
-        ),
-    )
+    """A random codec (no data-dependent codebooks; used by --full-size)."""
+    cfg = cfg or codec_config_dict()
+    model = new_codec_model(cfg, seed)
+    init_codec_weights(model, torch.Generator().manual_seed(seed))
+    write_codec_dir(dst, cfg, {k: v.detach().to(torch.float32).contiguous() for k, v in model.state_dict().items()})
 
 
 def _write_json(path: Path, obj) -> None:
@@ -788,30 +1026,55 @@ def verify_loaded_weights(tts, saved: dict) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def make_reference_audio(regen: bool) -> None:
-    if AUDIO_WAV.exists() and not regen:
-        return
-    AUDIO_WAV.parent.mkdir(parents=True, exist_ok=True)
+def _espeak_clip(path: Path, text: str, voice: str, speed: int, seconds: float, peak: float) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         raw = Path(tmp) / "espeak.wav"
-        subprocess.run(["espeak-ng", "-v", "en-us", "-s", "150", "-w", str(raw), ESPEAK_TEXT], check=True)
+        subprocess.run(["espeak-ng", "-v", voice, "-s", str(speed), "-w", str(raw), text], check=True)
         y, sr = librosa.load(str(raw), sr=None, mono=True)
     y = librosa.resample(y, orig_sr=sr, target_sr=24000)  # librosa default (soxr_hq), as the official code
     y, _ = librosa.effects.trim(y, top_db=40)
-    y = y[: int(2.6 * 24000)]
-    y = 0.6 * y / np.max(np.abs(y))
-    sf.write(str(AUDIO_WAV), y, 24000, subtype="PCM_16")
-    _log(f"wrote {AUDIO_WAV} ({len(y) / 24000:.2f} s)")
+    n = int(round(seconds * 24000))
+    assert len(y) >= n, f"espeak-ng output too short for {seconds} s"
+    y = y[:n]
+    y = peak * y / np.max(np.abs(y))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sf.write(str(path), y, 24000, subtype="PCM_16")
+    _log(f"wrote {path} ({len(y) / 24000:.2f} s)")
+
+
+def make_reference_audio(regen: bool) -> None:
+    if AUDIO_WAV.exists() and not regen:
+        return
+    _espeak_clip(AUDIO_WAV, ESPEAK_TEXT, "en-us", 150, 2.6, 0.6)
+
+
+def make_codec_audio(regen: bool) -> dict:
+    """The codec reference clips (tests/fixtures/audio/codec-clip*.wav), made once with espeak-ng
+    and then reused; returns {name: samples as read back from the file}."""
+    out = {}
+    for c in CODEC_CLIPS:
+        path = FIXTURES / "audio" / c["wav"]
+        if regen or not path.exists():
+            _espeak_clip(path, c["text"], c["voice"], c["speed"], c["seconds"], c["peak"])
+        out[c["name"]] = read_wav_24k(path)
+        assert len(out[c["name"]]) == int(round(c["seconds"] * 24000))
+    return out
+
+
+def read_wav_24k(path: Path):
+    # Exactly how the official wrappers read a path (`_load_audio_to_np`, `Qwen3TTSTokenizer.load_audio`):
+    # librosa.load(sr=None) -> int16 / 32768 for a 16-bit WAV.
+    audio, sr = librosa.load(str(path), sr=None, mono=True)
+    audio = audio.astype(np.float32)
+    assert sr == 24000
+    pcm, sr2 = sf.read(str(path), dtype="int16")
+    assert sr2 == 24000 and np.array_equal(audio, pcm.astype(np.float32) / 32768.0)
+    return audio
 
 
 def read_reference_audio():
-    # Exactly how the official wrapper reads a path (`_load_audio_to_np`): librosa.load(sr=None).
-    audio, sr = librosa.load(str(AUDIO_WAV), sr=None, mono=True)
-    audio = audio.astype(np.float32)
-    assert sr == 24000
-    pcm, sr2 = sf.read(str(AUDIO_WAV), dtype="int16")
-    assert sr2 == 24000 and np.array_equal(audio, pcm.astype(np.float32) / 32768.0)
-    return audio
+    return read_wav_24k(AUDIO_WAV)
+
 
 
 # --------------------------------------------------------------------------------------------
@@ -1058,12 +1321,251 @@ def ref_code_predictor(tts, h: torch.Tensor, seed: int):
     return tensors, meta
 
 
+class _Hooks:
+    """Forward hooks that record module outputs (one entry per call)."""
+
+    def __init__(self):
+        self.rec, self.handles = {}, []
+
+    def add(self, module, key: str, pick=lambda o: o):
+        def hook(_m, _a, out):
+            self.rec.setdefault(key, []).append(pick(out).detach().clone())
+
+        self.handles.append(module.register_forward_hook(hook))
+
+    def wrap_method(self, obj, name: str, key: str):
+        orig = getattr(obj, name)
+
+        def wrapped(*a, **kw):
+            out = orig(*a, **kw)
+            self.rec.setdefault(key, []).append(out.detach().clone())
+            return out
+
+        setattr(obj, name, wrapped)
+        self.handles.append(_Restore(obj, name))
+
+    def reset(self):
+        self.rec = {}
+
+    def close(self):
+        for h in self.handles:
+            h.remove()
+
+
+class _Restore:
+    def __init__(self, obj, name):
+        self.obj, self.name = obj, name
+
+    def remove(self):
+        delattr(self.obj, self.name)  # back to the class method
+
+
+def _codec_gaps(model, proj_s, proj_a, codes32, n_keep: int):
+    """Replays the 32 NN lookups of every frame (rows of the captured input projections) in
+    float64, checks them against the official codes, returns the relative gaps (frames, 32)."""
+    q = model.encoder.quantizer
+    sem = [(l.codebook.embed_sum, l.codebook.cluster_usage) for l in q.semantic_residual_vector_quantizer.layers]
+    aco = [(l.codebook.embed_sum, l.codebook.cluster_usage) for l in q.acoustic_residual_vector_quantizer.layers]
+    xs, xa = proj_s[:, :n_keep].T, proj_a[:, :n_keep].T
+    c_s, g_s = _rvq_replay(xs, sem)
+    c_a, g_a = _rvq_replay(xa, aco)
+    codes, gaps = torch.cat([c_s, c_a], 1), torch.cat([g_s, g_a], 1)
+    assert torch.equal(codes, codes32[:n_keep]), "float64 NN replay disagrees with the official codes"
+    return gaps
+
+
+def ref_codec(codec_dir: Path, saved: dict, clips: dict) -> tuple[dict, dict]:
+    """Codec references through the official wrapper (`Qwen3TTSTokenizer.encode/decode`) on the
+    re-loaded directory, float32, plus intermediates captured with hooks."""
+    tok = Qwen3TTSTokenizer.from_pretrained(str(codec_dir), dtype=torch.float32, device_map="cpu")
+    model = tok.model
+    sd = model.state_dict()
+    assert set(sd) == set(saved), set(sd) ^ set(saved)
+    for k, v in saved.items():
+        assert sd[k].dtype == torch.float32 and torch.equal(sd[k], v), k
+    enc, dec = model.encoder, model.decoder
+    assert enc.upsample is None and enc.decoder is None and enc.decoder_transformer is None
+    assert int(tok.feature_extractor.sampling_rate) == 24000
+    tensors, meta = {}, dict(
+        attn_implementation=dict(encoder=model.config.encoder_config._attn_implementation,
+                                 decoder=model.config.decoder_config._attn_implementation),
+        config=dict(encoder={k: TINY_CODEC["encoder"][k] for k in (
+            "hidden_size", "num_filters", "num_hidden_layers", "num_attention_heads", "head_dim",
+            "intermediate_size", "codebook_size", "codebook_dim", "num_quantizers", "num_semantic_quantizers",
+            "upsampling_ratios", "sliding_window")},
+            decoder={k: TINY_CODEC["decoder"][k] for k in (
+            "codebook_dim", "hidden_size", "latent_dim", "num_attention_heads", "num_key_value_heads", "head_dim",
+            "intermediate_size", "num_hidden_layers", "num_quantizers", "sliding_window", "upsample_rates",
+            "upsampling_ratios", "decoder_dim")}),
+    )
+    h = _Hooks()
+    h.add(enc.encoder, "seanet")
+    h.add(enc.encoder_transformer, "transformer", lambda o: o[0])
+    h.add(enc.downsample, "downsample")
+    h.add(enc.quantizer.semantic_residual_vector_quantizer.input_proj, "proj_s")
+    h.add(enc.quantizer.acoustic_residual_vector_quantizer.input_proj, "proj_a")
+    all_gaps, kept_gaps = [], []
+    clip_meta, enc_out = {}, {}
+    try:
+        with torch.inference_mode():
+            for c in CODEC_CLIPS:
+                name, path = c["name"], FIXTURES / "audio" / c["wav"]
+                audio = clips[name]
+                n = len(audio)
+                h.reset()
+                out = tok.encode(str(path))  # a path: librosa.load(sr=None), 24 kHz -> no resampling
+                enc_out[name] = out
+                (codes,) = out.audio_codes
+                frames = -(-n // 1920)
+                assert codes.shape == (frames, 16) and codes.dtype == torch.int64, codes.shape
+                # all 32 quantizers, as MimiModel.encode computes them (the wrapper keeps 16)
+                codes32 = enc.encode(torch.from_numpy(audio)[None, None], return_dict=True).audio_codes[0].T
+                assert torch.equal(codes32[:, :16], codes)
+                rec = {k: v[0] for k, v in h.rec.items()}
+                gaps = _codec_gaps(model, rec["proj_s"][0], rec["proj_a"][0], codes32, frames)
+                all_gaps.append(gaps)
+                kept_gaps.append(gaps[:, :16])
+                tensors[f"encode.{name}.codes"] = codes.contiguous()
+                if name == "clip1":
+                    tensors[f"encode.{name}.seanet"] = rec["seanet"].contiguous()
+                    tensors[f"encode.{name}.transformer"] = rec["transformer"].contiguous()
+                    tensors[f"encode.{name}.latent"] = rec["downsample"].contiguous()
+                    tensors[f"encode.{name}.semantic_proj"] = rec["proj_s"].contiguous()
+                    tensors[f"encode.{name}.acoustic_proj"] = rec["proj_a"].contiguous()
+                    tensors[f"encode.{name}.codes_all"] = codes32.contiguous()
+                else:
+                    tensors[f"encode.{name}.latent"] = rec["downsample"].contiguous()
+                clip_meta[name] = dict(
+                    wav=f"audio/{c['wav']}",
+                    wav_sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
+                    samples=n,
+                    seconds=n / 24000,
+                    whole_frames=n % 1920 == 0,
+                    frames=frames,
+                    seanet_frames=int(rec["seanet"].shape[-1]),
+                    first_samples=[float(x) for x in audio[:8]],
+                    made_from=f"espeak-ng -v {c['voice']} -s {c['speed']} {c['text']!r} -> librosa resample to 24 kHz "
+                    f"(soxr_hq) -> trim silence (top_db 40) -> first {c['seconds']} s -> peak {c['peak']} -> 16-bit PCM",
+                    codes=codes.tolist(),
+                    min_rel_gap_kept=float(gaps[:, :16].min()),
+                    min_rel_gap_all32=float(gaps.min()),
+                )
+
+            # right-padded batch of both clips (the wrapper pads to the batch max, keeps ceil(n/1920) frames)
+            h.reset()
+            paths = [str(FIXTURES / "audio" / c["wav"]) for c in CODEC_CLIPS]
+            out = tok.encode(paths)
+            rec = {k: v[0] for k, v in h.rec.items()}
+            padded = max(len(clips[c["name"]]) for c in CODEC_CLIPS)
+            batch_meta = dict(padded_samples=padded)
+            batch = np.stack([np.pad(clips[c["name"]], (0, padded - len(clips[c["name"]]))) for c in CODEC_CLIPS])
+            codes32_b = enc.encode(torch.from_numpy(batch)[:, None], return_dict=True).audio_codes
+            for b, c in enumerate(CODEC_CLIPS):
+                codes = out.audio_codes[b]
+                single = tensors[f"encode.{c['name']}.codes"]
+                assert codes.shape == single.shape
+                assert torch.equal(codes32_b[b, :16, : codes.shape[0]].T, codes)
+                gaps = _codec_gaps(model, rec["proj_s"][b], rec["proj_a"][b], codes32_b[b].T, codes.shape[0])
+                kept_gaps.append(gaps[:, :16])
+                all_gaps.append(gaps)
+                tensors[f"encode.batch.codes.{b}"] = codes.contiguous()
+                diff = (codes != single).any(-1).nonzero().flatten().tolist()
+                batch_meta[f"row{b}"] = dict(frames=int(codes.shape[0]), frames_differing_from_single_encode=diff)
+            meta["encode_batch"] = batch_meta
+            meta["clips"] = clip_meta
+
+            # (b) decode clip1's codes through the wrapper, with intermediates
+            h.close()
+            h = _Hooks()
+            h.wrap_method(dec.quantizer, "decode", "quantized")
+            h.add(dec.pre_conv, "pre_conv")
+            h.add(dec.pre_transformer, "pre_transformer", lambda o: o.last_hidden_state)
+            h.add(dec.upsample[0][1], "upsample.0")
+            h.add(dec.upsample[1][1], "upsample.1")
+            h.add(dec.decoder[0], "decoder.0")
+            h.add(dec.decoder[1], "decoder.1")
+            h.add(dec.decoder[-1], "preclamp")
+            wavs, sr = tok.decode(enc_out["clip1"])
+            assert sr == 24000 and len(wavs) == 1
+            wav = torch.from_numpy(wavs[0])
+            n1 = tensors["encode.clip1.codes"].shape[0]
+            assert wav.shape == (n1 * 1920,), wav.shape
+            rec = {k: v for k, v in h.rec.items()}
+            assert all(len(v) == 1 for v in rec.values()), "clip1 decode must be one chunk"
+            rec = {k: v[0] for k, v in rec.items()}
+            pre = rec["preclamp"].reshape(-1)
+            assert torch.equal(pre.clamp(-1, 1), wav)
+            for k in ("quantized", "pre_conv", "pre_transformer", "upsample.0", "upsample.1", "decoder.0", "decoder.1"):
+                tensors[f"decode.clip1.{k}"] = rec[k].contiguous()
+            tensors["decode.clip1.wav_preclamp"] = pre.contiguous()
+            tensors["decode.clip1.wav"] = wav.contiguous()
+            clipped = float((pre.abs() > 1).float().mean())
+            # batched decode (pad -1) of both clips: row 0 vs the single decode
+            wavs_b, _ = tok.decode([{"audio_codes": tensors[f"encode.{c['name']}.codes"]} for c in CODEC_CLIPS])
+            meta["decode_clip1"] = dict(
+                frames=n1,
+                samples=int(wav.shape[0]),
+                fraction_clamped=clipped,
+                max_abs_preclamp=float(pre.abs().max()),
+                rms=float(wav.pow(2).mean().sqrt()),
+                batched_decode_row0_max_abs_diff=float(np.abs(wavs_b[0] - wavs[0]).max()),
+                batched_decode_lengths=[int(w.shape[0]) for w in wavs_b],
+            )
+
+            # (c) > 300 frames: chunked decode (chunk 300, left context 25)
+            h.reset()
+            gen = torch.Generator().manual_seed(CODEC_SEED + LONG_DECODE_FRAMES)
+            codes = torch.randint(0, 2048, (LONG_DECODE_FRAMES, 16), generator=gen)
+            wavs, _ = tok.decode({"audio_codes": codes})
+            wav = torch.from_numpy(wavs[0])
+            assert wav.shape == (LONG_DECODE_FRAMES * 1920,)
+            pts = h.rec["pre_transformer"]
+            assert [p.shape[1] for p in pts] == [300, 25 + LONG_DECODE_FRAMES - 300], [p.shape for p in pts]
+            single = dec(codes.T[None])[0, 0]  # one pass, no chunking (what a naive port computes)
+            b = 300 * 1920
+            tail_from = LONG_DECODE_TAIL_FROM * 1920
+            tensors["decode.long.codes"] = codes.contiguous()
+            tensors["decode.long.pre_transformer.chunk0"] = pts[0].contiguous()
+            tensors["decode.long.pre_transformer.chunk1"] = pts[1].contiguous()
+            tensors["decode.long.wav_tail"] = wav[tail_from:].contiguous()
+            tensors[f"decode.long.wav_stride{LONG_DECODE_STRIDE}"] = wav[::LONG_DECODE_STRIDE].contiguous()
+            meta["decode_long"] = dict(
+                frames=LONG_DECODE_FRAMES,
+                samples=int(wav.shape[0]),
+                codes_seed=CODEC_SEED + LONG_DECODE_FRAMES,
+                chunks=[dict(frames=[0, 300], context=0), dict(frames=[275, LONG_DECODE_FRAMES], context=25)],
+                wav_tail_from_sample=tail_from,
+                sum=float(wav.double().sum()),
+                sum_abs=float(wav.double().abs().sum()),
+                max_abs=float(wav.abs().max()),
+                fraction_clamped=float((wav.abs() >= 1).float().mean()),
+                single_pass_max_abs_diff_before_300=float((single[:b] - wav[:b]).abs().max()),
+                single_pass_max_abs_diff_from_300=float((single[b:] - wav[b:]).abs().max()),
+            )
+    finally:
+        h.close()
+    kept = torch.cat([g.flatten() for g in kept_gaps])
+    allg = torch.cat([g.flatten() for g in all_gaps])
+    meta["min_rel_gap"] = dict(
+        definition="(d2^2 - d1^2) / (|r|^2 + |e1|^2): best vs second-best squared distance of each nearest-neighbour "
+        "lookup (r = residual entering the quantizer layer, e1 = chosen entry), float64 replay of the official f32 "
+        "inputs; over clip1, clip2 and both batch rows",
+        kept_16=float(kept.min()),
+        all_32=float(allg.min()),
+        lookups_kept=int(kept.numel()),
+        asserted_min=CODEC_GAP_MIN,
+    )
+    assert float(kept.min()) >= CODEC_GAP_MIN and float(allg.min()) >= CODEC_GAP_MIN, meta["min_rel_gap"]
+    meta["tensors"] = {k: dict(shape=list(v.shape), dtype=str(v.dtype).replace("torch.", "")) for k, v in sorted(tensors.items())}
+    return tensors, meta
+
+
 # --------------------------------------------------------------------------------------------
 # Orchestration
 # --------------------------------------------------------------------------------------------
 
 
-def make_model_dir(name: str, spec: dict, vocab, merges, attempt: int, copy_shared: bool) -> tuple[Path, dict, dict]:
+def make_model_dir(name: str, spec: dict, vocab, merges, attempt: int, copy_shared: bool, codec) -> tuple[Path, dict, dict]:
     model_dir = FIXTURES / name
     if model_dir.exists():
         # keep nothing stale, but never touch the tokenizer files other dirs may link to
@@ -1083,7 +1585,7 @@ def make_model_dir(name: str, spec: dict, vocab, merges, attempt: int, copy_shar
     first = FIXTURES / "tiny-0b6"
     if name == "tiny-0b6":
         write_tokenizer_files(model_dir, vocab, merges)
-        write_speech_tokenizer(model_dir / "speech_tokenizer", seed=77)
+        write_codec_dir(model_dir / "speech_tokenizer", codec[0], codec[1])
     else:
         _write_json(model_dir / "tokenizer_config.json", tokenizer_config_dict())
         for f in ("vocab.json", "merges.txt", "speech_tokenizer"):
@@ -1116,10 +1618,16 @@ def run_tiny(args) -> None:
             first_samples=[float(x) for x in audio[:8]],
         ),
     )
+    # The codec is built once (its encoder codebooks depend on the clips' latents) and written into
+    # tiny-0b6/speech_tokenizer/ (tiny-1b7 links to it); its references are made after the loop.
+    clips = make_codec_audio(args.regen_audio)
+    codec = build_tiny_codec(clips, CODEC_SEED)
+    _log(f"codec: built ({json.dumps(codec[2])})")
+    codec_codes_in_tts = {}
     summary = {}
     for name, spec in MODEL_SPECS.items():
         for attempt in range(args.max_attempts):
-            model_dir, cfg, saved = make_model_dir(name, spec, vocab, merges, attempt, args.copy_shared)
+            model_dir, cfg, saved = make_model_dir(name, spec, vocab, merges, attempt, args.copy_shared, codec)
             tts = load_official(model_dir)
             verify_loaded_weights(tts, saved)
             cp_mod = tts.model.talker.code_predictor
@@ -1169,7 +1677,18 @@ def run_tiny(args) -> None:
         safetensors_save({k: v.contiguous() for k, v in tensors.items()}, str(REFS / f"{name}.safetensors"))
         _write_json(REFS / f"{name}.json", meta)
         summary[name] = margins
+        # the codec as Qwen3TTSModel loads it (what create_voice_clone_prompt uses) is the referenced one
+        with torch.inference_mode():
+            codec_codes_in_tts[name] = tts.model.speech_tokenizer.encode(
+                str(FIXTURES / "audio" / CODEC_CLIPS[0]["wav"])).audio_codes[0]
         del tts
+    ctensors, cmeta = ref_codec(FIXTURES / "tiny-0b6" / "speech_tokenizer", codec[1], clips)
+    for name, codes in codec_codes_in_tts.items():
+        assert torch.equal(codes, ctensors["encode.clip1.codes"]), f"{name}: codec inside Qwen3TTSModel differs"
+    cmeta = dict(seed=CODEC_SEED, build=codec[2], **cmeta)
+    safetensors_save({k: v.contiguous() for k, v in ctensors.items()}, str(REFS / "codec.safetensors"))
+    _write_json(REFS / "codec.json", cmeta)
+    summary["codec_min_rel_gap"] = cmeta["min_rel_gap"]["all_32"]
     _log("done: " + json.dumps(summary))
     _log_sizes()
 
@@ -1217,7 +1736,8 @@ def main() -> None:
     ap.add_argument("--full-size", metavar="DEST", help="write a random checkpoint with the real 0.6B shapes to DEST")
     ap.add_argument("--qwen2-gguf", metavar="PATH", help="llama.cpp ggml-vocab-qwen2.gguf to rebuild the Qwen2 vocabulary from")
     ap.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "voiceclone-fixtures"))
-    ap.add_argument("--regen-audio", action="store_true", help="re-make tests/fixtures/audio/ref24k.wav with espeak-ng")
+    ap.add_argument("--regen-audio", action="store_true",
+                    help="re-make tests/fixtures/audio/{ref24k,codec-clip1,codec-clip2}.wav with espeak-ng")
     ap.add_argument("--copy-shared", action="store_true",
                     help="copy (instead of symlink) tokenizer/speech_tokenizer files into tiny-1b7")
     ap.add_argument("--max-attempts", type=int, default=20)

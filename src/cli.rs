@@ -39,6 +39,8 @@ pub enum Command {
     Config,
     /// Decode, resample and transcribe recordings into 24 kHz utterances and data/train.jsonl.
     Prep(PrepArgs),
+    /// Speaker x-vector of the reference clip (default data/ref.wav) into data/speaker.safetensors.
+    Embed(EmbedArgs),
 }
 
 #[derive(Debug, Args)]
@@ -97,7 +99,41 @@ impl PrepArgs {
         }
         if let Some(v) = &self.ref_audio {
             let v = std::path::absolute(v).unwrap_or_else(|_| v.clone());
-            o.push(Override::new("prep.ref_audio", "--ref-audio", v.to_string_lossy().into_owned()));
+            o.push(Override::new(
+                "prep.ref_audio",
+                "--ref-audio",
+                v.to_string_lossy().into_owned(),
+            ));
+        }
+        o
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct EmbedArgs {
+    /// Reference clip in any supported audio format [default: the workspace's data/ref.wav,
+    /// written by `voiceclone prep`].
+    #[arg(value_name = "REF_AUDIO")]
+    pub ref_audio: Option<PathBuf>,
+
+    /// Qwen3-TTS Base model: hub repo id or local directory [model.base].
+    #[arg(long, value_name = "MODEL")]
+    pub model: Option<String>,
+
+    /// Output file [default: data/speaker.safetensors in the workspace].
+    #[arg(short, long, value_name = "PATH")]
+    pub output: Option<PathBuf>,
+}
+
+impl EmbedArgs {
+    pub fn overrides(&self) -> Vec<Override> {
+        let mut o = Vec::new();
+        if let Some(v) = &self.model {
+            o.push(Override::new(
+                "model.base",
+                "--model",
+                absolutize_if_exists(v),
+            ));
         }
         o
     }

@@ -1,6 +1,7 @@
 //! Glue between the CLI and the library: each subcommand resolves its configuration, opens the
 //! workspace and calls into the pipeline modules, which know nothing of flags or files.
 
+pub mod embed;
 pub mod prep;
 
 use std::path::{Path, PathBuf};
@@ -22,6 +23,10 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Prep(args) => {
             let resolved = resolve(&ws, &cli, &args.overrides())?;
             prep::run(&ws, &resolved.config, args)
+        }
+        Command::Embed(args) => {
+            let resolved = resolve(&ws, &cli, &args.overrides())?;
+            embed::run(&ws, &resolved.config, args)
         }
     }
 }
