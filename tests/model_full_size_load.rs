@@ -27,22 +27,58 @@ fn talker_shapes(cfg: &Qwen3TtsConfig) -> Vec<(String, Vec<usize>)> {
     let t = &cfg.talker_config;
     let cp = &t.code_predictor_config;
     let mut out: Vec<(String, Vec<usize>)> = vec![
-        ("talker.model.text_embedding.weight".into(), vec![t.text_vocab_size, t.text_hidden_size]),
-        ("talker.model.codec_embedding.weight".into(), vec![t.vocab_size, t.hidden_size]),
+        (
+            "talker.model.text_embedding.weight".into(),
+            vec![t.text_vocab_size, t.text_hidden_size],
+        ),
+        (
+            "talker.model.codec_embedding.weight".into(),
+            vec![t.vocab_size, t.hidden_size],
+        ),
         ("talker.model.norm.weight".into(), vec![t.hidden_size]),
-        ("talker.codec_head.weight".into(), vec![t.vocab_size, t.hidden_size]),
-        ("talker.text_projection.linear_fc1.weight".into(), vec![t.text_hidden_size, t.text_hidden_size]),
-        ("talker.text_projection.linear_fc1.bias".into(), vec![t.text_hidden_size]),
-        ("talker.text_projection.linear_fc2.weight".into(), vec![t.hidden_size, t.text_hidden_size]),
-        ("talker.text_projection.linear_fc2.bias".into(), vec![t.hidden_size]),
-        ("talker.code_predictor.model.norm.weight".into(), vec![cp.hidden_size]),
+        (
+            "talker.codec_head.weight".into(),
+            vec![t.vocab_size, t.hidden_size],
+        ),
+        (
+            "talker.text_projection.linear_fc1.weight".into(),
+            vec![t.text_hidden_size, t.text_hidden_size],
+        ),
+        (
+            "talker.text_projection.linear_fc1.bias".into(),
+            vec![t.text_hidden_size],
+        ),
+        (
+            "talker.text_projection.linear_fc2.weight".into(),
+            vec![t.hidden_size, t.text_hidden_size],
+        ),
+        (
+            "talker.text_projection.linear_fc2.bias".into(),
+            vec![t.hidden_size],
+        ),
+        (
+            "talker.code_predictor.model.norm.weight".into(),
+            vec![cp.hidden_size],
+        ),
     ];
     let layer = |prefix: String, h: usize, heads: usize, kv: usize, hd: usize, inter: usize| {
         vec![
-            (format!("{prefix}.self_attn.q_proj.weight"), vec![heads * hd, h]),
-            (format!("{prefix}.self_attn.k_proj.weight"), vec![kv * hd, h]),
-            (format!("{prefix}.self_attn.v_proj.weight"), vec![kv * hd, h]),
-            (format!("{prefix}.self_attn.o_proj.weight"), vec![h, heads * hd]),
+            (
+                format!("{prefix}.self_attn.q_proj.weight"),
+                vec![heads * hd, h],
+            ),
+            (
+                format!("{prefix}.self_attn.k_proj.weight"),
+                vec![kv * hd, h],
+            ),
+            (
+                format!("{prefix}.self_attn.v_proj.weight"),
+                vec![kv * hd, h],
+            ),
+            (
+                format!("{prefix}.self_attn.o_proj.weight"),
+                vec![h, heads * hd],
+            ),
             (format!("{prefix}.self_attn.q_norm.weight"), vec![hd]),
             (format!("{prefix}.self_attn.k_norm.weight"), vec![hd]),
             (format!("{prefix}.mlp.gate_proj.weight"), vec![inter, h]),
@@ -77,18 +113,28 @@ fn talker_shapes(cfg: &Qwen3TtsConfig) -> Vec<(String, Vec<usize>)> {
             format!("talker.code_predictor.model.codec_embedding.{j}.weight"),
             vec![cp.vocab_size, t.hidden_size],
         ));
-        out.push((format!("talker.code_predictor.lm_head.{j}.weight"), vec![cp.vocab_size, cp.hidden_size]));
+        out.push((
+            format!("talker.code_predictor.lm_head.{j}.weight"),
+            vec![cp.vocab_size, cp.hidden_size],
+        ));
     }
     if t.hidden_size != cp.hidden_size {
-        out.push(("talker.code_predictor.small_to_mtp_projection.weight".into(), vec![cp.hidden_size, t.hidden_size]));
-        out.push(("talker.code_predictor.small_to_mtp_projection.bias".into(), vec![cp.hidden_size]));
+        out.push((
+            "talker.code_predictor.small_to_mtp_projection.weight".into(),
+            vec![cp.hidden_size, t.hidden_size],
+        ));
+        out.push((
+            "talker.code_predictor.small_to_mtp_projection.bias".into(),
+            vec![cp.hidden_size],
+        ));
     }
     out
 }
 
 /// The real 0.6B config (spec §2), written over the tiny fixture's complete config.json.
 fn full_size_config() -> serde_json::Value {
-    let text = std::fs::read_to_string(manifest_dir().join("tests/fixtures/tiny-0b6/config.json")).unwrap();
+    let text = std::fs::read_to_string(manifest_dir().join("tests/fixtures/tiny-0b6/config.json"))
+        .unwrap();
     let mut c: serde_json::Value = serde_json::from_str(&text).unwrap();
     let t = &mut c["talker_config"];
     for (k, v) in [
@@ -124,7 +170,11 @@ fn full_size_config() -> serde_json::Value {
 /// Writes `config.json` and a random bf16 `model.safetensors` (talker + code predictor).
 fn write_random_checkpoint(dir: &Path) {
     let config = full_size_config();
-    std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&config).unwrap()).unwrap();
+    std::fs::write(
+        dir.join("config.json"),
+        serde_json::to_string_pretty(&config).unwrap(),
+    )
+    .unwrap();
     let cfg = Qwen3TtsConfig::from_file(&dir.join("config.json")).unwrap();
     let shapes = talker_shapes(&cfg);
     let mut state = 0x9E37_79B9_7F4A_7C15u64;
@@ -138,7 +188,8 @@ fn write_random_checkpoint(dir: &Path) {
                 state ^= state >> 12;
                 state ^= state << 25;
                 state ^= state >> 27;
-                let u = (state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 40) as f32 / (1u64 << 24) as f32;
+                let u =
+                    (state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 40) as f32 / (1u64 << 24) as f32;
                 bytes.extend_from_slice(&half::bf16::from_f32((u - 0.5) * 0.1).to_le_bytes());
             }
             bytes
@@ -150,7 +201,12 @@ fn write_random_checkpoint(dir: &Path) {
         .map(|((name, shape), bytes)| {
             (
                 name.clone(),
-                safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, shape.clone(), bytes).unwrap(),
+                safetensors::tensor::TensorView::new(
+                    safetensors::Dtype::BF16,
+                    shape.clone(),
+                    bytes,
+                )
+                .unwrap(),
             )
         })
         .collect();
@@ -168,18 +224,26 @@ fn peak_rss_bytes() -> u64 {
 #[test]
 #[ignore = "run by full_size_0b6_checkpoint_loads_within_memory_bound in a child process"]
 fn child_load_full_size() {
-    let Some(dir) = std::env::var_os(CHILD_ENV) else { return };
+    let Some(dir) = std::env::var_os(CHILD_ENV) else {
+        return;
+    };
     let dir = PathBuf::from(dir);
     let start = Instant::now();
     let cfg = Qwen3TtsConfig::from_file(&dir.join("config.json")).unwrap();
-    let weights = Weights::load(&[dir.join("model.safetensors")], DType::F32, &Device::Cpu, |n| {
-        n.starts_with("talker.")
-    })
+    let weights = Weights::load(
+        &[dir.join("model.safetensors")],
+        DType::F32,
+        &Device::Cpu,
+        |n| n.starts_with("talker."),
+    )
     .unwrap();
     let talker = Talker::load(&weights, &cfg, Numerics::Fused).unwrap();
     drop(weights);
     let seconds = start.elapsed().as_secs_f64();
-    let params: usize = talker_shapes(&cfg).iter().map(|(_, s)| s.iter().product::<usize>()).sum();
+    let params: usize = talker_shapes(&cfg)
+        .iter()
+        .map(|(_, s)| s.iter().product::<usize>())
+        .sum();
     println!(
         "RESULT {{\"load_seconds\": {seconds:.2}, \"peak_rss\": {}, \"f32_bytes\": {}}}",
         peak_rss_bytes(),
@@ -199,18 +263,32 @@ fn full_size_0b6_checkpoint_loads_within_memory_bound() {
         tmp.path().to_path_buf()
     };
     let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_load_full_size", "--include-ignored", "--nocapture", "--test-threads", "1"])
+        .args([
+            "--exact",
+            "child_load_full_size",
+            "--include-ignored",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
         .env(CHILD_ENV, &dir)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "child failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "child failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let json = stdout
         .lines()
         .find_map(|l| l.split_once("RESULT ").map(|(_, json)| json))
         .unwrap_or_else(|| panic!("no result from the child:\n{stdout}"));
     let r: serde_json::Value = serde_json::from_str(json).unwrap();
-    let (peak, f32_bytes) = (r["peak_rss"].as_f64().unwrap(), r["f32_bytes"].as_f64().unwrap());
+    let (peak, f32_bytes) = (
+        r["peak_rss"].as_f64().unwrap(),
+        r["f32_bytes"].as_f64().unwrap(),
+    );
     eprintln!(
         "0.6B talker+predictor from {}: {:.2} s, peak RSS {:.2} GB = {:.3}x the f32 weights ({:.2} GB)",
         dir.display(),
@@ -219,6 +297,12 @@ fn full_size_0b6_checkpoint_loads_within_memory_bound() {
         peak / f32_bytes,
         f32_bytes / 1e9
     );
-    assert!(f32_bytes > 3.5e9, "not a 0.6B-sized model: {f32_bytes} bytes");
-    assert!(peak <= 1.3 * f32_bytes, "peak RSS {peak} exceeds 1.3x the f32 weights {f32_bytes}");
+    assert!(
+        f32_bytes > 3.5e9,
+        "not a 0.6B-sized model: {f32_bytes} bytes"
+    );
+    assert!(
+        peak <= 1.3 * f32_bytes,
+        "peak RSS {peak} exceeds 1.3x the f32 weights {f32_bytes}"
+    );
 }

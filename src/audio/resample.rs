@@ -89,7 +89,10 @@ mod tests {
                 .max_by(|a, b| a.1.abs().total_cmp(&b.1.abs()))
                 .unwrap()
                 .0;
-            assert!(peak.abs_diff(to as usize / 2) <= 1, "{from}->{to}: impulse moved to {peak}");
+            assert!(
+                peak.abs_diff(to as usize / 2) <= 1,
+                "{from}->{to}: impulse moved to {peak}"
+            );
         }
     }
 
@@ -116,6 +119,9 @@ mod tests {
             })
             .min_by(|a, b| a.0.total_cmp(&b.0))
             .unwrap();
-        assert!(err < 2e-3, "no alignment within one sample matches (best {shift}: {err})");
+        assert!(
+            err < 2e-3,
+            "no alignment within one sample matches (best {shift}: {err})"
+        );
     }
 }
