@@ -2,6 +2,7 @@
 //! the workspace or files beyond the model directory it is given.
 
 pub mod code_predictor;
+pub mod codec;
 pub mod config;
 pub mod files;
 pub mod layers;

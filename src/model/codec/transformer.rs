@@ -1,0 +1,491 @@
+//! The two small transformers of the codec, on channels-last rows `(T, hidden)` of one sequence:
+//! - encoder (`MimiTransformerModel`, spec §9.1): pre-LayerNorm (with bias), MHA with
+//!   rotate_half RoPE, GELU(erf) MLP `fc1/fc2`, LayerScale; full causal mask (the official sdpa
+//!   path ignores `sliding_window`);
+//! - decoder (`Qwen3TTSTokenizerV2DecoderTransformerModel`, spec §9.2): RMSNorm, the same
+//!   attention with a sliding-window causal mask (key j visible from query i iff
+//!   i − window < j ≤ i), SwiGLU MLP, LayerScale.
+//!
+//! Inference only: q/k/v are one GEMM, the LayerScales are folded into `o_proj` / the MLP's
+//! output projection, and attention runs per (head, block of queries) over only the keys the
+//! mask lets through (masked scores are never computed).
+
+use anyhow::{ensure, Result};
+
+use super::conv::{gemm_strided, par_tiles, Linear, Seq, SyncPtr};
+use super::kernels::{gelu_erf_inplace, silu_mul_inplace, softmax_range};
+use super::quantizer::vec_of;
+use crate::model::weights::Weights;
+
+/// Queries per attention work item.
+const QUERY_BLOCK: usize = 64;
+
+#[derive(Debug, Clone)]
+pub enum Norm {
+    Layer {
+        weight: Vec<f32>,
+        bias: Vec<f32>,
+        eps: f32,
+    },
+    Rms {
+        weight: Vec<f32>,
+        eps: f32,
+    },
+}
+
+impl Norm {
+    /// A normalised copy of `x`.
+    pub fn forward(&self, x: &Seq) -> Seq {
+        let mut y = x.clone();
+        match self {
+            Norm::Layer { weight, bias, eps } => layer_norm_rows(&mut y, weight, bias, *eps),
+            Norm::Rms { weight, eps } => rms_norm_rows(&mut y, weight, *eps),
+        }
+        y
+    }
+}
+
+/// `nn.LayerNorm` over the channels of each row (biased variance), in place.
+pub fn layer_norm_rows(x: &mut Seq, w: &[f32], b: &[f32], eps: f32) {
+    let c = x.c;
+    for row in x.data.chunks_exact_mut(c) {
+        let mean = row.iter().sum::<f32>() / c as f32;
+        let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / c as f32;
+        let inv = 1.0 / (var + eps).sqrt();
+        for ((v, &wv), &bv) in row.iter_mut().zip(w).zip(b) {
+            *v = (*v - mean) * inv * wv + bv;
+        }
+    }
+}
+
+/// RMSNorm (`weight · x / sqrt(mean(x²) + eps)`, statistics in f32), in place.
+pub fn rms_norm_rows(x: &mut Seq, w: &[f32], eps: f32) {
+    let c = x.c;
+    for row in x.data.chunks_exact_mut(c) {
+        let ms = row.iter().map(|v| v * v).sum::<f32>() / c as f32;
+        let inv = 1.0 / (ms + eps).sqrt();
+        for (v, &wv) in row.iter_mut().zip(w) {
+            *v = wv * (*v * inv);
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Mlp {
+    /// `fc2(gelu_erf(fc1(x)))`.
+    Gelu { fc1: Linear, fc2: Linear },
+    /// `down(silu(gate(x)) · up(x))`; `gate_up` computes both (gate first).
+    SwiGlu { gate_up: Linear, down: Linear },
+}
+
+#[derive(Debug, Clone)]
+struct Layer {
+    input_norm: Norm,
+    /// q, k, v projections side by side.
+    qkv: Linear,
+    /// `o_proj` with the attention LayerScale folded in.
+    o: Linear,
+    post_norm: Norm,
+    /// Output projection with the MLP LayerScale folded in.
+    mlp: Mlp,
+}
+
+/// Which family of layer to load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flavour {
+    /// Mimi: `nn.LayerNorm` + GELU MLP (`mlp.fc1`, `mlp.fc2`).
+    Mimi,
+    /// Qwen codec decoder: RMSNorm + SwiGLU (`mlp.{gate,up,down}_proj`).
+    Qwen,
+}
+
+/// Shapes of a transformer stack.
+#[derive(Debug, Clone)]
+pub struct TransformerDims {
+    pub hidden: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub intermediate: usize,
+    pub norm_eps: f64,
+    pub rope_theta: f64,
+    /// `Some(w)`: sliding-window causal mask of width w; `None`: full causal.
+    pub window: Option<usize>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Transformer {
+    dims: TransformerDims,
+    layers: Vec<Layer>,
+    /// `theta^(−2i/head_dim)`, f32 as HF computes it.
+    inv_freq: Vec<f32>,
+}
+
+fn linear(w: &Weights, name: &str, out: usize, inp: usize) -> Result<Linear> {
+    Linear::from_torch(&vec_of(w, name, &[out, inp])?, out, inp, None)
+}
+
+impl Transformer {
+    /// Loads `{prefix}layers.{i}.*`.
+    pub fn load(
+        w: &Weights,
+        prefix: &str,
+        dims: TransformerDims,
+        flavour: Flavour,
+    ) -> Result<Self> {
+        ensure!(
+            dims.head_dim % 2 == 0,
+            "{prefix}: RoPE needs an even head_dim"
+        );
+        ensure!(
+            dims.kv_heads > 0 && dims.heads % dims.kv_heads == 0,
+            "{prefix}: heads must be a multiple of kv heads"
+        );
+        let (h, qd, kvd) = (
+            dims.hidden,
+            dims.heads * dims.head_dim,
+            dims.kv_heads * dims.head_dim,
+        );
+        let eps = dims.norm_eps as f32;
+        let norm = |name: &str| -> Result<Norm> {
+            Ok(match flavour {
+                Flavour::Mimi => Norm::Layer {
+                    weight: vec_of(w, &format!("{name}.weight"), &[h])?,
+                    bias: vec_of(w, &format!("{name}.bias"), &[h])?,
+                    eps,
+                },
+                Flavour::Qwen => Norm::Rms {
+                    weight: vec_of(w, &format!("{name}.weight"), &[h])?,
+                    eps,
+                },
+            })
+        };
+        let mut layers = Vec::with_capacity(dims.layers);
+        for i in 0..dims.layers {
+            let p = format!("{prefix}layers.{i}.");
+            let attn_scale = vec_of(w, &format!("{p}self_attn_layer_scale.scale"), &[h])?;
+            let mlp_scale = vec_of(w, &format!("{p}mlp_layer_scale.scale"), &[h])?;
+            let mlp = match flavour {
+                Flavour::Mimi => {
+                    let mut fc2 = linear(w, &format!("{p}mlp.fc2.weight"), h, dims.intermediate)?;
+                    fc2.scale_outputs(&mlp_scale);
+                    Mlp::Gelu {
+                        fc1: linear(w, &format!("{p}mlp.fc1.weight"), dims.intermediate, h)?,
+                        fc2,
+                    }
+                }
+                Flavour::Qwen => {
+                    let mut down =
+                        linear(w, &format!("{p}mlp.down_proj.weight"), h, dims.intermediate)?;
+                    down.scale_outputs(&mlp_scale);
+                    Mlp::SwiGlu {
+                        gate_up: Linear::concat(&[
+                            linear(w, &format!("{p}mlp.gate_proj.weight"), dims.intermediate, h)?,
+                            linear(w, &format!("{p}mlp.up_proj.weight"), dims.intermediate, h)?,
+                        ])?,
+                        down,
+                    }
+                }
+            };
+            let mut o = linear(w, &format!("{p}self_attn.o_proj.weight"), h, qd)?;
+            o.scale_outputs(&attn_scale);
+            layers.push(Layer {
+                input_norm: norm(&format!("{p}input_layernorm"))?,
+                qkv: Linear::concat(&[
+                    linear(w, &format!("{p}self_attn.q_proj.weight"), qd, h)?,
+                    linear(w, &format!("{p}self_attn.k_proj.weight"), kvd, h)?,
+                    linear(w, &format!("{p}self_attn.v_proj.weight"), kvd, h)?,
+                ])?,
+                o,
+                post_norm: norm(&format!("{p}post_attention_layernorm"))?,
+                mlp,
+            });
+        }
+        let half = dims.head_dim / 2;
+        // HF `_compute_default_rope_parameters`: arange in f32, / dim, base ** (…) in f32.
+        let inv_freq = (0..half)
+            .map(|i| {
+                let e = (2 * i) as f32 / dims.head_dim as f32;
+                1.0f32 / (dims.rope_theta as f32).powf(e)
+            })
+            .collect();
+        Ok(Transformer {
+            dims,
+            layers,
+            inv_freq,
+        })
+    }
+
+    /// `(T, hidden)` → `(T, hidden)`, positions 0..T. No final norm.
+    pub fn forward(&self, x: &Seq) -> Seq {
+        let t = x.t;
+        let mut h = x.clone();
+        if t == 0 {
+            return h;
+        }
+        let (cos, sin) = self.rope_tables(t);
+        for layer in &self.layers {
+            let a = layer.input_norm.forward(&h);
+            let mut qkv = layer.qkv.forward(&a, None);
+            self.apply_rope(&mut qkv, &cos, &sin);
+            let att = self.attention(&qkv);
+            h = layer.o.forward(&att, Some(&h));
+            let m = layer.post_norm.forward(&h);
+            h = match &layer.mlp {
+                Mlp::Gelu { fc1, fc2 } => {
+                    let mut u = fc1.forward(&m, None);
+                    gelu_erf_inplace(&mut u.data);
+                    fc2.forward(&u, Some(&h))
+                }
+                Mlp::SwiGlu { gate_up, down } => {
+                    let gu = gate_up.forward(&m, None);
+                    let n = self.dims.intermediate;
+                    let mut g = Seq::zeros(t, n);
+                    for (row, src) in g.data.chunks_exact_mut(n).zip(gu.data.chunks_exact(2 * n)) {
+                        row.copy_from_slice(&src[..n]);
+                        silu_mul_inplace(row, &src[n..]);
+                    }
+                    down.forward(&g, Some(&h))
+                }
+            };
+        }
+        h
+    }
+
+    /// cos/sin tables `(T, head_dim/2)`: `freqs = pos · inv_freq` in f32, as HF.
+    fn rope_tables(&self, t: usize) -> (Vec<f32>, Vec<f32>) {
+        let half = self.inv_freq.len();
+        let mut cos = Vec::with_capacity(t * half);
+        let mut sin = Vec::with_capacity(t * half);
+        for p in 0..t {
+            for &f in &self.inv_freq {
+                let a = p as f32 * f;
+                cos.push(a.cos());
+                sin.push(a.sin());
+            }
+        }
+        (cos, sin)
+    }
+
+    /// rotate_half RoPE on the q and k heads of each `qkv` row, in place.
+    fn apply_rope(&self, qkv: &mut Seq, cos: &[f32], sin: &[f32]) {
+        let d = &self.dims;
+        let half = d.head_dim / 2;
+        let rotated = d.heads + d.kv_heads; // q heads then k heads, each head_dim wide
+        let width = qkv.c;
+        for (t, row) in qkv.data.chunks_exact_mut(width).enumerate() {
+            let (c, s) = (
+                &cos[t * half..(t + 1) * half],
+                &sin[t * half..(t + 1) * half],
+            );
+            for head in row[..rotated * d.head_dim].chunks_exact_mut(d.head_dim) {
+                let (x1, x2) = head.split_at_mut(half);
+                for i in 0..half {
+                    let (a, b) = (x1[i], x2[i]);
+                    x1[i] = a * c[i] - b * s[i];
+                    x2[i] = b * c[i] + a * s[i];
+                }
+            }
+        }
+    }
+
+    /// Multi-head attention of the rotated `qkv` rows → `(T, heads·head_dim)`.
+    fn attention(&self, qkv: &Seq) -> Seq {
+        let d = &self.dims;
+        let (t, hd) = (qkv.t, d.head_dim);
+        let width = qkv.c;
+        let k_off = d.heads * hd;
+        let v_off = k_off + d.kv_heads * hd;
+        let rep = d.heads / d.kv_heads;
+        let out_w = d.heads * hd;
+        let mut out = vec![0.0f32; t * out_w];
+        let optr = SyncPtr(out.as_mut_ptr());
+        let blocks = t.div_ceil(QUERY_BLOCK);
+        let scale = 1.0 / (hd as f32).sqrt();
+        par_tiles(d.heads * blocks, 1, |item, _, scores| {
+            let (head, blk) = (item / blocks, item % blocks);
+            let kvh = head / rep;
+            let a = blk * QUERY_BLOCK;
+            let b = (a + QUERY_BLOCK).min(t);
+            // Keys any query in [a, b) can see.
+            let k0 = match d.window {
+                Some(w) => (a + 1).saturating_sub(w),
+                None => 0,
+            };
+            let nk = b - k0;
+            scores.clear();
+            scores.resize((b - a) * nk, 0.0);
+            let base = qkv.data.as_ptr();
+            // SAFETY: all pointers stay inside `qkv`, `scores` and this item's (rows, head)
+            // block of `out`, which no other item writes.
+            unsafe {
+                gemm_strided(
+                    b - a,
+                    nk,
+                    hd,
+                    scores.as_mut_ptr(),
+                    nk,
+                    false,
+                    base.add(a * width + head * hd),
+                    (width, 1),
+                    base.add(k0 * width + k_off + kvh * hd),
+                    (1, width),
+                    scale,
+                );
+            }
+            for (r, row) in scores.chunks_exact_mut(nk).enumerate() {
+                let i = a + r;
+                let lo = match d.window {
+                    Some(w) => (i + 1).saturating_sub(w).max(k0),
+                    None => 0,
+                };
+                softmax_range(row, lo - k0, i + 1 - k0);
+            }
+            unsafe {
+                gemm_strided(
+                    b - a,
+                    hd,
+                    nk,
+                    optr.get().add(a * out_w + head * hd),
+                    out_w,
+                    false,
+                    scores.as_ptr(),
+                    (nk, 1),
+                    base.add(k0 * width + v_off + kvh * hd),
+                    (width, 1),
+                    1.0,
+                );
+            }
+        });
+        Seq::new(out, t, out_w)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::codec::conv::tests::rand_vec;
+
+    /// Plain f64 attention with an explicit mask, for one sequence.
+    fn reference_attention(
+        qkv: &Seq,
+        heads: usize,
+        kv_heads: usize,
+        hd: usize,
+        window: Option<usize>,
+    ) -> Vec<f32> {
+        let (t, w) = (qkv.t, qkv.c);
+        let mut out = vec![0.0f32; t * heads * hd];
+        for h in 0..heads {
+            let kvh = h / (heads / kv_heads);
+            for i in 0..t {
+                let q = &qkv.data[i * w + h * hd..i * w + (h + 1) * hd];
+                let visible: Vec<usize> = (0..t)
+                    .filter(|&j| j <= i && window.is_none_or(|win| j + win > i))
+                    .collect();
+                let s: Vec<f64> = visible
+                    .iter()
+                    .map(|&j| {
+                        let k = &qkv.data[j * w + heads * hd + kvh * hd..][..hd];
+                        q.iter()
+                            .zip(k)
+                            .map(|(a, b)| *a as f64 * *b as f64)
+                            .sum::<f64>()
+                            / (hd as f64).sqrt()
+                    })
+                    .collect();
+                let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = s.iter().map(|v| (v - m).exp()).collect();
+                let z: f64 = e.iter().sum();
+                for dd in 0..hd {
+                    let mut acc = 0.0;
+                    for (n, &j) in visible.iter().enumerate() {
+                        acc += e[n] / z
+                            * qkv.data[j * w + (heads + kv_heads) * hd + kvh * hd + dd] as f64;
+                    }
+                    out[i * heads * hd + h * hd + dd] = acc as f32;
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn windowed_and_causal_attention_match_reference() {
+        for (t, heads, kv_heads, window) in [
+            (150usize, 2usize, 2usize, Some(72usize)),
+            (130, 4, 2, None),
+            (5, 2, 1, Some(3)),
+        ] {
+            let hd = 8;
+            let dims = TransformerDims {
+                hidden: 8,
+                layers: 0,
+                heads,
+                kv_heads,
+                head_dim: hd,
+                intermediate: 8,
+                norm_eps: 1e-5,
+                rope_theta: 1e4,
+                window,
+            };
+            let tr = Transformer {
+                dims,
+                layers: vec![],
+                inv_freq: vec![],
+            };
+            let width = (heads + 2 * kv_heads) * hd;
+            let qkv = Seq::new(rand_vec(t * width, t as u64), t, width);
+            let got = tr.attention(&qkv);
+            let want = reference_attention(&qkv, heads, kv_heads, hd, window);
+            let err = got
+                .data
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f32, f32::max);
+            assert!(err < 1e-5, "t={t} window={window:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn rope_rotates_halves() {
+        let dims = TransformerDims {
+            hidden: 4,
+            layers: 0,
+            heads: 1,
+            kv_heads: 1,
+            head_dim: 4,
+            intermediate: 4,
+            norm_eps: 1e-5,
+            rope_theta: 1e4,
+            window: None,
+        };
+        let tr = Transformer {
+            inv_freq: vec![1.0, 0.01],
+            dims,
+            layers: vec![],
+        };
+        let (cos, sin) = tr.rope_tables(3);
+        let mut qkv = Seq::new((0..36).map(|i| i as f32).collect(), 3, 12);
+        let orig = qkv.clone();
+        tr.apply_rope(&mut qkv, &cos, &sin);
+        for t in 0..3 {
+            let p = t as f32;
+            for (base, rotated) in [(0, true), (4, true), (8, false)] {
+                let x = &orig.row(t)[base..base + 4];
+                let y = &qkv.row(t)[base..base + 4];
+                if !rotated {
+                    assert_eq!(x, y);
+                    continue;
+                }
+                for (i, f) in [1.0f32, 0.01].iter().enumerate() {
+                    let (c, s) = ((p * f).cos(), (p * f).sin());
+                    assert!((y[i] - (x[i] * c - x[i + 2] * s)).abs() < 1e-4);
+                    assert!((y[i + 2] - (x[i + 2] * c + x[i] * s)).abs() < 1e-4);
+                }
+            }
+        }
+    }
+}
