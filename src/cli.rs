@@ -41,6 +41,11 @@ pub enum Command {
     Prep(PrepArgs),
     /// Speaker x-vector of the reference clip (default data/ref.wav) into data/speaker.safetensors.
     Embed(EmbedArgs),
+    /// Add 12 Hz speech-tokenizer codes ("audio_codes", T x 16) to every manifest line.
+    Codes(CodesArgs),
+    /// Encode or decode single files with the 12 Hz speech tokenizer.
+    #[command(subcommand)]
+    Codec(CodecCommand),
 }
 
 #[derive(Debug, Args)]
@@ -136,6 +141,105 @@ impl EmbedArgs {
             ));
         }
         o
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct CodesArgs {
+    /// Manifest to read [default: data/train.jsonl in the workspace].
+    #[arg(long, value_name = "JSONL")]
+    pub input: Option<PathBuf>,
+
+    /// Manifest to write [default: the input, rewritten atomically].
+    #[arg(long, value_name = "JSONL")]
+    pub output: Option<PathBuf>,
+
+    #[command(flatten)]
+    pub tokenizer: TokenizerArgs,
+
+    /// Clips encoded per batch [codes.batch_size].
+    #[arg(long, value_name = "N")]
+    pub batch_size: Option<usize>,
+
+    /// Recompute codes for lines that already have them.
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// Which speech tokenizer to use; shared by `codes` and `codec`.
+#[derive(Debug, Args)]
+pub struct TokenizerArgs {
+    /// Qwen3-TTS model whose speech_tokenizer/ is used: hub repo id or local directory [model.base].
+    #[arg(long, value_name = "MODEL")]
+    pub model: Option<String>,
+
+    /// A standalone speech tokenizer (hub repo id or directory) instead of the model's [codes.tokenizer].
+    #[arg(long, value_name = "TOKENIZER")]
+    pub tokenizer: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CodecCommand {
+    /// Audio file (any supported format and rate) -> codes JSON {"codes": [[16 ints], ...]}.
+    Encode {
+        #[arg(value_name = "AUDIO")]
+        audio: PathBuf,
+        /// Output JSON file.
+        #[arg(short, long, value_name = "JSON")]
+        output: PathBuf,
+        #[command(flatten)]
+        tokenizer: TokenizerArgs,
+    },
+    /// Codes JSON -> 24 kHz mono 16-bit WAV.
+    Decode {
+        #[arg(value_name = "CODES_JSON")]
+        codes: PathBuf,
+        /// Output WAV file.
+        #[arg(short, long, value_name = "WAV")]
+        output: PathBuf,
+        #[command(flatten)]
+        tokenizer: TokenizerArgs,
+    },
+}
+
+impl TokenizerArgs {
+    pub fn overrides(&self) -> Vec<Override> {
+        let mut o = Vec::new();
+        if let Some(v) = &self.model {
+            o.push(Override::new(
+                "model.base",
+                "--model",
+                absolutize_if_exists(v),
+            ));
+        }
+        if let Some(v) = &self.tokenizer {
+            o.push(Override::new(
+                "codes.tokenizer",
+                "--tokenizer",
+                absolutize_if_exists(v),
+            ));
+        }
+        o
+    }
+}
+
+impl CodesArgs {
+    pub fn overrides(&self) -> Vec<Override> {
+        let mut o = self.tokenizer.overrides();
+        if let Some(v) = self.batch_size {
+            o.push(Override::new("codes.batch_size", "--batch-size", v as i64));
+        }
+        o
+    }
+}
+
+impl CodecCommand {
+    pub fn tokenizer(&self) -> &TokenizerArgs {
+        match self {
+            CodecCommand::Encode { tokenizer, .. } | CodecCommand::Decode { tokenizer, .. } => {
+                tokenizer
+            }
+        }
     }
 }
 

@@ -23,6 +23,7 @@ pub const WORKSPACE_CONFIG: &str = "voiceclone.toml";
 pub struct Config {
     pub model: ModelConfig,
     pub prep: PrepConfig,
+    pub codes: CodesConfig,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -44,6 +45,13 @@ pub struct PrepConfig {
     pub silence_db: f64,
     pub jobs: usize,
     pub ref_audio: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CodesConfig {
+    pub tokenizer: String,
+    pub batch_size: usize,
 }
 
 /// Where a configuration value came from, for error messages and `voiceclone config`.
@@ -231,6 +239,9 @@ impl Resolved {
                 "prep.silence_db",
                 format!("{} must be negative (dB below the peak)", p.silence_db),
             ));
+        }
+        if self.config.codes.batch_size == 0 {
+            return Err(bad("codes.batch_size", "must be at least 1".into()));
         }
         let lang = p.language.trim();
         if lang != "auto" && (lang.is_empty() || !lang.chars().all(|c| c.is_ascii_lowercase())) {

@@ -6,6 +6,7 @@
 
 pub mod audio;
 pub mod cli;
+pub mod codes;
 pub mod commands;
 pub mod config;
 pub mod fsutil;

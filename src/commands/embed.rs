@@ -8,10 +8,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use candle_core::Device;
 
-use super::config_path;
+use super::model_source;
 use crate::cli::EmbedArgs;
 use crate::config::Config;
-use crate::hub::ModelSource;
 use crate::model::speaker::SpeakerEncoder;
 use crate::workspace::Workspace;
 
@@ -102,15 +101,6 @@ pub fn serialize_embedding(
 
 /// `model.base` as a [`ModelSource`]: a relative path that exists in the workspace is local;
 /// anything else (absolute paths, hub ids) is passed on.
-fn model_source(ws: &Workspace, spec: &str) -> Result<ModelSource> {
-    let local = config_path(ws, spec);
-    if local.exists() {
-        Ok(ModelSource::Local(local))
-    } else {
-        ModelSource::parse(spec).context("model.base (or --model) does not name a usable model")
-    }
-}
-
 fn same_file(a: &Path, b: &Path) -> bool {
     match (a.canonicalize(), b.canonicalize()) {
         (Ok(a), Ok(b)) => a == b,

@@ -1,15 +1,18 @@
 //! Glue between the CLI and the library: each subcommand resolves its configuration, opens the
 //! workspace and calls into the pipeline modules, which know nothing of flags or files.
 
+pub mod codec;
+pub mod codes;
 pub mod embed;
 pub mod prep;
 
 use std::path::{Path, PathBuf};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 use crate::cli::{Cli, Command};
 use crate::config::{self, Override};
+use crate::hub::ModelSource;
 use crate::workspace::Workspace;
 
 pub fn run(cli: Cli) -> Result<()> {
@@ -28,11 +31,30 @@ pub fn run(cli: Cli) -> Result<()> {
             let resolved = resolve(&ws, &cli, &args.overrides())?;
             embed::run(&ws, &resolved.config, args)
         }
+        Command::Codes(args) => {
+            let resolved = resolve(&ws, &cli, &args.overrides())?;
+            codes::run(&ws, &resolved.config, args)
+        }
+        Command::Codec(cmd) => {
+            let resolved = resolve(&ws, &cli, &cmd.tokenizer().overrides())?;
+            codec::run(&ws, &resolved.config, cmd)
+        }
     }
 }
 
 fn resolve(ws: &Workspace, cli: &Cli, overrides: &[Override]) -> Result<config::Resolved> {
     config::resolve(ws.root(), cli.config.as_deref(), overrides)
+}
+
+/// A model named by the configuration: a directory relative to the workspace when one exists
+/// there, otherwise an absolute path or a hub repository id.
+pub fn model_source(ws: &Workspace, spec: &str) -> Result<ModelSource> {
+    let local = config_path(ws, spec);
+    if local.exists() {
+        Ok(ModelSource::Local(local))
+    } else {
+        ModelSource::parse(spec).with_context(|| format!("{spec:?} does not name a usable model"))
+    }
 }
 
 /// A path from the configuration: relative paths are relative to the workspace.

@@ -1,0 +1,317 @@
+//! `voiceclone codes`: adds `"audio_codes"` (T frames × 16 codes, the official
+//! `prepare_data.py` format) to every line of a training manifest.
+//!
+//! Lines are handled as JSON objects, so fields this step does not know survive unchanged and
+//! in order. Lines that already carry codes are skipped (the step is resumable: the manifest is
+//! rewritten atomically after every few batches, so an interrupted run keeps what it finished).
+//! Broken lines (not JSON, no `audio`, missing or undecodable audio) are reported with their
+//! line numbers and kept exactly as they were.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use serde_json::{Map, Value};
+
+use crate::audio::{self, OUTPUT_RATE};
+use crate::fsutil::write_atomic;
+use crate::progress::Progress;
+
+/// Codes of one frame: codebook 0 (semantic) then the 15 acoustic codebooks.
+pub type Frame = [u32; 16];
+
+/// What `codes` needs from the speech tokenizer: batched 24 kHz waveforms in, codes out.
+pub trait AudioEncoder {
+    /// One code sequence per clip, `ceil(len / 1920)` frames each.
+    fn encode_batch(&self, clips: &[&[f32]]) -> Result<Vec<Vec<Frame>>>;
+}
+
+#[derive(Debug, Clone)]
+pub struct CodesOptions {
+    pub input: PathBuf,
+    pub output: PathBuf,
+    /// Directory that relative `audio` paths are relative to (the workspace).
+    pub base_dir: PathBuf,
+    /// Clips per encoder call.
+    pub batch_size: usize,
+    /// Redo lines that already have codes.
+    pub force: bool,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CodesSummary {
+    pub lines: usize,
+    pub already_coded: usize,
+    pub coded: usize,
+    /// `(line number, reason)` for lines left unchanged because they are broken.
+    pub bad_lines: Vec<(usize, String)>,
+    pub audio_seconds: f64,
+}
+
+/// One manifest line as read.
+enum Line {
+    Blank(String),
+    Broken(String),
+    Row(Map<String, Value>),
+}
+
+/// How often the partially coded manifest is saved during a long run.
+const SAVE_EVERY: Duration = Duration::from_secs(60);
+
+pub fn run(opts: &CodesOptions, encoder: &dyn AudioEncoder) -> Result<CodesSummary> {
+    let text = std::fs::read_to_string(&opts.input)
+        .with_context(|| format!("cannot read manifest {}", opts.input.display()))?;
+    let mut lines: Vec<Line> = text.lines().map(parse_line).collect();
+    let mut summary = CodesSummary::default();
+    let progress_warn = |p: &Progress, n: usize, why: &str| {
+        p.warn(format!(
+            "{}:{n}: {why}; line left unchanged",
+            opts.input.display()
+        ))
+    };
+
+    let mut pending: Vec<usize> = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        match line {
+            Line::Blank(_) => {}
+            Line::Broken(_) => {
+                summary.lines += 1;
+                summary
+                    .bad_lines
+                    .push((i + 1, "not a valid JSON object".into()));
+            }
+            Line::Row(row) => {
+                summary.lines += 1;
+                if !opts.force && has_valid_codes(row) {
+                    summary.already_coded += 1;
+                } else {
+                    pending.push(i);
+                }
+            }
+        }
+    }
+    // Similar lengths in one batch waste the least padding.
+    pending.sort_by(|&a, &b| duration_of(&lines[a]).total_cmp(&duration_of(&lines[b])));
+    let progress = Progress::new(pending.len() as u64, "lines", "codes");
+    for (n, why) in &summary.bad_lines {
+        progress_warn(&progress, *n, why);
+    }
+    let mut last_save = Instant::now();
+    for chunk in pending.chunks(opts.batch_size.max(1)) {
+        // Load the batch; lines whose audio cannot be used are reported and skipped.
+        let mut clips: Vec<(usize, Vec<f32>)> = Vec::with_capacity(chunk.len());
+        for &i in chunk {
+            let Line::Row(row) = &lines[i] else { continue };
+            match load_clip(row, &opts.base_dir) {
+                Ok(samples) => clips.push((i, samples)),
+                Err(why) => {
+                    progress_warn(&progress, i + 1, &why);
+                    summary.bad_lines.push((i + 1, why));
+                    progress.inc(1);
+                }
+            }
+        }
+        if clips.is_empty() {
+            continue;
+        }
+        let refs: Vec<&[f32]> = clips.iter().map(|(_, s)| s.as_slice()).collect();
+        let codes = encoder
+            .encode_batch(&refs)
+            .context("the speech tokenizer failed")?;
+        anyhow::ensure!(
+            codes.len() == clips.len(),
+            "the speech tokenizer returned {} results for {} clips",
+            codes.len(),
+            clips.len()
+        );
+        for ((i, samples), frames) in clips.iter().zip(codes) {
+            if let Line::Row(row) = &mut lines[*i] {
+                row.insert("audio_codes".into(), codes_to_json(&frames));
+            }
+            summary.coded += 1;
+            summary.audio_seconds += samples.len() as f64 / OUTPUT_RATE as f64;
+            progress.inc(1);
+        }
+        progress.set_message(format!("{:.0} s of audio coded", summary.audio_seconds));
+        if last_save.elapsed() >= SAVE_EVERY {
+            save(&opts.output, &lines)?;
+            last_save = Instant::now();
+        }
+    }
+    progress.finish();
+    summary.bad_lines.sort();
+    if summary.coded > 0 || opts.output != opts.input {
+        save(&opts.output, &lines)?;
+    }
+    Ok(summary)
+}
+
+fn parse_line(text: &str) -> Line {
+    if text.trim().is_empty() {
+        return Line::Blank(text.to_string());
+    }
+    match serde_json::from_str::<Value>(text) {
+        Ok(Value::Object(map)) => Line::Row(map),
+        _ => Line::Broken(text.to_string()),
+    }
+}
+
+fn duration_of(line: &Line) -> f64 {
+    match line {
+        Line::Row(row) => row.get("duration").and_then(Value::as_f64).unwrap_or(0.0),
+        _ => 0.0,
+    }
+}
+
+fn has_valid_codes(row: &Map<String, Value>) -> bool {
+    parse_codes(row.get("audio_codes")).is_some_and(|c| !c.is_empty())
+}
+
+/// `[[16 ints], ...]` -> frames; `None` if the value is not in that format.
+pub fn parse_codes(value: Option<&Value>) -> Option<Vec<Frame>> {
+    value?
+        .as_array()?
+        .iter()
+        .map(|frame| {
+            let items = frame.as_array()?;
+            if items.len() != 16 {
+                return None;
+            }
+            let mut out = [0u32; 16];
+            for (o, v) in out.iter_mut().zip(items) {
+                *o = u32::try_from(v.as_u64()?).ok()?;
+            }
+            Some(out)
+        })
+        .collect()
+}
+
+pub fn codes_to_json(frames: &[Frame]) -> Value {
+    Value::Array(
+        frames
+            .iter()
+            .map(|f| Value::Array(f.iter().map(|&c| Value::from(c)).collect()))
+            .collect(),
+    )
+}
+
+fn load_clip(row: &Map<String, Value>, base: &Path) -> std::result::Result<Vec<f32>, String> {
+    let audio = row
+        .get("audio")
+        .and_then(Value::as_str)
+        .ok_or("no \"audio\" field")?;
+    let path = base.join(audio);
+    if !path.exists() {
+        return Err(format!("audio file {} does not exist", path.display()));
+    }
+    let samples = audio::load_mono(&path, OUTPUT_RATE).map_err(|e| format!("{e:#}"))?;
+    if samples.is_empty() {
+        return Err(format!("audio file {} has no samples", path.display()));
+    }
+    Ok(samples)
+}
+
+fn save(path: &Path, lines: &[Line]) -> Result<()> {
+    let mut out = String::new();
+    for line in lines {
+        match line {
+            Line::Blank(t) | Line::Broken(t) => out.push_str(t),
+            Line::Row(row) => out.push_str(&serde_json::to_string(row)?),
+        }
+        out.push('\n');
+    }
+    write_atomic(path, out.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+
+    /// Deterministic stand-in for the codec: frame k of a clip is [len % 2048, k, 0, ...].
+    struct Fake {
+        batches: RefCell<Vec<usize>>,
+    }
+
+    impl AudioEncoder for Fake {
+        fn encode_batch(&self, clips: &[&[f32]]) -> Result<Vec<Vec<Frame>>> {
+            self.batches.borrow_mut().push(clips.len());
+            Ok(clips
+                .iter()
+                .map(|c| {
+                    (0..c.len().div_ceil(1920))
+                        .map(|k| {
+                            let mut f = [0u32; 16];
+                            f[0] = (c.len() % 2048) as u32;
+                            f[1] = k as u32;
+                            f
+                        })
+                        .collect()
+                })
+                .collect())
+        }
+    }
+
+    fn wav(dir: &Path, name: &str, samples: usize) {
+        audio::wav::write_pcm16(&dir.join(name), &vec![0.1; samples], OUTPUT_RATE).unwrap();
+    }
+
+    #[test]
+    fn codes_every_good_line_keeps_bad_ones_and_unknown_fields() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        wav(d, "a.wav", 4000);
+        wav(d, "b.wav", 1920);
+        std::fs::write(d.join("junk.wav"), b"not audio").unwrap();
+        let manifest = d.join("train.jsonl");
+        let original = [
+            r#"{"audio":"a.wav","text":"A","zeta":1,"alpha":[1,2]}"#,
+            r#"{"audio":"b.wav","text":"B"}"#,
+            r#"{"audio": broken"#,
+            r#"{"audio":"missing.wav","text":"C"}"#,
+            "",
+            r#"{"audio":"junk.wav","text":"D"}"#,
+            r#"{"text":"no audio"}"#,
+        ];
+        std::fs::write(&manifest, original.join("\n") + "\n").unwrap();
+        let opts = CodesOptions {
+            input: manifest.clone(),
+            output: manifest.clone(),
+            base_dir: d.to_path_buf(),
+            batch_size: 8,
+            force: false,
+        };
+        let fake = Fake {
+            batches: RefCell::new(vec![]),
+        };
+        let s = run(&opts, &fake).unwrap();
+        assert_eq!((s.lines, s.coded, s.already_coded), (6, 2, 0));
+        let bad: Vec<usize> = s.bad_lines.iter().map(|b| b.0).collect();
+        assert_eq!(bad, [3, 4, 6, 7]);
+        let out = std::fs::read_to_string(&manifest).unwrap();
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(
+            lines[0],
+            r#"{"audio":"a.wav","text":"A","zeta":1,"alpha":[1,2],"audio_codes":[[1952,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0],[1952,1,0,0,0,0,0,0,0,0,0,0,0,0,0,0],[1952,2,0,0,0,0,0,0,0,0,0,0,0,0,0,0]]}"#
+        );
+        for i in 2..7 {
+            assert_eq!(lines[i], original[i], "line {} changed", i + 1);
+        }
+        // Re-running does no work and changes nothing.
+        let before = out.clone();
+        let again = run(&opts, &fake).unwrap();
+        assert_eq!((again.coded, again.already_coded), (0, 2));
+        assert_eq!(fake.batches.borrow().len(), 1);
+        assert_eq!(std::fs::read_to_string(&manifest).unwrap(), before);
+    }
+
+    #[test]
+    fn codes_json_round_trips_and_rejects_bad_shapes() {
+        let frames = vec![[7u32; 16], [2047u32; 16]];
+        assert_eq!(parse_codes(Some(&codes_to_json(&frames))), Some(frames));
+        let bad: Value = serde_json::from_str("[[1,2,3]]").unwrap();
+        assert_eq!(parse_codes(Some(&bad)), None);
+        let neg: Value = serde_json::from_str(&format!("[{:?}]", [-1i32; 16])).unwrap();
+        assert_eq!(parse_codes(Some(&neg)), None);
+    }
+}
