@@ -338,15 +338,12 @@ pub unsafe fn gemm_strided(
 /// amortise that; beyond that, smaller tiles keep their activations in cache, and there must be
 /// at least one tile per thread.
 pub fn tile_rows(t: usize, k: usize, n: usize) -> usize {
-    let env = |name: &str, default: usize| {
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .unwrap_or(default)
-    };
-    let cache_rows = env("VOICECLONE_CODEC_TILE", 1 << 18) / k.max(n).max(1);
-    let want = cache_rows.max(env("VOICECLONE_CODEC_MIN_ROWS", 512));
-    t.div_ceil(num_threads()).clamp(1, want.max(1))
+    /// Floats of the wider GEMM operand a tile aims at (~1 MB).
+    const CACHE_FLOATS: usize = 1 << 18;
+    /// Rows below which packing the weights once per tile starts to dominate.
+    const MIN_ROWS: usize = 512;
+    let want = (CACHE_FLOATS / k.max(n).max(1)).max(MIN_ROWS);
+    t.div_ceil(num_threads()).clamp(1, want)
 }
 
 /// A causal `Conv1d` (`MimiConv1d` / `Qwen3TTSTokenizerV2CausalConvNet`), groups = 1.
