@@ -128,23 +128,29 @@ fn codes_fills_a_prepped_manifest_resumes_and_reports_bad_lines() {
     assert!(last["audio_codes"].is_array());
 }
 
+/// `voiceclone codec VERB INPUT -o OUTPUT` with the fixture model's speech tokenizer.
+fn codec(dir: &Path, verb: &str, input: &Path, output: &Path) -> std::process::Output {
+    let model = fixture_model();
+    voiceclone(
+        dir,
+        &[
+            "codec",
+            verb,
+            input.to_str().unwrap(),
+            "-o",
+            output.to_str().unwrap(),
+            "--model",
+            &model,
+        ],
+    )
+}
+
 #[test]
 fn codec_encode_decode_files() {
     let dir = tempfile::tempdir().unwrap();
     let clip = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/audio/codec-clip1.wav");
     let json = dir.path().join("codes.json");
-    let out = voiceclone(
-        dir.path(),
-        &[
-            "codec",
-            "encode",
-            clip.to_str().unwrap(),
-            "-o",
-            json.to_str().unwrap(),
-            "--model",
-            &fixture_model(),
-        ],
-    );
+    let out = codec(dir.path(), "encode", &clip, &json);
     assert!(out.status.success(), "{}", stderr(&out));
     let doc: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let frames = doc["codes"].as_array().unwrap();
@@ -152,18 +158,7 @@ fn codec_encode_decode_files() {
     assert!(frames.iter().all(|f| f.as_array().unwrap().len() == 16));
 
     let wav = dir.path().join("out.wav");
-    let out = voiceclone(
-        dir.path(),
-        &[
-            "codec",
-            "decode",
-            json.to_str().unwrap(),
-            "-o",
-            wav.to_str().unwrap(),
-            "--model",
-            &fixture_model(),
-        ],
-    );
+    let out = codec(dir.path(), "decode", &json, &wav);
     assert!(out.status.success(), "{}", stderr(&out));
     let reader = hound::WavReader::open(&wav).unwrap();
     let spec = reader.spec();
@@ -174,18 +169,7 @@ fn codec_encode_decode_files() {
     assert_eq!(reader.duration() as usize, frames.len() * 1920);
 
     std::fs::write(&json, r#"{"codes": [[1, 2, 3]]}"#).unwrap();
-    let out = voiceclone(
-        dir.path(),
-        &[
-            "codec",
-            "decode",
-            json.to_str().unwrap(),
-            "-o",
-            wav.to_str().unwrap(),
-            "--model",
-            &fixture_model(),
-        ],
-    );
+    let out = codec(dir.path(), "decode", &json, &wav);
     assert!(!out.status.success());
     assert!(
         stderr(&out).contains("16 non-negative ints"),
