@@ -131,22 +131,7 @@ fn default_sample_rate() -> u32 {
 impl Qwen3TtsConfig {
     /// Reads and checks `config.json`; errors name the file.
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read {}", path.display()))?;
-        let raw: serde_json::Value = serde_json::from_str(&text)
-            .with_context(|| format!("{} is not valid JSON", path.display()))?;
-        let model_type = raw
-            .get("model_type")
-            .and_then(|v| v.as_str())
-            .unwrap_or("<missing>");
-        if model_type != "qwen3_tts" {
-            bail!(
-                "{}: model_type {model_type:?} is not supported (expected \"qwen3_tts\", a Qwen3-TTS 12 Hz checkpoint)",
-                path.display()
-            );
-        }
-        let config: Self = serde_json::from_value(raw)
-            .with_context(|| format!("{}: not a valid Qwen3-TTS config", path.display()))?;
+        let config: Self = read_json_config(path, "qwen3_tts", "a Qwen3-TTS 12 Hz checkpoint")?;
         config
             .validate()
             .with_context(|| format!("{}: inconsistent config", path.display()))?;
@@ -190,4 +175,29 @@ impl Qwen3TtsConfig {
     pub fn has_mtp_projection(&self) -> bool {
         self.talker_config.hidden_size != self.talker_config.code_predictor_config.hidden_size
     }
+}
+
+/// Reads a JSON config whose `model_type` must be `expected` (`what` says what that is, for the
+/// error) and deserialises it; every error names the file.
+pub(crate) fn read_json_config<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    expected: &str,
+    what: &str,
+) -> Result<T> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let raw: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not valid JSON", path.display()))?;
+    let model_type = raw
+        .get("model_type")
+        .and_then(|v| v.as_str())
+        .unwrap_or("<missing>");
+    if model_type != expected {
+        bail!(
+            "{}: model_type {model_type:?} is not supported (expected {expected:?}, {what})",
+            path.display()
+        );
+    }
+    serde_json::from_value(raw)
+        .with_context(|| format!("{}: not a valid {what} config", path.display()))
 }

@@ -8,6 +8,8 @@ use std::path::Path;
 use anyhow::{bail, ensure, Context, Result};
 use serde::Deserialize;
 
+use crate::model::config::read_json_config;
+
 /// `model_type` of the 12 Hz speech tokenizer.
 pub const MODEL_TYPE: &str = "qwen3_tts_tokenizer_12hz";
 
@@ -144,22 +146,8 @@ pub struct DecoderConfig {
 
 impl CodecConfig {
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read {}", path.display()))?;
-        let raw: serde_json::Value = serde_json::from_str(&text)
-            .with_context(|| format!("{} is not valid JSON", path.display()))?;
-        let model_type = raw
-            .get("model_type")
-            .and_then(|v| v.as_str())
-            .unwrap_or("<missing>");
-        if model_type != MODEL_TYPE {
-            bail!(
-                "{}: model_type {model_type:?} is not a 12 Hz speech tokenizer (expected {MODEL_TYPE:?})",
-                path.display()
-            );
-        }
-        let config: Self = serde_json::from_value(raw)
-            .with_context(|| format!("{}: not a valid speech tokenizer config", path.display()))?;
+        let config: Self =
+            read_json_config(path, MODEL_TYPE, "a Qwen3-TTS 12 Hz speech tokenizer")?;
         config
             .validate()
             .with_context(|| format!("{}: unsupported speech tokenizer config", path.display()))?;
