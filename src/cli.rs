@@ -46,6 +46,8 @@ pub enum Command {
     /// Encode or decode single files with the 12 Hz speech tokenizer.
     #[command(subcommand)]
     Codec(CodecCommand),
+    /// Speak text in a cloned or fine-tuned voice (24 kHz mono WAV).
+    Speak(Box<SpeakArgs>),
 }
 
 #[derive(Debug, Args)]
@@ -253,5 +255,185 @@ fn absolutize_if_exists(v: &str) -> String {
             .unwrap_or_else(|_| v.to_string())
     } else {
         v.to_string()
+    }
+}
+
+#[derive(Debug, Args)]
+#[command(
+    after_long_help = "Voice, when none is given: the fine-tuned model in the workspace's model/ \
+    (its only speaker), else the base model cloning data/speaker.safetensors or data/ref.wav.\n\n\
+    --input takes one text per line, or JSON lines with \"text\" and optional \"output\", \
+    \"language\", \"speaker\", \"ref_audio\", \"ref_text\", \"x_vector_only\", \"non_streaming\"; \
+    -o is then a directory receiving one WAV per line (0001.wav, ... unless \"output\" names it)."
+)]
+pub struct SpeakArgs {
+    /// Text to speak (or use --input).
+    #[arg(
+        value_name = "TEXT",
+        required_unless_present = "input",
+        conflicts_with = "input"
+    )]
+    pub text: Option<String>,
+
+    /// Many texts: one per line, or JSON lines (see below).
+    #[arg(long, value_name = "FILE")]
+    pub input: Option<PathBuf>,
+
+    /// Output WAV file (a directory with --input).
+    #[arg(short, long, value_name = "PATH")]
+    pub output: PathBuf,
+
+    /// Replace output files that already exist.
+    #[arg(long)]
+    pub overwrite: bool,
+
+    /// Model: hub repo id or local directory [speak.model; default model/ or model.base].
+    #[arg(long, value_name = "MODEL")]
+    pub model: Option<String>,
+
+    /// Named speaker of a fine-tuned / CustomVoice model [default: its only speaker].
+    #[arg(long, value_name = "NAME")]
+    pub speaker: Option<String>,
+
+    /// Clone the voice of this clip (any supported audio format).
+    #[arg(long, value_name = "AUDIO")]
+    pub ref_audio: Option<PathBuf>,
+
+    /// Transcript of --ref-audio: enables in-context cloning (reference codes in the prompt).
+    #[arg(long, value_name = "TEXT")]
+    pub ref_text: Option<String>,
+
+    /// Clone from the speaker embedding only, even when --ref-text is given.
+    #[arg(long)]
+    pub x_vector_only: bool,
+
+    /// Language: auto or a name from the model's codec_language_id [speak.language].
+    #[arg(long, value_name = "LANG")]
+    pub language: Option<String>,
+
+    /// Whole text before the first frame (official non_streaming_mode) [speak.non_streaming].
+    #[arg(long)]
+    pub non_streaming: bool,
+
+    /// No sampling: most likely code at every step, talker and code predictor [speak.greedy].
+    #[arg(long)]
+    pub greedy: bool,
+
+    /// Code-0 sampling temperature [speak.temperature].
+    #[arg(long, value_name = "T")]
+    pub temperature: Option<f64>,
+
+    /// Code-0 top-k [speak.top_k].
+    #[arg(long, value_name = "K")]
+    pub top_k: Option<usize>,
+
+    /// Code-0 top-p (nucleus) [speak.top_p].
+    #[arg(long, value_name = "P")]
+    pub top_p: Option<f64>,
+
+    /// Penalty on repeated code-0 ids, 1 = none [speak.repetition_penalty].
+    #[arg(long, value_name = "R")]
+    pub repetition_penalty: Option<f64>,
+
+    /// Code-predictor (codebooks 1-15) temperature [speak.sub_temperature].
+    #[arg(long, value_name = "T")]
+    pub sub_temperature: Option<f64>,
+
+    /// Code-predictor top-k [speak.sub_top_k].
+    #[arg(long, value_name = "K")]
+    pub sub_top_k: Option<usize>,
+
+    /// Code-predictor top-p [speak.sub_top_p].
+    #[arg(long, value_name = "P")]
+    pub sub_top_p: Option<f64>,
+
+    /// At most N frames (80 ms each) per text chunk [speak.max_frames].
+    #[arg(long, value_name = "N")]
+    pub max_frames: Option<usize>,
+
+    /// Random seed; the same seed gives the same audio [speak.seed].
+    #[arg(long, value_name = "N")]
+    pub seed: Option<u64>,
+
+    /// Texts generated together [speak.batch_size].
+    #[arg(long, value_name = "N")]
+    pub batch_size: Option<usize>,
+
+    /// Split texts longer than this at sentence boundaries, 0 = never [speak.max_chunk_chars].
+    #[arg(long, value_name = "N")]
+    pub max_chunk_chars: Option<usize>,
+
+    /// Also write the generated codes as JSON {"codes": [[16 ints], ...]} (a directory with --input).
+    #[arg(long, value_name = "PATH")]
+    pub save_codes: Option<PathBuf>,
+}
+
+impl SpeakArgs {
+    pub fn overrides(&self) -> Vec<Override> {
+        let mut o = Vec::new();
+        if let Some(v) = &self.model {
+            o.push(Override::new(
+                "speak.model",
+                "--model",
+                absolutize_if_exists(v),
+            ));
+        }
+        if let Some(v) = &self.language {
+            o.push(Override::new("speak.language", "--language", v.clone()));
+        }
+        if self.non_streaming {
+            o.push(Override::new(
+                "speak.non_streaming",
+                "--non-streaming",
+                true,
+            ));
+        }
+        if self.greedy {
+            o.push(Override::new("speak.greedy", "--greedy", true));
+        }
+        let floats = [
+            ("speak.temperature", "--temperature", self.temperature),
+            ("speak.top_p", "--top-p", self.top_p),
+            (
+                "speak.repetition_penalty",
+                "--repetition-penalty",
+                self.repetition_penalty,
+            ),
+            (
+                "speak.sub_temperature",
+                "--sub-temperature",
+                self.sub_temperature,
+            ),
+            ("speak.sub_top_p", "--sub-top-p", self.sub_top_p),
+        ];
+        for (key, flag, v) in floats {
+            if let Some(v) = v {
+                o.push(Override::new(key, flag, v));
+            }
+        }
+        let ints = [
+            ("speak.top_k", "--top-k", self.top_k),
+            ("speak.sub_top_k", "--sub-top-k", self.sub_top_k),
+            ("speak.max_frames", "--max-frames", self.max_frames),
+            ("speak.batch_size", "--batch-size", self.batch_size),
+            (
+                "speak.max_chunk_chars",
+                "--max-chunk-chars",
+                self.max_chunk_chars,
+            ),
+        ];
+        for (key, flag, v) in ints {
+            if let Some(v) = v {
+                o.push(Override::new(key, flag, v as i64));
+            }
+        }
+        if let Some(v) = self.seed {
+            o.push(Override::new(
+                "speak.seed",
+                "--seed",
+                v.min(i64::MAX as u64) as i64,
+            ));
+        }
+        o
     }
 }

@@ -24,6 +24,8 @@ pub struct Config {
     pub model: ModelConfig,
     pub prep: PrepConfig,
     pub codes: CodesConfig,
+    pub train: TrainConfig,
+    pub speak: SpeakConfig,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -52,6 +54,47 @@ pub struct PrepConfig {
 pub struct CodesConfig {
     pub tokenizer: String,
     pub batch_size: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TrainConfig {
+    pub batch_size: usize,
+    pub grad_accum: usize,
+    pub lr: f64,
+    pub weight_decay: f64,
+    pub warmup_steps: usize,
+    pub epochs: usize,
+    pub max_steps: usize,
+    pub clip_norm: f64,
+    pub seed: u64,
+    pub shuffle: bool,
+    pub save_every: usize,
+    pub keep: usize,
+    pub freeze: Vec<String>,
+    pub speaker_name: String,
+}
+
+/// `[speak]`: synthesis defaults. Sampling keys at 0 take the model's
+/// `generation_config.json` value.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SpeakConfig {
+    pub model: String,
+    pub language: String,
+    pub non_streaming: bool,
+    pub greedy: bool,
+    pub temperature: f64,
+    pub top_k: usize,
+    pub top_p: f64,
+    pub repetition_penalty: f64,
+    pub sub_temperature: f64,
+    pub sub_top_k: usize,
+    pub sub_top_p: f64,
+    pub max_frames: usize,
+    pub seed: i64,
+    pub batch_size: usize,
+    pub max_chunk_chars: usize,
 }
 
 /// Where a configuration value came from, for error messages and `voiceclone config`.
@@ -243,6 +286,8 @@ impl Resolved {
         if self.config.codes.batch_size == 0 {
             return Err(bad("codes.batch_size", "must be at least 1".into()));
         }
+        self.validate_train()?;
+        self.validate_speak()?;
         let lang = p.language.trim();
         if lang != "auto" && (lang.is_empty() || !lang.chars().all(|c| c.is_ascii_lowercase())) {
             return Err(bad(
@@ -252,6 +297,94 @@ impl Resolved {
                     p.language
                 ),
             ));
+        }
+        Ok(())
+    }
+}
+
+impl Resolved {
+    fn validate_train(&self) -> Result<()> {
+        let t = &self.config.train;
+        let bad = |key: &str, why: String| -> anyhow::Error {
+            anyhow::anyhow!(
+                "invalid value for `{key}` (set in {}): {why}",
+                self.source_of(key)
+            )
+        };
+        for (key, v) in [
+            ("train.batch_size", t.batch_size),
+            ("train.grad_accum", t.grad_accum),
+            ("train.epochs", t.epochs),
+            ("train.keep", t.keep),
+        ] {
+            if v == 0 {
+                return Err(bad(key, "must be at least 1".into()));
+            }
+        }
+        if !(t.lr > 0.0 && t.lr.is_finite()) {
+            return Err(bad("train.lr", format!("{} is not a positive number", t.lr)));
+        }
+        for (key, v) in [
+            ("train.weight_decay", t.weight_decay),
+            ("train.clip_norm", t.clip_norm),
+        ] {
+            if !(v >= 0.0 && v.is_finite()) {
+                return Err(bad(key, format!("{v} is not a non-negative number")));
+            }
+        }
+        if t.speaker_name.trim().is_empty() || t.speaker_name.trim() != t.speaker_name {
+            return Err(bad(
+                "train.speaker_name",
+                format!(
+                    "{:?} must be a non-empty name without surrounding spaces",
+                    t.speaker_name
+                ),
+            ));
+        }
+        if let Some(p) = t.freeze.iter().find(|p| p.trim().is_empty()) {
+            return Err(bad(
+                "train.freeze",
+                format!("{p:?} is not a glob pattern"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Resolved {
+    fn validate_speak(&self) -> Result<()> {
+        let s = &self.config.speak;
+        let bad = |key: &str, why: String| -> anyhow::Error {
+            anyhow::anyhow!(
+                "invalid value for `{key}` (set in {}): {why}",
+                self.source_of(key)
+            )
+        };
+        for (key, v) in [
+            ("speak.temperature", s.temperature),
+            ("speak.sub_temperature", s.sub_temperature),
+            ("speak.repetition_penalty", s.repetition_penalty),
+        ] {
+            if !(v >= 0.0 && v.is_finite()) {
+                return Err(bad(key, format!("{v} is not a non-negative number")));
+            }
+        }
+        for (key, v) in [("speak.top_p", s.top_p), ("speak.sub_top_p", s.sub_top_p)] {
+            if !(0.0..=1.0).contains(&v) {
+                return Err(bad(key, format!("{v} is not between 0 and 1")));
+            }
+        }
+        if s.batch_size == 0 {
+            return Err(bad("speak.batch_size", "must be at least 1".into()));
+        }
+        if s.seed < -1 {
+            return Err(bad(
+                "speak.seed",
+                format!("{} is not -1 (random) or a non-negative seed", s.seed),
+            ));
+        }
+        if s.language.trim().is_empty() {
+            return Err(bad("speak.language", "must be \"auto\" or a language name".into()));
         }
         Ok(())
     }

@@ -10,6 +10,7 @@ pub mod codes;
 pub mod commands;
 pub mod config;
 pub mod fsutil;
+pub mod generate;
 pub mod hub;
 pub mod model;
 pub mod prep;

@@ -5,6 +5,7 @@ pub mod codec;
 pub mod codes;
 pub mod embed;
 pub mod prep;
+pub mod speak;
 
 use std::path::{Path, PathBuf};
 
@@ -38,6 +39,10 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Codec(cmd) => {
             let resolved = resolve(&ws, &cli, &cmd.tokenizer().overrides())?;
             codec::run(&ws, &resolved.config, cmd)
+        }
+        Command::Speak(args) => {
+            let resolved = resolve(&ws, &cli, &args.overrides())?;
+            speak::run(&ws, &resolved.config, args)
         }
     }
 }

@@ -1,0 +1,469 @@
+//! `voiceclone speak`: choose the model and the voice, build the requests (one text or a batch
+//! file), synthesise, and write 24 kHz WAVs (and optionally the codes) atomically.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, ensure, Context, Result};
+use candle_core::{DType, Device};
+use serde_json::Value;
+
+use super::embed::{SPEAKER_FILE, TENSOR_NAME};
+use super::model_source;
+use crate::cli::SpeakArgs;
+use crate::codes::codes_to_json;
+use crate::config::{Config, SpeakConfig};
+use crate::generate::sampling::Sampling;
+use crate::generate::{DecodeOptions, Request, Synthesizer, Voice};
+use crate::hub::ModelSource;
+use crate::workspace::Workspace;
+
+/// Where the fine-tuned model is exported inside the workspace.
+pub const MODEL_DIR: &str = "model";
+
+pub fn run(ws: &Workspace, config: &Config, args: &SpeakArgs) -> Result<()> {
+    let s = &config.speak;
+    let jobs = read_jobs(args)?;
+    let batch_mode = args.input.is_some();
+    let outputs = plan_outputs(&jobs, args, batch_mode)?;
+
+    let source = speak_model(ws, config)?;
+    let (device, dtype) = compute_device()?;
+    eprintln!("loading {}", source.describe());
+    let mut synth = Synthesizer::load(&source, dtype, &device)
+        .with_context(|| format!("cannot load the model {}", source.describe()))?;
+
+    let mut opts = decode_options(&synth, s);
+    if s.seed < 0 {
+        opts.seed = rand::random::<u32>() as u64;
+        if !s.greedy {
+            eprintln!(
+                "seed: {} (pass --seed {} to repeat this result)",
+                opts.seed, opts.seed
+            );
+        }
+    } else {
+        opts.seed = s.seed as u64;
+    }
+
+    let mut voices = VoiceCache::default();
+    let mut requests = Vec::with_capacity(jobs.len());
+    for job in &jobs {
+        let voice = voices
+            .get(ws, &mut synth, &job.voice)
+            .with_context(|| job.context.clone())?;
+        requests.push(Request {
+            text: job.text.clone(),
+            language: job.language.clone().unwrap_or_else(|| s.language.clone()),
+            voice,
+            non_streaming: job.non_streaming.unwrap_or(s.non_streaming),
+        });
+    }
+
+    let bar = crate::progress::Progress::new(requests.len() as u64, "texts", "speak");
+    let mut frames_total = 0usize;
+    let started = std::time::Instant::now();
+    let speech = synth.synthesize(&requests, &opts, |_| {
+        frames_total += 1;
+        bar.set_message(format!("{frames_total} frame steps"));
+    })?;
+    bar.finish();
+    let seconds = started.elapsed().as_secs_f64();
+
+    let rate = synth.codec.output_sample_rate();
+    for (i, (sp, out)) in speech.iter().zip(&outputs).enumerate() {
+        crate::audio::wav::write_pcm16(&out.wav, &sp.wav, rate)?;
+        if let Some(path) = &out.codes {
+            let json = serde_json::json!({ "codes": codes_to_json(&sp.frames) });
+            crate::fsutil::write_atomic(path, format!("{json}\n").as_bytes())
+                .with_context(|| format!("cannot write {}", path.display()))?;
+        }
+        let stopped = if sp.eos_steps.iter().all(Option::is_some) {
+            ""
+        } else {
+            " (stopped by the frame limit)"
+        };
+        println!(
+            "wrote {}: {:.2} s, {} frames{stopped}",
+            out.wav.display(),
+            sp.wav.len() as f64 / rate as f64,
+            sp.frames.len()
+        );
+        let _ = i;
+    }
+    let audio: f64 = speech.iter().map(|s| s.wav.len() as f64).sum::<f64>() / rate as f64;
+    if audio > 0.0 {
+        eprintln!(
+            "{:.2} s of audio in {:.2} s (real-time factor {:.2})",
+            audio,
+            seconds,
+            seconds / audio
+        );
+    }
+    Ok(())
+}
+
+/// `speak.model`, else the workspace's exported model, else `model.base`.
+fn speak_model(ws: &Workspace, config: &Config) -> Result<ModelSource> {
+    if !config.speak.model.is_empty() {
+        return model_source(ws, &config.speak.model);
+    }
+    let exported = ws.root().join(MODEL_DIR);
+    if exported.join("config.json").is_file() {
+        return Ok(ModelSource::Local(exported));
+    }
+    model_source(ws, &config.model.base)
+}
+
+/// bf16 on a CUDA device when built with `cuda` and one is present, f32 on the CPU otherwise.
+fn compute_device() -> Result<(Device, DType)> {
+    let device = Device::cuda_if_available(0)?;
+    let dtype = if device.is_cuda() {
+        DType::BF16
+    } else {
+        DType::F32
+    };
+    Ok((device, dtype))
+}
+
+/// The model's generation defaults with the `[speak]` values that are set (non-zero).
+fn decode_options(synth: &Synthesizer, s: &SpeakConfig) -> DecodeOptions {
+    let mut o = DecodeOptions::from_generation_config(&synth.files.generation);
+    let set = |v: f64, d: &mut f64| {
+        if v > 0.0 {
+            *d = v
+        }
+    };
+    set(s.temperature, &mut o.code0.temperature);
+    set(s.top_p, &mut o.code0.top_p);
+    set(s.repetition_penalty, &mut o.repetition_penalty);
+    set(s.sub_temperature, &mut o.sub_codes.temperature);
+    set(s.sub_top_p, &mut o.sub_codes.top_p);
+    if s.top_k > 0 {
+        o.code0.top_k = s.top_k;
+    }
+    if s.sub_top_k > 0 {
+        o.sub_codes.top_k = s.sub_top_k;
+    }
+    if s.greedy {
+        o.code0 = Sampling::GREEDY;
+        o.sub_codes = Sampling::GREEDY;
+    }
+    if s.max_frames > 0 {
+        o.max_frames = s.max_frames;
+    }
+    o.batch_size = s.batch_size;
+    o.max_chunk_chars = s.max_chunk_chars;
+    o
+}
+
+/// How one text asks for its voice (flags, or a JSONL line's fields over the flags).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct VoiceSpec {
+    speaker: Option<String>,
+    ref_audio: Option<PathBuf>,
+    ref_text: Option<String>,
+    x_vector_only: bool,
+}
+
+struct Job {
+    text: String,
+    language: Option<String>,
+    non_streaming: Option<bool>,
+    voice: VoiceSpec,
+    output: Option<String>,
+    /// "line N of FILE" for errors.
+    context: String,
+}
+
+fn read_jobs(args: &SpeakArgs) -> Result<Vec<Job>> {
+    let flags = VoiceSpec {
+        speaker: args.speaker.clone(),
+        ref_audio: args.ref_audio.clone(),
+        ref_text: args.ref_text.clone(),
+        x_vector_only: args.x_vector_only,
+    };
+    let Some(input) = &args.input else {
+        let text = args.text.clone().unwrap_or_default();
+        ensure!(!text.trim().is_empty(), "the text to speak is empty");
+        return Ok(vec![Job {
+            text,
+            language: None,
+            non_streaming: None,
+            voice: flags,
+            output: None,
+            context: "the text".into(),
+        }]);
+    };
+    let content = std::fs::read_to_string(input)
+        .with_context(|| format!("cannot read {}", input.display()))?;
+    let base = input.parent().unwrap_or(Path::new("."));
+    let mut jobs = Vec::new();
+    for (n, line) in content.lines().enumerate() {
+        let context = format!("line {} of {}", n + 1, input.display());
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        let job = if line.starts_with('{') {
+            parse_json_line(line, &flags, base).with_context(|| context.clone())?
+        } else {
+            Job {
+                text: line.to_string(),
+                language: None,
+                non_streaming: None,
+                voice: flags.clone(),
+                output: None,
+                context: context.clone(),
+            }
+        };
+        jobs.push(Job { context, ..job });
+    }
+    ensure!(!jobs.is_empty(), "{} contains no text", input.display());
+    Ok(jobs)
+}
+
+fn parse_json_line(line: &str, flags: &VoiceSpec, base: &Path) -> Result<Job> {
+    let v: Value = serde_json::from_str(line).context("not valid JSON")?;
+    let obj = v.as_object().context("expected a JSON object")?;
+    const KNOWN: &[&str] = &[
+        "text",
+        "output",
+        "language",
+        "speaker",
+        "ref_audio",
+        "ref_text",
+        "x_vector_only",
+        "non_streaming",
+    ];
+    if let Some(k) = obj.keys().find(|k| !KNOWN.contains(&k.as_str())) {
+        bail!("unknown field {k:?} (known: {})", KNOWN.join(", "));
+    }
+    let string = |k: &str| -> Result<Option<String>> {
+        match obj.get(k) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(other) => bail!("field {k:?} must be a string, found {other}"),
+        }
+    };
+    let boolean = |k: &str| -> Result<Option<bool>> {
+        match obj.get(k) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(other) => bail!("field {k:?} must be true or false, found {other}"),
+        }
+    };
+    let text = string("text")?.context("missing \"text\"")?;
+    ensure!(!text.trim().is_empty(), "\"text\" is empty");
+    let mut voice = flags.clone();
+    if let Some(s) = string("speaker")? {
+        voice = VoiceSpec {
+            speaker: Some(s),
+            ref_audio: None,
+            ref_text: None,
+            x_vector_only: false,
+        };
+    }
+    if let Some(a) = string("ref_audio")? {
+        voice.speaker = None;
+        voice.ref_audio = Some(base.join(a));
+        voice.ref_text = None;
+    }
+    if let Some(t) = string("ref_text")? {
+        voice.ref_text = Some(t);
+    }
+    if let Some(x) = boolean("x_vector_only")? {
+        voice.x_vector_only = x;
+    }
+    let output = string("output")?;
+    if let Some(o) = &output {
+        let p = Path::new(o);
+        ensure!(
+            p.components().count() == 1 && !o.starts_with('.'),
+            "\"output\" must be a plain file name inside the output directory, not {o:?}"
+        );
+    }
+    Ok(Job {
+        text,
+        language: string("language")?,
+        non_streaming: boolean("non_streaming")?,
+        voice,
+        output,
+        context: String::new(),
+    })
+}
+
+struct Output {
+    wav: PathBuf,
+    codes: Option<PathBuf>,
+}
+
+/// Output paths, checked before any work: existing files are only replaced with --overwrite.
+fn plan_outputs(jobs: &[Job], args: &SpeakArgs, batch: bool) -> Result<Vec<Output>> {
+    let mut outputs = Vec::with_capacity(jobs.len());
+    if !batch {
+        outputs.push(Output {
+            wav: args.output.clone(),
+            codes: args.save_codes.clone(),
+        });
+    } else {
+        ensure!(
+            !args.output.is_file(),
+            "with --input, -o names a directory, but {} is a file",
+            args.output.display()
+        );
+        if let Some(c) = &args.save_codes {
+            ensure!(
+                !c.is_file(),
+                "with --input, --save-codes names a directory, but {} is a file",
+                c.display()
+            );
+        }
+        let width = jobs.len().to_string().len().max(4);
+        for (i, job) in jobs.iter().enumerate() {
+            let name = match &job.output {
+                Some(o) if o.to_lowercase().ends_with(".wav") => o.clone(),
+                Some(o) => format!("{o}.wav"),
+                None => format!("{:0width$}.wav", i + 1),
+            };
+            let stem = name[..name.len() - 4].to_string();
+            outputs.push(Output {
+                wav: args.output.join(&name),
+                codes: args
+                    .save_codes
+                    .as_ref()
+                    .map(|d| d.join(format!("{stem}.codes.json"))),
+            });
+        }
+        let mut seen = std::collections::HashSet::new();
+        for o in &outputs {
+            ensure!(
+                seen.insert(o.wav.clone()),
+                "two lines write the same output file {}",
+                o.wav.display()
+            );
+        }
+        std::fs::create_dir_all(&args.output)
+            .with_context(|| format!("cannot create {}", args.output.display()))?;
+        if let Some(c) = &args.save_codes {
+            std::fs::create_dir_all(c).with_context(|| format!("cannot create {}", c.display()))?;
+        }
+    }
+    if !args.overwrite {
+        for o in &outputs {
+            for p in std::iter::once(&o.wav).chain(o.codes.as_ref()) {
+                ensure!(
+                    !p.exists(),
+                    "{} already exists; pass --overwrite to replace it",
+                    p.display()
+                );
+            }
+        }
+    }
+    Ok(outputs)
+}
+
+/// Voices computed once per distinct spec (a batch file usually repeats one reference).
+#[derive(Default)]
+struct VoiceCache(HashMap<VoiceSpec, Voice>);
+
+impl VoiceCache {
+    fn get(&mut self, ws: &Workspace, synth: &mut Synthesizer, spec: &VoiceSpec) -> Result<Voice> {
+        if let Some(v) = self.0.get(spec) {
+            return Ok(v.clone());
+        }
+        let voice = resolve_voice(ws, synth, spec)?;
+        self.0.insert(spec.clone(), voice.clone());
+        Ok(voice)
+    }
+}
+
+fn resolve_voice(ws: &Workspace, synth: &mut Synthesizer, spec: &VoiceSpec) -> Result<Voice> {
+    if let Some(name) = &spec.speaker {
+        ensure!(
+            spec.ref_audio.is_none(),
+            "choose either a named speaker or a reference clip, not both"
+        );
+        return Ok(Voice::Speaker(name.clone()));
+    }
+    let ref_text = if spec.x_vector_only {
+        None
+    } else {
+        spec.ref_text.as_deref()
+    };
+    if let Some(path) = &spec.ref_audio {
+        return clone_from_file(synth, path, ref_text);
+    }
+    let speakers = synth.speakers();
+    if ref_text.is_none() && !speakers.is_empty() {
+        return match speakers.as_slice() {
+            [only] => Ok(Voice::Speaker(only.clone())),
+            many => bail!(
+                "this model has several speakers ({}); choose one with --speaker",
+                many.join(", ")
+            ),
+        };
+    }
+    // The workspace's reference voice.
+    let ref_wav = ws.ref_wav();
+    if ref_text.is_some() {
+        ensure!(
+            ref_wav.is_file(),
+            "--ref-text needs the clip it transcribes: pass --ref-audio"
+        );
+        return clone_from_file(synth, &ref_wav, ref_text);
+    }
+    let embedding = ws.data_dir().join(SPEAKER_FILE);
+    if embedding.is_file() {
+        let x = read_embedding(&embedding)?;
+        let h = synth.config().talker_config.hidden_size;
+        ensure!(
+            x.len() == h,
+            "{} holds a {}-value embedding but this model expects {h}; run `voiceclone embed` again \
+             with this model",
+            embedding.display(),
+            x.len()
+        );
+        return Ok(Voice::XVector(x));
+    }
+    if ref_wav.is_file() {
+        return clone_from_file(synth, &ref_wav, None);
+    }
+    bail!(
+        "no voice to speak with: pass --ref-audio (and --ref-text for in-context cloning) or \
+         --speaker, or run `voiceclone prep` in workspace {} first",
+        ws.root().display()
+    )
+}
+
+fn clone_from_file(synth: &mut Synthesizer, path: &Path, ref_text: Option<&str>) -> Result<Voice> {
+    ensure!(
+        path.is_file(),
+        "reference audio {} does not exist or is not a file",
+        path.display()
+    );
+    if let Some(t) = ref_text {
+        ensure!(
+            !t.trim().is_empty(),
+            "the reference transcript (--ref-text) is empty"
+        );
+    }
+    let wav = crate::audio::load_mono(path, crate::audio::OUTPUT_RATE)?;
+    ensure!(
+        !wav.is_empty(),
+        "reference audio {} is empty",
+        path.display()
+    );
+    synth
+        .clone_voice(&wav, ref_text)
+        .with_context(|| format!("cannot clone the voice of {}", path.display()))
+}
+
+fn read_embedding(path: &Path) -> Result<Vec<f32>> {
+    let tensors = candle_core::safetensors::load(path, &Device::Cpu)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    let t = tensors
+        .get(TENSOR_NAME)
+        .with_context(|| format!("{} has no tensor {TENSOR_NAME:?}", path.display()))?;
+    Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?)
+}

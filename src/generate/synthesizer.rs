@@ -1,0 +1,349 @@
+//! Text in, 24 kHz audio out: a loaded model (talker, tokenizer, codec, speaker encoder when
+//! the model has one) and the official `generate_voice_clone` / `generate_custom_voice`
+//! pipelines on top of the prompt builder and the frame loop (spec §6, §7).
+
+use anyhow::{bail, ensure, Context, Result};
+use candle_core::{DType, Device, Tensor};
+
+use super::prompt::{self, IclBranch, IclReference, PromptSpec, SpeakerSlot, SpecialEmbeds};
+use super::sampling::{Code0Processors, RowRng, Sampling};
+use super::talker_loop::{self, Generated, LoopOptions};
+use super::text_split;
+use crate::codes::Frame;
+use crate::hub::ModelSource;
+use crate::model::codec::Codec;
+use crate::model::files::{GenerationConfig, ModelFiles};
+use crate::model::ops::Numerics;
+use crate::model::speaker::SpeakerEncoder;
+use crate::model::talker::Talker;
+use crate::model::text::TextTokenizer;
+
+/// Whose voice speaks.
+#[derive(Debug, Clone)]
+pub enum Voice {
+    /// Zero-shot clone from a speaker x-vector (`x_vector_only_mode`).
+    XVector(Vec<f32>),
+    /// In-context clone: x-vector plus the reference clip's codes and transcript.
+    Icl {
+        xvector: Vec<f32>,
+        ref_codes: Vec<Frame>,
+        ref_text: String,
+    },
+    /// A named speaker of a CustomVoice / fine-tuned model (`spk_id`).
+    Speaker(String),
+}
+
+/// One utterance to synthesise.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub text: String,
+    /// "auto" or a key of `codec_language_id` (case-insensitive).
+    pub language: String,
+    pub voice: Voice,
+    /// The official `non_streaming_mode`.
+    pub non_streaming: bool,
+}
+
+/// Decoding settings shared by a call.
+#[derive(Debug, Clone)]
+pub struct DecodeOptions {
+    pub code0: Sampling,
+    pub sub_codes: Sampling,
+    pub repetition_penalty: f64,
+    /// At most this many frames per utterance chunk.
+    pub max_frames: usize,
+    pub seed: u64,
+    /// Rows generated together.
+    pub batch_size: usize,
+    /// Texts longer than this (characters) are split at sentence boundaries; 0 = never.
+    pub max_chunk_chars: usize,
+}
+
+impl DecodeOptions {
+    /// The model's generation defaults (spec §2; `max_new_tokens` N gives N−1 frames, §14).
+    pub fn from_generation_config(g: &GenerationConfig) -> Self {
+        DecodeOptions {
+            code0: Sampling {
+                do_sample: g.do_sample,
+                temperature: g.temperature,
+                top_k: g.top_k,
+                top_p: g.top_p,
+            },
+            sub_codes: Sampling {
+                do_sample: g.subtalker_dosample,
+                temperature: g.subtalker_temperature,
+                top_k: g.subtalker_top_k,
+                top_p: g.subtalker_top_p,
+            },
+            repetition_penalty: g.repetition_penalty,
+            max_frames: g.max_new_tokens.saturating_sub(1).max(1),
+            seed: 0,
+            batch_size: 8,
+            max_chunk_chars: 0,
+        }
+    }
+}
+
+/// The result of one request.
+#[derive(Debug, Clone)]
+pub struct Speech {
+    /// Generated frames (all chunks in order; ICL reference codes not included).
+    pub frames: Vec<Frame>,
+    /// Per chunk: the EOS step, or `None` when the frame limit stopped it.
+    pub eos_steps: Vec<Option<usize>>,
+    /// 24 kHz mono samples.
+    pub wav: Vec<f32>,
+    /// ICL alignment branch per chunk (streaming ICL only).
+    pub icl_branches: Vec<Option<IclBranch>>,
+}
+
+/// Pause inserted between the chunks of a split text (seconds).
+const CHUNK_PAUSE_SECONDS: f32 = 0.12;
+
+pub struct Synthesizer {
+    pub files: ModelFiles,
+    pub talker: Talker,
+    pub tokenizer: TextTokenizer,
+    pub codec: Codec,
+    special: SpecialEmbeds,
+    speaker_encoder: Option<SpeakerEncoder>,
+}
+
+impl Synthesizer {
+    /// Loads a model directory or hub repository for inference on `device` in `dtype`.
+    pub fn load(source: &ModelSource, dtype: DType, device: &Device) -> Result<Self> {
+        let files = ModelFiles::resolve(source)?;
+        let tokenizer = files.text_tokenizer()?;
+        let weights = files.load_weights(dtype, device, |n| n.starts_with("talker."))?;
+        let talker = Talker::load(&weights, &files.config, Numerics::Fused)
+            .with_context(|| format!("cannot build the talker of {}", source.describe()))?;
+        drop(weights);
+        let codec = Codec::from_files(&files.speech_tokenizer()?)?;
+        let special = SpecialEmbeds::new(&talker, &files.config)?;
+        Ok(Synthesizer {
+            files,
+            talker,
+            tokenizer,
+            codec,
+            special,
+            speaker_encoder: None,
+        })
+    }
+
+    pub fn config(&self) -> &crate::model::config::Qwen3TtsConfig {
+        &self.files.config
+    }
+
+    /// Speaker names of a CustomVoice / fine-tuned model (empty for Base models).
+    pub fn speakers(&self) -> Vec<String> {
+        self.config().talker_config.spk_id.keys().cloned().collect()
+    }
+
+    /// The x-vector of a 24 kHz reference waveform (loads the speaker encoder on first use).
+    pub fn xvector(&mut self, wav24: &[f32]) -> Result<Vec<f32>> {
+        if self.speaker_encoder.is_none() {
+            self.speaker_encoder = Some(SpeakerEncoder::from_model(
+                &self.files.source,
+                &Device::Cpu,
+            )?);
+        }
+        let enc = self.speaker_encoder.as_ref().expect("loaded above");
+        enc.embed(wav24, 24_000)
+    }
+
+    /// `create_voice_clone_prompt` on a 24 kHz waveform: ICL when a transcript is given,
+    /// x-vector only otherwise.
+    pub fn clone_voice(&mut self, wav24: &[f32], ref_text: Option<&str>) -> Result<Voice> {
+        let xvector = self.xvector(wav24)?;
+        Ok(match ref_text {
+            None => Voice::XVector(xvector),
+            Some(text) => {
+                ensure!(!text.trim().is_empty(), "the reference transcript is empty");
+                let codes = self.codec.encode(wav24)?;
+                let ref_codes = codes
+                    .iter()
+                    .map(|c| {
+                        <Frame>::try_from(c.as_slice()).map_err(|_| {
+                            anyhow::anyhow!("the codec returned {} codebooks", c.len())
+                        })
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                Voice::Icl {
+                    xvector,
+                    ref_codes,
+                    ref_text: text.to_string(),
+                }
+            }
+        })
+    }
+
+    /// Synthesises every request. Rows (requests, or chunks of long ones) are generated
+    /// `batch_size` at a time; each has its own random stream, so the result does not depend on
+    /// the grouping. `progress(frames_done_in_batch)` is called after each step.
+    pub fn synthesize(
+        &self,
+        requests: &[Request],
+        opts: &DecodeOptions,
+        mut progress: impl FnMut(usize),
+    ) -> Result<Vec<Speech>> {
+        ensure!(opts.max_frames > 0, "the frame limit must be at least 1");
+        ensure!(opts.batch_size > 0, "the batch size must be at least 1");
+        // (request, chunk, spec, icl reference codes)
+        let mut rows = Vec::new();
+        for (i, req) in requests.iter().enumerate() {
+            let text = req.text.trim();
+            if text.is_empty() {
+                bail!("text {} is empty", i + 1);
+            }
+            for (c, chunk) in text_split::split(text, opts.max_chunk_chars)
+                .into_iter()
+                .enumerate()
+            {
+                let spec = self.prompt_spec(req, &chunk)?;
+                rows.push((i, c, spec));
+            }
+        }
+        let t = &self.config().talker_config;
+        let loop_opts = LoopOptions {
+            code0: opts.code0,
+            sub_codes: opts.sub_codes,
+            processors: Code0Processors {
+                repetition_penalty: opts.repetition_penalty,
+                eos: t.codec_eos_token_id,
+                min_new_tokens: 2,
+                suppress_from: t.vocab_size.saturating_sub(1024),
+            },
+            max_frames: opts.max_frames,
+        };
+        let mut generated: Vec<(Generated, Option<IclBranch>)> = Vec::with_capacity(rows.len());
+        for group in rows.chunks(opts.batch_size) {
+            let mut prompts = Vec::with_capacity(group.len());
+            let mut branches = Vec::with_capacity(group.len());
+            for (_, _, spec) in group {
+                let (p, branch) = prompt::build(&self.talker, self.config(), &self.special, spec)?;
+                prompts.push(p);
+                branches.push(branch);
+            }
+            let mut rngs: Vec<RowRng> = group
+                .iter()
+                .map(|(i, c, _)| RowRng::new(opts.seed, *i as u64, *c as u64))
+                .collect();
+            let out = talker_loop::generate(
+                &self.talker,
+                &prompts,
+                &self.special.pad,
+                &loop_opts,
+                &mut rngs,
+                &mut progress,
+            )?;
+            generated.extend(out.into_iter().zip(branches));
+        }
+
+        let mut speech: Vec<Speech> = requests
+            .iter()
+            .map(|_| Speech {
+                frames: Vec::new(),
+                eos_steps: Vec::new(),
+                wav: Vec::new(),
+                icl_branches: Vec::new(),
+            })
+            .collect();
+        let pause =
+            vec![0.0f32; (CHUNK_PAUSE_SECONDS * self.codec.output_sample_rate() as f32) as usize];
+        for ((i, _, spec), (g, branch)) in rows.iter().zip(generated) {
+            let wav = self.decode(&g.frames, spec.icl.as_ref())?;
+            let s = &mut speech[*i];
+            if !s.eos_steps.is_empty() {
+                s.wav.extend_from_slice(&pause);
+            }
+            s.wav.extend(wav);
+            s.frames.extend(g.frames);
+            s.eos_steps.push(g.eos_step);
+            s.icl_branches.push(branch);
+        }
+        Ok(speech)
+    }
+
+    /// Waveform of generated frames; for ICL the reference codes are decoded in front and the
+    /// reference part is cut off exactly as the official wrapper does (spec §7).
+    fn decode(&self, frames: &[Frame], icl: Option<&IclReference>) -> Result<Vec<f32>> {
+        let Some(icl) = icl else {
+            return self.codec.decode(frames);
+        };
+        let ref_codes: Vec<Vec<u32>> = icl.ref_codes.to_vec2::<u32>()?;
+        let ref_len = ref_codes.len();
+        let mut all: Vec<Vec<u32>> = ref_codes;
+        all.extend(frames.iter().map(|f| f.to_vec()));
+        let total = all.len();
+        let wav = self.codec.decode(&all)?;
+        // `int(ref_len / max(total_len, 1) * wav.shape[0])`, in float64 like Python.
+        let cut = (ref_len as f64 / total.max(1) as f64 * wav.len() as f64) as usize;
+        Ok(wav[cut.min(wav.len())..].to_vec())
+    }
+
+    fn prompt_spec(&self, req: &Request, text: &str) -> Result<PromptSpec> {
+        let cfg = self.config();
+        let device = self.talker.codec_head.device();
+        let speaker_name = match &req.voice {
+            Voice::Speaker(name) => Some(name.as_str()),
+            _ => None,
+        };
+        let language_id = prompt::language_id(cfg, &req.language, speaker_name)?;
+        let (speaker, icl) = match &req.voice {
+            Voice::XVector(x) => (SpeakerSlot::XVector(self.xvector_tensor(x)?), None),
+            Voice::Icl {
+                xvector,
+                ref_codes,
+                ref_text,
+            } => {
+                ensure!(
+                    !ref_codes.is_empty(),
+                    "the reference clip has no codec frames"
+                );
+                let flat: Vec<u32> = ref_codes.iter().flatten().copied().collect();
+                let codes = Tensor::from_vec(flat, (ref_codes.len(), 16), device)?;
+                (
+                    SpeakerSlot::XVector(self.xvector_tensor(xvector)?),
+                    Some(IclReference {
+                        ref_prompt: self.tokenizer.ref_prompt(ref_text)?,
+                        ref_codes: codes,
+                    }),
+                )
+            }
+            Voice::Speaker(name) => {
+                let spk = &cfg.talker_config.spk_id;
+                match spk.get(&name.to_lowercase()) {
+                    Some(&row) => (SpeakerSlot::CodecRow(row), None),
+                    None if spk.is_empty() => bail!(
+                        "this model has no named speakers (tts_model_type {:?}); clone a voice \
+                         with --ref-audio instead of --speaker",
+                        cfg.tts_model_type
+                    ),
+                    None => bail!(
+                        "unknown speaker {name:?}; this model has: {}",
+                        spk.keys().cloned().collect::<Vec<_>>().join(", ")
+                    ),
+                }
+            }
+        };
+        Ok(PromptSpec {
+            text: self.tokenizer.assistant_prompt(text)?,
+            language_id,
+            speaker,
+            icl,
+            instruct: None,
+            non_streaming: req.non_streaming,
+        })
+    }
+
+    fn xvector_tensor(&self, x: &[f32]) -> Result<Tensor> {
+        let h = self.config().talker_config.hidden_size;
+        ensure!(
+            x.len() == h,
+            "the speaker embedding has {} values but this model's talker expects {h} \
+             (was it made with another model?)",
+            x.len()
+        );
+        Ok(Tensor::new(x, self.talker.codec_head.device())?)
+    }
+}
