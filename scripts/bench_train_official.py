@@ -66,6 +66,7 @@ clip 1.0, fp32, the same thread count, and report frames/s and s/step; the first
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -337,7 +338,8 @@ def main() -> None:
         ap.error("the benchmark needs --model, --data and one of --ref-xvector / --ref-audio")
     if args.batch_size < 1 or args.steps < 1 or args.warmup < 0:
         ap.error("--batch-size and --steps must be >= 1, --warmup >= 0")
-    out = bench(args)
+    with contextlib.redirect_stdout(sys.stderr):  # qwen_tts prints notices on stdout; keep it for the JSON line
+        out = bench(args)
     line = json.dumps(out)
     print(line, flush=True)
     if args.out_json:

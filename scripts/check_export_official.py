@@ -40,6 +40,7 @@ generation_config.json (8192).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -218,7 +219,8 @@ def main() -> None:
         return
     if not args.text:
         ap.error("--text is required")
-    res = check(args)
+    with contextlib.redirect_stdout(sys.stderr):  # qwen_tts prints notices on stdout; keep it for the JSON line
+        res = check(args)
     print(json.dumps(res), flush=True)
 
 
