@@ -46,6 +46,10 @@ pub enum Command {
     /// Encode or decode single files with the 12 Hz speech tokenizer.
     #[command(subcommand)]
     Codec(CodecCommand),
+    /// Fine-tune the talker on data/train.jsonl (resumable); exports model/ at the end.
+    Train(Box<TrainArgs>),
+    /// Write a training checkpoint as a model directory in the official layout (model/).
+    Export(ExportArgs),
     /// Speak text in a cloned or fine-tuned voice (24 kHz mono WAV).
     Speak(Box<SpeakArgs>),
 }
@@ -432,6 +436,200 @@ impl SpeakArgs {
                 "speak.seed",
                 "--seed",
                 v.min(i64::MAX as u64) as i64,
+            ));
+        }
+        o
+    }
+}
+
+#[derive(Debug, Args)]
+#[command(after_long_help = "Reads data/train.jsonl; lines without \"audio_codes\" are coded first \
+    (voiceclone codes), and data/speaker.safetensors is computed first when missing (voiceclone \
+    embed, from data/ref.wav or the first line's ref_audio).\n\n\
+    Checkpoints go to checkpoints/step-NNNNNNN/ (every train.save_every steps, at the end, and on \
+    Ctrl-C or SIGTERM, after the current step); running train again continues from the newest \
+    one exactly where it stopped. A checkpoint of another base model or of another trained set, \
+    batch size, seed or speaker embedding is refused with the reason. --fresh starts over: the \
+    existing checkpoints/ is renamed to checkpoints.N/ (never deleted).\n\n\
+    At the end the model is exported to model/ (see voiceclone export).")]
+pub struct TrainArgs {
+    /// Qwen3-TTS Base model to fine-tune: hub repo id or local directory [model.base].
+    #[arg(long, value_name = "MODEL")]
+    pub model: Option<String>,
+
+    /// Utterances per micro-batch [train.batch_size].
+    #[arg(long, value_name = "N")]
+    pub batch_size: Option<usize>,
+
+    /// Micro-batches per optimizer step [train.grad_accum].
+    #[arg(long, value_name = "N")]
+    pub grad_accum: Option<usize>,
+
+    /// Peak learning rate [train.lr].
+    #[arg(long, value_name = "LR")]
+    pub lr: Option<f64>,
+
+    /// AdamW weight decay [train.weight_decay].
+    #[arg(long, value_name = "WD")]
+    pub weight_decay: Option<f64>,
+
+    /// Linear warm-up steps before the cosine decay [train.warmup_steps].
+    #[arg(long, value_name = "N")]
+    pub warmup_steps: Option<usize>,
+
+    /// Passes over the data [train.epochs].
+    #[arg(long, value_name = "N")]
+    pub epochs: Option<usize>,
+
+    /// Stop after this many optimizer steps in total, 0 = no limit [train.max_steps].
+    #[arg(long, value_name = "N")]
+    pub max_steps: Option<usize>,
+
+    /// Clip the gradient's global L2 norm to this, 0 = off [train.clip_norm].
+    #[arg(long, value_name = "NORM")]
+    pub clip_norm: Option<f64>,
+
+    /// Seed of the data order [train.seed].
+    #[arg(long, value_name = "N")]
+    pub seed: Option<u64>,
+
+    /// Manifest order in fixed batches instead of shuffling (for benchmarks) [train.shuffle].
+    #[arg(long)]
+    pub no_shuffle: bool,
+
+    /// Save a checkpoint every N optimizer steps, 0 = only at the end [train.save_every].
+    #[arg(long, value_name = "N")]
+    pub save_every: Option<usize>,
+
+    /// Checkpoints kept [train.keep].
+    #[arg(long, value_name = "N")]
+    pub keep: Option<usize>,
+
+    /// Leave tensors matching this glob untrained; repeatable, replaces the list [train.freeze].
+    #[arg(long, value_name = "GLOB")]
+    pub freeze: Vec<String>,
+
+    /// Speaker name of the exported model [train.speaker_name].
+    #[arg(long, value_name = "NAME")]
+    pub speaker_name: Option<String>,
+
+    /// Start a new run: move the existing checkpoints/ aside (to checkpoints.N/) first.
+    #[arg(long)]
+    pub fresh: bool,
+
+    /// Do not export model/ at the end.
+    #[arg(long)]
+    pub no_export: bool,
+
+    /// Where the finished model is exported [default: model/ in the workspace].
+    #[arg(short, long, value_name = "DIR")]
+    pub output: Option<PathBuf>,
+}
+
+impl TrainArgs {
+    pub fn overrides(&self) -> Vec<Override> {
+        let mut o = Vec::new();
+        if let Some(v) = &self.model {
+            o.push(Override::new(
+                "model.base",
+                "--model",
+                absolutize_if_exists(v),
+            ));
+        }
+        let ints = [
+            ("train.batch_size", "--batch-size", self.batch_size),
+            ("train.grad_accum", "--grad-accum", self.grad_accum),
+            ("train.warmup_steps", "--warmup-steps", self.warmup_steps),
+            ("train.epochs", "--epochs", self.epochs),
+            ("train.max_steps", "--max-steps", self.max_steps),
+            ("train.save_every", "--save-every", self.save_every),
+            ("train.keep", "--keep", self.keep),
+        ];
+        for (key, flag, v) in ints {
+            if let Some(v) = v {
+                o.push(Override::new(key, flag, v as i64));
+            }
+        }
+        let floats = [
+            ("train.lr", "--lr", self.lr),
+            ("train.weight_decay", "--weight-decay", self.weight_decay),
+            ("train.clip_norm", "--clip-norm", self.clip_norm),
+        ];
+        for (key, flag, v) in floats {
+            if let Some(v) = v {
+                o.push(Override::new(key, flag, v));
+            }
+        }
+        if let Some(v) = self.seed {
+            o.push(Override::new(
+                "train.seed",
+                "--seed",
+                v.min(i64::MAX as u64) as i64,
+            ));
+        }
+        if self.no_shuffle {
+            o.push(Override::new("train.shuffle", "--no-shuffle", false));
+        }
+        if !self.freeze.is_empty() {
+            let list: Vec<toml::Value> = self
+                .freeze
+                .iter()
+                .map(|g| toml::Value::String(g.clone()))
+                .collect();
+            o.push(Override::new("train.freeze", "--freeze", list));
+        }
+        if let Some(v) = &self.speaker_name {
+            o.push(Override::new(
+                "train.speaker_name",
+                "--speaker-name",
+                v.clone(),
+            ));
+        }
+        o
+    }
+}
+
+#[derive(Debug, Args)]
+#[command(after_long_help = "The output is the official layout (spec §10.5): config.json with \
+    tts_model_type \"custom_voice\" and talker_config.spk_id {NAME: 3000}, a bf16 model.safetensors \
+    (the base model without speaker_encoder.*, trained tensors replaced, the speaker x-vector in \
+    codec_embedding row 3000), and the base model's other files (tokenizer, generation config, \
+    speech_tokenizer/). It is written to a temporary directory and renamed into place; an existing \
+    directory is only replaced when it is an earlier export (it has voiceclone-export.json) or \
+    empty.")]
+pub struct ExportArgs {
+    /// Checkpoint directory [default: the newest in the workspace's checkpoints/].
+    #[arg(long, value_name = "DIR")]
+    pub checkpoint: Option<PathBuf>,
+
+    /// Output directory [default: model/ in the workspace].
+    #[arg(short, long, value_name = "DIR")]
+    pub output: Option<PathBuf>,
+
+    /// Speaker name stored in config.json (lower-cased) [train.speaker_name].
+    #[arg(long, value_name = "NAME")]
+    pub speaker_name: Option<String>,
+
+    /// The base model the checkpoint was trained from [model.base].
+    #[arg(long, value_name = "MODEL")]
+    pub model: Option<String>,
+}
+
+impl ExportArgs {
+    pub fn overrides(&self) -> Vec<Override> {
+        let mut o = Vec::new();
+        if let Some(v) = &self.model {
+            o.push(Override::new(
+                "model.base",
+                "--model",
+                absolutize_if_exists(v),
+            ));
+        }
+        if let Some(v) = &self.speaker_name {
+            o.push(Override::new(
+                "train.speaker_name",
+                "--speaker-name",
+                v.clone(),
             ));
         }
         o

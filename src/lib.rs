@@ -15,4 +15,5 @@ pub mod hub;
 pub mod model;
 pub mod prep;
 pub mod progress;
+pub mod train;
 pub mod workspace;

@@ -46,6 +46,17 @@ impl Progress {
         }
     }
 
+    /// Prints `msg` to stderr above the bar.
+    pub fn println(&self, msg: impl AsRef<str>) {
+        self.bar.suspend(|| eprintln!("{}", msg.as_ref()));
+    }
+
+    /// Jumps to `pos` (e.g. when resuming) without counting the jump in the rate and ETA.
+    pub fn set_position(&self, pos: u64) {
+        self.bar.set_position(pos);
+        self.bar.reset_eta();
+    }
+
     pub fn finish(&self) {
         self.bar.finish_and_clear();
     }

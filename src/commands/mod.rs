@@ -4,8 +4,10 @@
 pub mod codec;
 pub mod codes;
 pub mod embed;
+pub mod export;
 pub mod prep;
 pub mod speak;
+pub mod train;
 
 use std::path::{Path, PathBuf};
 
@@ -39,6 +41,14 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Codec(cmd) => {
             let resolved = resolve(&ws, &cli, &cmd.tokenizer().overrides())?;
             codec::run(&ws, &resolved.config, cmd)
+        }
+        Command::Train(args) => {
+            let resolved = resolve(&ws, &cli, &args.overrides())?;
+            train::run(&ws, &resolved.config, args)
+        }
+        Command::Export(args) => {
+            let resolved = resolve(&ws, &cli, &args.overrides())?;
+            export::run(&ws, &resolved.config, args)
         }
         Command::Speak(args) => {
             let resolved = resolve(&ws, &cli, &args.overrides())?;

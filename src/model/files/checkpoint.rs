@@ -238,7 +238,13 @@ fn expected_shapes(config: &Qwen3TtsConfig) -> Vec<(String, Vec<usize>)> {
             vec![cp.hidden_size, t.hidden_size],
         ));
     }
-    if let Some(se) = &config.speaker_encoder_config {
+    // Only Base models have a speaker encoder (`Qwen3TTSForConditionalGeneration.__init__`); a
+    // fine-tuned export (custom_voice) keeps `speaker_encoder_config` but drops its tensors (§10.5).
+    if let Some(se) = config
+        .speaker_encoder_config
+        .as_ref()
+        .filter(|_| config.tts_model_type == "base")
+    {
         // The x-vector (output of `fc`) is added to the codec embeddings: width enc_dim (§2).
         out.push(("speaker_encoder.fc.bias".into(), vec![se.enc_dim]));
     }

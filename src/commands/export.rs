@@ -1,0 +1,83 @@
+//! `voiceclone export`: a training checkpoint as a model directory in the official layout.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+
+use super::model_source;
+use super::train::{checkpoints_dir, export_dir, model_spec};
+use crate::cli::ExportArgs;
+use crate::config::Config;
+use crate::model::files::ModelFiles;
+use crate::train::{checkpoint, export};
+use crate::workspace::Workspace;
+
+pub fn run(ws: &Workspace, config: &Config, args: &ExportArgs) -> Result<()> {
+    let dir = match &args.checkpoint {
+        Some(d) if d.join(checkpoint::INDEX).is_file() => d.clone(),
+        // A checkpoints/ directory: its newest checkpoint.
+        Some(d) => checkpoint::find_latest(d)?.with_context(|| {
+            format!(
+                "{} is neither a checkpoint nor a directory of checkpoints",
+                d.display()
+            )
+        })?,
+        None => {
+            let root = checkpoints_dir(ws);
+            checkpoint::find_latest(&root)?.with_context(|| {
+                format!(
+                    "no checkpoint in {}; run `voiceclone train` first (or pass --checkpoint DIR)",
+                    ws.relative(&root)
+                )
+            })?
+        }
+    };
+    let index = checkpoint::read_index(&dir)?;
+    // The model the checkpoint was trained from, unless --model names one.
+    let spec = if args.model.is_some() {
+        config.model.base.clone()
+    } else {
+        index.identity.model.base.clone()
+    };
+    let source = model_source(ws, &spec).with_context(|| {
+        format!(
+            "checkpoint {} was trained from {spec}, which cannot be found; pass it with --model",
+            dir.display()
+        )
+    })?;
+    let files = ModelFiles::resolve(&source)?;
+    let output: PathBuf = args
+        .output
+        .as_ref()
+        .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.clone()))
+        .unwrap_or_else(|| export_dir(ws));
+    if output.starts_with(&dir) {
+        bail!("the output must not be inside the checkpoint");
+    }
+    let summary = export::export(&export::ExportOptions {
+        files: &files,
+        model_spec: &model_spec(&source),
+        checkpoint: dir,
+        output,
+        speaker_name: config.train.speaker_name.clone(),
+    })?;
+    report(ws, &summary);
+    Ok(())
+}
+
+/// Prints where the export went and how to use it.
+pub fn report(ws: &Workspace, s: &export::ExportSummary) {
+    let out = ws.relative(&s.output);
+    println!(
+        "{} {out}: step {} ({} tensors, {} trained), speaker {:?}",
+        if s.replaced { "replaced" } else { "exported" },
+        s.step,
+        s.tensors,
+        s.trained_tensors,
+        s.speaker_name
+    );
+    println!(
+        "  speak with: voiceclone speak --model {out} --speaker {} \"Hello!\" -o hello.wav",
+        s.speaker_name
+    );
+}

@@ -1,0 +1,259 @@
+//! `voiceclone train`: makes sure the manifest has codes and the speaker embedding exists
+//! (running `codes` / `embed` when they are missing), trains (resuming from the newest
+//! checkpoint), and exports the result to `model/`.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use candle_core::Device;
+
+use super::{codes, embed, model_source};
+use crate::cli::{CodesArgs, EmbedArgs, TokenizerArgs, TrainArgs};
+use crate::config::Config;
+use crate::hub::ModelSource;
+use crate::model::files::ModelFiles;
+use crate::train::{self, checkpoint, data, export, TrainOptions, Trainer};
+use crate::workspace::Workspace;
+
+/// `checkpoints/` of the workspace.
+pub fn checkpoints_dir(ws: &Workspace) -> PathBuf {
+    ws.root().join("checkpoints")
+}
+
+/// `model/` of the workspace: where the finished model is exported.
+pub fn export_dir(ws: &Workspace) -> PathBuf {
+    ws.root().join("model")
+}
+
+/// A stable description of a model for checkpoints: absolute directory or hub repo id.
+pub fn model_spec(source: &ModelSource) -> String {
+    match source {
+        ModelSource::Local(p) => std::path::absolute(p)
+            .unwrap_or_else(|_| p.clone())
+            .display()
+            .to_string(),
+        ModelSource::Hub { repo } => repo.clone(),
+    }
+}
+
+/// The device training runs on: the first CUDA GPU when built with `cuda`, else the CPU.
+pub fn train_device() -> Result<Device> {
+    Ok(Device::cuda_if_available(0)?)
+}
+
+pub fn run(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<()> {
+    let manifest = ws.manifest();
+    if !manifest.is_file() {
+        bail!(
+            "no training data: {} does not exist in workspace {}; run `voiceclone prep` on your \
+             recordings first",
+            ws.relative(&manifest),
+            ws.root().display()
+        );
+    }
+    ensure_codes(ws, config, &manifest)?;
+    let speaker = ensure_speaker(ws, config, &manifest)?;
+
+    let source = model_source(ws, &config.model.base)?;
+    let files = ModelFiles::resolve(&source)
+        .with_context(|| format!("cannot use the base model {}", source.describe()))?;
+    let checkpoints = checkpoints_dir(ws);
+    if args.fresh {
+        if let Some(moved) = move_aside(&checkpoints)? {
+            println!(
+                "--fresh: moved the previous run's {} to {} (delete it when no longer needed)",
+                ws.relative(&checkpoints),
+                ws.relative(&moved)
+            );
+        }
+    }
+    let opts = TrainOptions {
+        files,
+        model_spec: model_spec(&source),
+        manifest,
+        base_dir: ws.root().to_path_buf(),
+        speaker,
+        checkpoints: checkpoints.clone(),
+        config: config.train.clone(),
+        device: train_device()?,
+    };
+    let mut trainer = Trainer::new(opts, false)?;
+    let total = trainer.total_steps();
+    let c = &config.train;
+    match &trainer.resumed_from {
+        Some(dir) => {
+            println!(
+                "resuming from {} (step {} of {total})",
+                ws.relative(dir),
+                trainer.step
+            );
+            if trainer.data_changed {
+                eprintln!(
+                    "warning: {} changed since that checkpoint; epoch {} restarts from its first \
+                     batch with the new data",
+                    ws.relative(&trainer.dataset.manifest),
+                    trainer.sampler.cursor().epoch + 1
+                );
+            }
+        }
+        None => println!(
+            "training {} tensors ({:.1} M parameters) on {} utterances ({} frames): {} epochs × {} \
+             steps, effective batch {} × {}, lr {:e}",
+            trainer.params.params.len(),
+            trainer.params.elem_count() as f64 / 1e6,
+            trainer.dataset.samples.len(),
+            trainer.dataset.frames(),
+            c.epochs,
+            trainer.sampler.steps_per_epoch(c.grad_accum),
+            c.batch_size,
+            c.grad_accum,
+            c.lr
+        ),
+    }
+    let outcome = trainer.run()?;
+    if outcome.interrupted {
+        bail!(
+            "training interrupted after step {} of {}; saved {}. Run `voiceclone train` again \
+             to continue from there",
+            outcome.step,
+            outcome.total_steps,
+            outcome
+                .checkpoint
+                .as_deref()
+                .map(|d| ws.relative(d))
+                .unwrap_or_default()
+        );
+    }
+    if outcome.step == outcome.start_step {
+        println!(
+            "training already finished: step {} of {total} (raise --epochs or --max-steps to \
+             train longer, or use --fresh to start over)",
+            outcome.step
+        );
+    } else {
+        println!(
+            "trained steps {}..{} of {total}: loss {:.4} -> {:.4}, {:.0} frames/s; metrics in {}",
+            outcome.start_step + 1,
+            outcome.step,
+            outcome.first_loss.unwrap_or(f64::NAN),
+            outcome.last_loss.unwrap_or(f64::NAN),
+            outcome.frames_per_second.unwrap_or(0.0),
+            ws.relative(&checkpoints.join(train::metrics::METRICS_FILE))
+        );
+    }
+    if args.no_export {
+        return Ok(());
+    }
+    let Some(ckpt) = outcome
+        .checkpoint
+        .or(checkpoint::find_latest(&checkpoints)?)
+    else {
+        bail!("no checkpoint to export");
+    };
+    let output = args
+        .output
+        .as_ref()
+        .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.clone()))
+        .unwrap_or_else(|| export_dir(ws));
+    let opts = trainer.options();
+    let summary = export::export(&export::ExportOptions {
+        files: &opts.files,
+        model_spec: &opts.model_spec,
+        checkpoint: ckpt,
+        output,
+        speaker_name: c.speaker_name.clone(),
+    })?;
+    super::export::report(ws, &summary);
+    Ok(())
+}
+
+/// Runs `voiceclone codes` when some manifest lines have no `audio_codes`.
+fn ensure_codes(ws: &Workspace, config: &Config, manifest: &Path) -> Result<()> {
+    let missing = data::lines_without_codes(manifest)?;
+    if missing.is_empty() {
+        return Ok(());
+    }
+    println!(
+        "{} line(s) of {} have no audio codes yet: running `voiceclone codes` first",
+        missing.len(),
+        ws.relative(manifest)
+    );
+    codes::run(
+        ws,
+        config,
+        &CodesArgs {
+            input: None,
+            output: None,
+            tokenizer: TokenizerArgs {
+                model: None,
+                tokenizer: None,
+            },
+            batch_size: None,
+            force: false,
+        },
+    )
+}
+
+/// `data/speaker.safetensors`, computed by `voiceclone embed` when missing (from `data/ref.wav`,
+/// else from the first line's `ref_audio`, which is what the official recipe uses).
+fn ensure_speaker(ws: &Workspace, config: &Config, manifest: &Path) -> Result<PathBuf> {
+    let path = ws.data_dir().join(embed::SPEAKER_FILE);
+    if path.is_file() {
+        return Ok(path);
+    }
+    let ref_audio = if ws.ref_wav().is_file() {
+        ws.ref_wav()
+    } else {
+        match data::first_ref_audio(manifest, ws.root())? {
+            Some((line, p)) if !p.is_file() => bail!(
+                "no speaker embedding ({}) and no reference clip to compute it: {}:{line}: \
+                 ref_audio {} does not exist",
+                ws.relative(&path),
+                manifest.display(),
+                p.display()
+            ),
+            Some((_, p)) => p,
+            None => bail!(
+                "no speaker embedding ({}) and no reference clip ({} or a ref_audio in {}); run \
+                 `voiceclone embed REF_AUDIO` first",
+                ws.relative(&path),
+                ws.relative(&ws.ref_wav()),
+                ws.relative(manifest)
+            ),
+        }
+    };
+    println!(
+        "no speaker embedding yet: running `voiceclone embed {}` first",
+        ws.relative(&ref_audio)
+    );
+    embed::run(
+        ws,
+        config,
+        &EmbedArgs {
+            ref_audio: Some(ref_audio),
+            model: None,
+            output: None,
+        },
+    )?;
+    Ok(path)
+}
+
+/// Renames `dir` to the first free `dir.N`; `None` when `dir` does not exist.
+fn move_aside(dir: &Path) -> Result<Option<PathBuf>> {
+    if !dir.exists() {
+        return Ok(None);
+    }
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    for n in 1.. {
+        let to = dir.with_file_name(format!("{name}.{n}"));
+        if !to.exists() {
+            std::fs::rename(dir, &to)
+                .with_context(|| format!("cannot move {} to {}", dir.display(), to.display()))?;
+            return Ok(Some(to));
+        }
+    }
+    unreachable!()
+}

@@ -1,0 +1,402 @@
+//! Export of a training checkpoint as a model directory in the official layout (spec §10.5),
+//! loadable by the official `qwen-tts` package (`generate_custom_voice(text, speaker=NAME)`) and
+//! by `voiceclone speak --speaker NAME`:
+//!
+//! ```text
+//! config.json              the base config with tts_model_type "custom_voice",
+//!                          talker_config.spk_id {NAME: 3000}, spk_is_dialect {NAME: false}
+//! model.safetensors        bf16: every base tensor except speaker_encoder.*, trained ones
+//!                          replaced, the x-vector in talker.model.codec_embedding.weight[3000]
+//! generation_config.json, tokenizer files, speech_tokenizer/   copied from the base model
+//! voiceclone-export.json   marks the directory as ours (a later export may replace it)
+//! ```
+//! The directory is written under a temporary name and renamed into place; an existing
+//! directory is only replaced when it is an earlier export (or empty).
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::BufWriter;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Device, Tensor};
+use memmap2::Mmap;
+use safetensors::{Dtype as StDtype, SafeTensors};
+use serde_json::{json, Value};
+
+use super::checkpoint::{self, ModelIdentity};
+use super::stwrite::{self, Entry};
+use super::{CHECKPOINT_SPEAKER, SPEAKER_TENSOR};
+use crate::hub::ModelSource;
+use crate::model::files::{self as mf, ModelFiles};
+
+/// Marker file of an exported directory.
+pub const MARKER: &str = "voiceclone-export.json";
+/// Codec-embedding row that holds the fine-tuned speaker (spec §10.5).
+pub const SPEAKER_ROW: usize = 3000;
+const CODEC_EMBEDDING: &str = "talker.model.codec_embedding.weight";
+/// Files of a hub model copied next to the weights (the official recipe copies the whole
+/// directory; these are the ones the loaders read).
+const HUB_FILES: &[&str] = &[
+    mf::GENERATION_CONFIG,
+    mf::TOKENIZER_JSON,
+    mf::VOCAB,
+    mf::MERGES,
+    mf::TOKENIZER_CONFIG,
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.json",
+    "preprocessor_config.json",
+    mf::SPEECH_TOKENIZER_CONFIG,
+    mf::SPEECH_TOKENIZER_WEIGHTS,
+    "speech_tokenizer/preprocessor_config.json",
+    "speech_tokenizer/configuration.json",
+];
+
+pub struct ExportOptions<'a> {
+    /// The base model the checkpoint was trained from.
+    pub files: &'a ModelFiles,
+    pub model_spec: &'a str,
+    /// A checkpoint directory (`checkpoints/step-…`).
+    pub checkpoint: PathBuf,
+    pub output: PathBuf,
+    pub speaker_name: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct ExportSummary {
+    pub output: PathBuf,
+    pub step: usize,
+    pub speaker_name: String,
+    pub tensors: usize,
+    pub trained_tensors: usize,
+    /// The directory replaced an earlier export.
+    pub replaced: bool,
+}
+
+/// Why an existing `output` may or may not be replaced.
+fn check_output(output: &Path) -> Result<bool> {
+    if !output.exists() {
+        return Ok(false);
+    }
+    if !output.is_dir() {
+        bail!(
+            "{} exists and is not a directory; choose another output (-o)",
+            output.display()
+        );
+    }
+    let empty = fs::read_dir(output)?.next().is_none();
+    if empty || output.join(MARKER).is_file() {
+        return Ok(true);
+    }
+    bail!(
+        "{} exists and was not written by `voiceclone export` (it has no {MARKER}); refusing to \
+         replace it. Choose another output (-o) or move it away",
+        output.display()
+    )
+}
+
+pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
+    let index = checkpoint::read_index(&opts.checkpoint)?;
+    let identity = ModelIdentity::compute(
+        opts.model_spec,
+        &opts.files.config_path,
+        &opts.files.checkpoint.shards,
+    )?;
+    if identity != index.identity.model {
+        bail!(
+            "checkpoint {} was trained from another base model ({}) than {} (model.base); \
+             pass the original with --model",
+            opts.checkpoint.display(),
+            index.identity.model.base,
+            opts.model_spec
+        );
+    }
+    let name = opts.speaker_name.trim().to_lowercase();
+    if name.is_empty() {
+        bail!("the speaker name is empty");
+    }
+    let replaced = check_output(&opts.output)?;
+    let speaker = read_checkpoint_speaker(&opts.checkpoint)?;
+    let hidden = opts.files.config.talker_config.hidden_size;
+    if speaker.len() != hidden {
+        bail!(
+            "the checkpoint's speaker embedding has {} values, the model needs {hidden}",
+            speaker.len()
+        );
+    }
+    if opts.files.config.talker_config.vocab_size <= SPEAKER_ROW {
+        bail!(
+            "talker_config.vocab_size {} has no row {SPEAKER_ROW} for the speaker",
+            opts.files.config.talker_config.vocab_size
+        );
+    }
+
+    let parent = opts
+        .output
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."));
+    fs::create_dir_all(&parent).with_context(|| format!("cannot create {}", parent.display()))?;
+    let base_name = opts
+        .output
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".into());
+    let tmp = parent.join(format!(".{base_name}.tmp-export-{}", std::process::id()));
+    if tmp.exists() {
+        fs::remove_dir_all(&tmp)?;
+    }
+    fs::create_dir_all(&tmp)?;
+    let result = (|| -> Result<(usize, usize)> {
+        copy_model_files(opts.files, &tmp)?;
+        let counts = write_weights(opts, &index, &speaker, &tmp.join(mf::SINGLE_FILE))?;
+        write_config(&opts.files.config_path, &name, &tmp.join(mf::CONFIG))?;
+        let marker = json!({
+            "format": "voiceclone-export",
+            "version": 1,
+            "base_model": opts.model_spec,
+            "checkpoint": opts.checkpoint.display().to_string(),
+            "step": index.step,
+            "speaker_name": name,
+            "speaker_row": SPEAKER_ROW,
+        });
+        fs::write(
+            tmp.join(MARKER),
+            serde_json::to_string_pretty(&marker)? + "\n",
+        )?;
+        Ok(counts)
+    })();
+    let (tensors, trained_tensors) = match result {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = fs::remove_dir_all(&tmp);
+            return Err(e.context(format!("cannot export to {}", opts.output.display())));
+        }
+    };
+    if replaced {
+        let old = parent.join(format!(".{base_name}.old-export-{}", std::process::id()));
+        fs::rename(&opts.output, &old)?;
+        fs::rename(&tmp, &opts.output)?;
+        fs::remove_dir_all(&old)?;
+    } else {
+        fs::rename(&tmp, &opts.output)
+            .with_context(|| format!("cannot move {} into place", tmp.display()))?;
+    }
+    Ok(ExportSummary {
+        output: opts.output.clone(),
+        step: index.step,
+        speaker_name: name,
+        tensors,
+        trained_tensors,
+        replaced,
+    })
+}
+
+fn read_checkpoint_speaker(dir: &Path) -> Result<Vec<f32>> {
+    let path = dir.join(CHECKPOINT_SPEAKER);
+    let t = candle_core::safetensors::load(&path, &Device::Cpu)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    let t = t
+        .get(SPEAKER_TENSOR)
+        .with_context(|| format!("{} has no {SPEAKER_TENSOR}", path.display()))?;
+    Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?)
+}
+
+/// Copies what the official recipe's `copytree` would, minus the weights and config.json
+/// (rewritten): every file of a local model directory (symlinks followed), or the known
+/// files of a hub model.
+fn copy_model_files(files: &ModelFiles, dest: &Path) -> Result<()> {
+    let weights: Vec<PathBuf> = files
+        .checkpoint
+        .shards
+        .iter()
+        .filter_map(|p| fs::canonicalize(p).ok())
+        .collect();
+    match &files.source {
+        ModelSource::Local(dir) => copy_dir(dir, dest, true, &weights),
+        ModelSource::Hub { .. } => {
+            for f in HUB_FILES {
+                if let Some(src) = files.source.optional_file(f)? {
+                    let to = dest.join(f);
+                    if let Some(p) = to.parent() {
+                        fs::create_dir_all(p)?;
+                    }
+                    fs::copy(&src, &to)
+                        .with_context(|| format!("cannot copy {}", src.display()))?;
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+fn copy_dir(src: &Path, dest: &Path, top: bool, skip: &[PathBuf]) -> Result<()> {
+    for e in fs::read_dir(src).with_context(|| format!("cannot read {}", src.display()))? {
+        let e = e?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') {
+            continue;
+        }
+        let path = e.path();
+        if top
+            && (name == mf::CONFIG
+                || name == mf::SHARD_INDEX
+                || name == MARKER
+                || fs::canonicalize(&path).is_ok_and(|c| skip.contains(&c)))
+        {
+            continue;
+        }
+        let to = dest.join(&name);
+        if path.is_dir() {
+            fs::create_dir_all(&to)?;
+            copy_dir(&path, &to, false, skip)?;
+        } else if path.is_file() {
+            fs::copy(&path, &to).with_context(|| format!("cannot copy {}", path.display()))?;
+        }
+    }
+    Ok(())
+}
+
+fn write_config(base: &Path, name: &str, dest: &Path) -> Result<()> {
+    let text =
+        fs::read_to_string(base).with_context(|| format!("cannot read {}", base.display()))?;
+    let mut cfg: Value = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not valid JSON", base.display()))?;
+    let obj = cfg
+        .as_object_mut()
+        .with_context(|| format!("{} is not a JSON object", base.display()))?;
+    obj.insert("tts_model_type".into(), json!("custom_voice"));
+    let talker = obj
+        .get_mut("talker_config")
+        .and_then(Value::as_object_mut)
+        .with_context(|| format!("{} has no talker_config", base.display()))?;
+    talker.insert("spk_id".into(), json!({ name: SPEAKER_ROW }));
+    talker.insert("spk_is_dialect".into(), json!({ name: false }));
+    fs::write(dest, serde_json::to_string_pretty(&cfg)? + "\n")?;
+    Ok(())
+}
+
+/// Writes `model.safetensors` (bf16) and returns (tensor count, trained tensor count).
+fn write_weights(
+    opts: &ExportOptions,
+    index: &checkpoint::Index,
+    speaker: &[f32],
+    dest: &Path,
+) -> Result<(usize, usize)> {
+    let trained = checkpoint::load_tensors(&opts.checkpoint, index, &["master"], &Device::Cpu)?;
+    let trained: BTreeMap<String, Tensor> = trained
+        .into_iter()
+        .map(|(k, v)| (k.trim_start_matches("master.").to_string(), v))
+        .collect();
+    let mmaps = opts
+        .files
+        .checkpoint
+        .shards
+        .iter()
+        .map(|p| {
+            let f = fs::File::open(p).with_context(|| format!("cannot open {}", p.display()))?;
+            // SAFETY: read-only mapping of a checkpoint that is not modified while exporting.
+            Ok(unsafe { Mmap::map(&f)? })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let files = mmaps
+        .iter()
+        .zip(&opts.files.checkpoint.shards)
+        .map(|(m, p)| {
+            SafeTensors::deserialize(m)
+                .map_err(|e| anyhow::anyhow!("{} is not valid safetensors: {e}", p.display()))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut entries = Vec::new();
+    let mut origin = Vec::new();
+    for (fi, st) in files.iter().enumerate() {
+        for name in st.names() {
+            if name.starts_with("speaker_encoder.") {
+                continue;
+            }
+            let view = st.tensor(name)?;
+            let dtype = if is_float(view.dtype()) {
+                StDtype::BF16
+            } else {
+                view.dtype()
+            };
+            entries.push(Entry {
+                name: name.to_string(),
+                dtype,
+                shape: view.shape().to_vec(),
+            });
+            origin.push(fi);
+        }
+    }
+    let mut order: Vec<usize> = (0..entries.len()).collect();
+    order.sort_by(|&a, &b| entries[a].name.cmp(&entries[b].name));
+    let entries: Vec<Entry> = order.iter().map(|&i| entries[i].clone()).collect();
+    let origin: Vec<usize> = order.iter().map(|&i| origin[i]).collect();
+    for name in trained.keys() {
+        let Some(e) = entries.iter().find(|e| &e.name == name) else {
+            bail!("the checkpoint trains {name}, which the base model does not have");
+        };
+        if trained[name].dims() != e.shape.as_slice() {
+            bail!(
+                "the checkpoint's {name} has shape {:?}, the base model {:?}",
+                trained[name].dims(),
+                e.shape
+            );
+        }
+    }
+    let speaker_bf16: Vec<u8> = speaker
+        .iter()
+        .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+        .collect();
+    let meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
+    let file =
+        fs::File::create(dest).with_context(|| format!("cannot create {}", dest.display()))?;
+    let mut w = BufWriter::new(file);
+    stwrite::write(&mut w, &entries, &meta, |i| {
+        let e = &entries[i];
+        let mut bytes = match trained.get(&e.name) {
+            Some(t) => stwrite::bf16_bytes(t)?,
+            None => {
+                let view = files[origin[i]].tensor(&e.name)?;
+                to_bf16_bytes(view.dtype(), view.data())?
+            }
+        };
+        if e.name == CODEC_EMBEDDING {
+            let row = speaker_bf16.len();
+            bytes[SPEAKER_ROW * row..(SPEAKER_ROW + 1) * row].copy_from_slice(&speaker_bf16);
+        }
+        Ok(bytes)
+    })?;
+    let file = w.into_inner().map_err(|e| e.into_error())?;
+    file.sync_all()?;
+    Ok((entries.len(), trained.len()))
+}
+
+fn is_float(d: StDtype) -> bool {
+    matches!(
+        d,
+        StDtype::BF16 | StDtype::F16 | StDtype::F32 | StDtype::F64
+    )
+}
+
+/// Raw little-endian tensor bytes converted to bf16 (floats) or kept (other dtypes).
+fn to_bf16_bytes(dtype: StDtype, data: &[u8]) -> Result<Vec<u8>> {
+    let conv = |v: f32| half::bf16::from_f32(v).to_le_bytes();
+    Ok(match dtype {
+        StDtype::BF16 => data.to_vec(),
+        StDtype::F16 => data
+            .chunks_exact(2)
+            .flat_map(|b| conv(half::f16::from_le_bytes([b[0], b[1]]).to_f32()))
+            .collect(),
+        StDtype::F32 => data
+            .chunks_exact(4)
+            .flat_map(|b| conv(f32::from_le_bytes([b[0], b[1], b[2], b[3]])))
+            .collect(),
+        StDtype::F64 => data
+            .chunks_exact(8)
+            .flat_map(|b| conv(f64::from_le_bytes(b.try_into().expect("8 bytes")) as f32))
+            .collect(),
+        _ => data.to_vec(),
+    })
+}

@@ -1,0 +1,88 @@
+//! The corrected fine-tuning objective (spec §10.3 "Correct objective", DESIGN §5):
+//! `text_projection` applied to the text channel, a single label shift for code-0, and the code
+//! predictor fed the hidden state that *predicted* code-0 of each frame, as at inference.
+//!
+//! `L_talker` = mean cross-entropy of `codec_head(H[p])` against the code-0 label of input p+1,
+//! over every labelled position of the batch (the frames and EOS of each sample);
+//! `L_sub` = mean over all frames and codebooks 1..15 of the teacher-forced predictor CE;
+//! `L = L_talker + 0.3 · L_sub`.
+
+use candle_core::{DType, Result, Tensor, D};
+
+use super::batch::BatchTensors;
+use crate::model::talker::Talker;
+
+/// Weight of the sub-talker loss (official commit `680d4e9`).
+pub const SUB_LOSS_WEIGHT: f64 = 0.3;
+
+/// The loss of one (micro-)batch: scalar f32 tensors, `total` is differentiable.
+#[derive(Debug, Clone)]
+pub struct Loss {
+    pub total: Tensor,
+    pub talker: Tensor,
+    pub sub: Tensor,
+}
+
+/// The talker input `E` `(B, N, H)` in the talker's dtype (spec §10.2, §10.3):
+/// `text_embed(text ids)·text_mask + codec_embedding(codec ids)·codec_embedding_mask
+/// + x-vector at position 6 + Σ_{i=1..15} cp.codec_embedding[i-1](code_i)·codec_mask`.
+/// `speaker` `(H,)` is data (detached).
+pub fn input_embeddings(talker: &Talker, b: &BatchTensors, speaker: &Tensor) -> Result<Tensor> {
+    let dtype = talker.codec_embedding.dtype();
+    let cast = |t: &Tensor| t.to_dtype(dtype);
+    let text = talker
+        .text_embed(&b.text_ids)?
+        .broadcast_mul(&cast(&b.text_mask)?)?;
+    let codec = talker
+        .codec_embed(&b.codec_channel_ids)?
+        .broadcast_mul(&cast(&b.codec_embedding_mask)?)?;
+    let spk =
+        cast(&b.speaker_mask)?.broadcast_mul(&cast(&speaker.detach())?.reshape((1, 1, ()))?)?;
+    let sub = talker
+        .code_predictor
+        .embed_sub_codes(&b.codec_ids)?
+        .broadcast_mul(&cast(&b.codec_mask)?)?;
+    ((text + codec)? + spk)? + sub
+}
+
+/// `L`, `L_talker` and `L_sub` of one batch.
+pub fn sft_loss(talker: &Talker, b: &BatchTensors, speaker: &Tensor) -> Result<Loss> {
+    let e = input_embeddings(talker, b, speaker)?;
+    let n = b.len;
+    // The last input (EOS of the longest sample) is never fed: inputs are E[:, :N-1].
+    let hidden = talker.forward(&e.narrow(1, 0, n - 1)?, None, None)?;
+    let h = hidden.dim(D::Minus1)?;
+    let hidden = hidden.reshape((b.rows * (n - 1), h))?;
+
+    let logits = talker.codec_logits(&hidden.index_select(&b.label_rows, 0)?)?;
+    let l_talker = cross_entropy(&logits, &b.labels)?;
+
+    let frame_hidden = hidden.index_select(&b.frame_rows, 0)?;
+    let sub_logits = talker.sub_code_logits(&frame_hidden, &b.frame_codes)?; // (F, 15, V)
+    let groups = b.frame_codes.dim(1)?;
+    let vocab = sub_logits.dim(2)?;
+    let sub_targets = b
+        .frame_codes
+        .narrow(1, 1, groups - 1)?
+        .contiguous()?
+        .flatten_all()?;
+    let l_sub = cross_entropy(&sub_logits.reshape(((), vocab))?, &sub_targets)?;
+
+    let total = (&l_talker + (&l_sub * SUB_LOSS_WEIGHT)?)?;
+    Ok(Loss {
+        total,
+        talker: l_talker,
+        sub: l_sub,
+    })
+}
+
+/// Mean cross-entropy of `logits` `(M, V)` (any float dtype; computed in f32) against `targets`
+/// `(M,)`, through plain differentiable ops.
+pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+    let logits = logits.to_dtype(DType::F32)?;
+    let max = logits.max_keepdim(D::Minus1)?.detach();
+    let shifted = logits.broadcast_sub(&max)?;
+    let lse = shifted.exp()?.sum_keepdim(D::Minus1)?.log()?;
+    let picked = shifted.gather(&targets.to_dtype(DType::U32)?.unsqueeze(1)?, 1)?;
+    (lse - picked)?.mean_all()
+}

@@ -1,0 +1,246 @@
+//! Training metrics: `checkpoints/metrics.jsonl` (one JSON object per optimizer step) and
+//! `checkpoints/loss.svg`, a plot of the losses drawn by hand (no plotting dependency).
+
+use std::fs::{self, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+pub const METRICS_FILE: &str = "metrics.jsonl";
+pub const PLOT_FILE: &str = "loss.svg";
+
+/// One optimizer step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepMetrics {
+    pub step: usize,
+    pub epoch: usize,
+    pub loss: f64,
+    pub loss_talker: f64,
+    pub loss_sub: f64,
+    /// Global gradient L2 norm before clipping.
+    pub grad_norm: f64,
+    pub lr: f64,
+    /// Audio frames in the step's batches.
+    pub frames: usize,
+    /// Wall time of the step.
+    pub seconds: f64,
+}
+
+pub struct MetricsLog {
+    path: PathBuf,
+}
+
+impl MetricsLog {
+    /// Opens `dir/metrics.jsonl`, dropping lines of steps after `resumed_step` (they are about
+    /// to be recomputed) and unreadable tails of a killed run.
+    pub fn open(dir: &Path, resumed_step: usize) -> Result<Self> {
+        fs::create_dir_all(dir)?;
+        let path = dir.join(METRICS_FILE);
+        if path.is_file() {
+            let text = fs::read_to_string(&path)?;
+            let kept: String = text
+                .lines()
+                .filter(|l| {
+                    serde_json::from_str::<StepMetrics>(l).is_ok_and(|m| m.step <= resumed_step)
+                })
+                .map(|l| format!("{l}\n"))
+                .collect();
+            if kept != text {
+                crate::fsutil::write_atomic(&path, kept.as_bytes())?;
+            }
+        }
+        Ok(Self { path })
+    }
+
+    pub fn append(&self, m: &StepMetrics) -> Result<()> {
+        let mut f = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.path)
+            .with_context(|| format!("cannot write {}", self.path.display()))?;
+        writeln!(f, "{}", serde_json::to_string(m)?)?;
+        Ok(())
+    }
+
+    pub fn read_all(&self) -> Result<Vec<StepMetrics>> {
+        read(&self.path)
+    }
+
+    /// Redraws `loss.svg` next to the metrics file.
+    pub fn plot(&self) -> Result<()> {
+        let rows = self.read_all()?;
+        let svg = loss_svg(&rows);
+        let dest = self.path.with_file_name(PLOT_FILE);
+        crate::fsutil::write_atomic(&dest, svg.as_bytes())
+    }
+}
+
+pub fn read(path: &Path) -> Result<Vec<StepMetrics>> {
+    let text = match fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    };
+    Ok(text
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect())
+}
+
+/// An SVG line plot of loss, loss_talker and loss_sub against the step.
+pub fn loss_svg(rows: &[StepMetrics]) -> String {
+    let (w, h) = (720.0, 400.0);
+    let (left, right, top, bottom) = (64.0, 16.0, 28.0, 44.0);
+    let (pw, ph) = (w - left - right, h - top - bottom);
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" viewBox=\"0 0 {w} {h}\" \
+         font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+    );
+    s.push_str(&format!(
+        "<text x=\"{left}\" y=\"18\" font-size=\"14\">voiceclone train: loss per optimizer step</text>\n"
+    ));
+    type Series = (&'static str, &'static str, fn(&StepMetrics) -> f64);
+    let series: [Series; 3] = [
+        ("loss", "#1f77b4", |m| m.loss),
+        ("loss_talker", "#ff7f0e", |m| m.loss_talker),
+        ("loss_sub", "#2ca02c", |m| m.loss_sub),
+    ];
+    let finite: Vec<f64> = rows
+        .iter()
+        .flat_map(|m| series.iter().map(move |(_, _, f)| f(m)))
+        .filter(|v| v.is_finite())
+        .collect();
+    if rows.is_empty() || finite.is_empty() {
+        s.push_str(
+            "<text x=\"50%\" y=\"50%\" text-anchor=\"middle\">no steps yet</text>\n</svg>\n",
+        );
+        return s;
+    }
+    let x0 = rows.first().map_or(0, |m| m.step) as f64;
+    let x1 = (rows.last().map_or(1, |m| m.step) as f64).max(x0 + 1.0);
+    let y0 = finite
+        .iter()
+        .copied()
+        .fold(f64::INFINITY, f64::min)
+        .min(0.0);
+    let y1 = finite
+        .iter()
+        .copied()
+        .fold(f64::NEG_INFINITY, f64::max)
+        .max(y0 + 1e-9)
+        * 1.05;
+    let px = |x: f64| left + (x - x0) / (x1 - x0) * pw;
+    let py = |y: f64| top + ph - (y - y0) / (y1 - y0) * ph;
+    // Axes, ticks and grid.
+    s.push_str(&format!(
+        "<rect x=\"{left}\" y=\"{top}\" width=\"{pw}\" height=\"{ph}\" fill=\"none\" stroke=\"#444\"/>\n"
+    ));
+    for i in 0..=5 {
+        let yv = y0 + (y1 - y0) * i as f64 / 5.0;
+        let y = py(yv);
+        s.push_str(&format!(
+            "<line x1=\"{left}\" x2=\"{}\" y1=\"{y:.1}\" y2=\"{y:.1}\" stroke=\"#ddd\"/>\
+             <text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>\n",
+            left + pw,
+            left - 6.0,
+            y + 4.0,
+            tick(yv)
+        ));
+        let xv = x0 + (x1 - x0) * i as f64 / 5.0;
+        s.push_str(&format!(
+            "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n",
+            px(xv),
+            top + ph + 16.0,
+            xv.round()
+        ));
+    }
+    s.push_str(&format!(
+        "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">step</text>\n",
+        left + pw / 2.0,
+        h - 8.0
+    ));
+    for (k, (name, color, f)) in series.iter().enumerate() {
+        let pts: Vec<String> = rows
+            .iter()
+            .filter(|m| f(m).is_finite())
+            .map(|m| format!("{:.1},{:.1}", px(m.step as f64), py(f(m))))
+            .collect();
+        if pts.len() == 1 {
+            let (x, y) = pts[0].split_once(',').unwrap_or(("0", "0"));
+            s.push_str(&format!(
+                "<circle cx=\"{x}\" cy=\"{y}\" r=\"3\" fill=\"{color}\"/>\n"
+            ));
+        } else {
+            s.push_str(&format!(
+                "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"1.5\" points=\"{}\"/>\n",
+                pts.join(" ")
+            ));
+        }
+        let lx = left + pw - 130.0;
+        let ly = top + 16.0 + 16.0 * k as f64;
+        s.push_str(&format!(
+            "<line x1=\"{lx}\" x2=\"{}\" y1=\"{ly}\" y2=\"{ly}\" stroke=\"{color}\" stroke-width=\"2\"/>\
+             <text x=\"{}\" y=\"{}\">{name}</text>\n",
+            lx + 20.0,
+            lx + 26.0,
+            ly + 4.0
+        ));
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+fn tick(v: f64) -> String {
+    if v == 0.0 {
+        "0".into()
+    } else if v.abs() >= 100.0 {
+        format!("{v:.0}")
+    } else if v.abs() >= 1.0 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.3}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(step: usize, loss: f64) -> StepMetrics {
+        StepMetrics {
+            step,
+            epoch: 0,
+            loss,
+            loss_talker: loss * 0.7,
+            loss_sub: loss,
+            grad_norm: 1.0,
+            lr: 1e-3,
+            frames: 10,
+            seconds: 0.1,
+        }
+    }
+
+    #[test]
+    fn resume_drops_later_steps_and_plot_has_three_series() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = MetricsLog::open(dir.path(), 0).unwrap();
+        for s in 1..=5 {
+            log.append(&m(s, 10.0 / s as f64)).unwrap();
+        }
+        let mut f = OpenOptions::new()
+            .append(true)
+            .open(dir.path().join(METRICS_FILE))
+            .unwrap();
+        f.write_all(b"{\"step\": 6, \"trunc").unwrap();
+        let log = MetricsLog::open(dir.path(), 3).unwrap();
+        let steps: Vec<usize> = log.read_all().unwrap().iter().map(|m| m.step).collect();
+        assert_eq!(steps, [1, 2, 3]);
+        log.plot().unwrap();
+        let svg = fs::read_to_string(dir.path().join(PLOT_FILE)).unwrap();
+        assert_eq!(svg.matches("<polyline").count(), 3);
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+        assert!(loss_svg(&[]).contains("no steps yet"));
+    }
+}

@@ -1,0 +1,233 @@
+//! The trainable parameter set: which talker tensors are trained (everything the official recipe
+//! updates plus `text_projection`, minus the user's `train.freeze` globs), as `Var`s in the
+//! compute dtype with fp32 master copies, and the frozen rest.
+//!
+//! On the CPU the compute dtype is f32 and the `Var` *is* the master. On CUDA the `Var`s are
+//! bf16 copies of fp32 masters (DESIGN §5, mixed precision); the optimizer updates the masters
+//! and refreshes the `Var`s.
+
+use std::collections::BTreeMap;
+
+use anyhow::{bail, Result};
+use candle_core::{DType, Tensor, Var};
+
+use super::units::{unit_of, Unit};
+use crate::model::layers::TensorSource;
+use crate::model::weights::Weights;
+
+/// Tensors of the checkpoint that are ever trainable: the talker (and its code predictor).
+/// The speaker encoder is never trained (its output is detached data, spec §10.4).
+pub const TRAINABLE_PREFIX: &str = "talker.";
+
+/// A `*`/`?` glob over tensor names (`*` matches any run of characters, dots included).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Glob(String);
+
+impl Glob {
+    pub fn new(pattern: &str) -> Self {
+        Glob(pattern.trim().to_string())
+    }
+
+    pub fn matches(&self, name: &str) -> bool {
+        fn rec(p: &[u8], s: &[u8]) -> bool {
+            match p.split_first() {
+                None => s.is_empty(),
+                Some((b'*', rest)) => (0..=s.len()).any(|i| rec(rest, &s[i..])),
+                Some((b'?', rest)) => !s.is_empty() && rec(rest, &s[1..]),
+                Some((c, rest)) => s.first() == Some(c) && rec(rest, &s[1..]),
+            }
+        }
+        rec(self.0.as_bytes(), name.as_bytes())
+    }
+}
+
+/// Splits the talker tensor names into trained and frozen. Every freeze pattern must match at
+/// least one talker tensor (a typo would otherwise silently train everything).
+pub fn select_trainable<'a>(
+    names: impl IntoIterator<Item = &'a str>,
+    freeze: &[String],
+) -> Result<(Vec<String>, Vec<String>)> {
+    let globs: Vec<Glob> = freeze.iter().map(|p| Glob::new(p)).collect();
+    let mut used = vec![false; globs.len()];
+    let (mut trained, mut frozen) = (Vec::new(), Vec::new());
+    for name in names {
+        if !name.starts_with(TRAINABLE_PREFIX) {
+            continue;
+        }
+        let mut hit = false;
+        for (g, u) in globs.iter().zip(used.iter_mut()) {
+            if g.matches(name) {
+                *u = true;
+                hit = true;
+            }
+        }
+        if hit {
+            frozen.push(name.to_string());
+        } else {
+            trained.push(name.to_string());
+        }
+    }
+    if let Some((g, _)) = globs.iter().zip(&used).find(|(_, u)| !**u) {
+        bail!(
+            "train.freeze pattern {:?} matches no talker tensor (names look like \
+             talker.model.layers.0.mlp.up_proj.weight; * matches any characters)",
+            g.0
+        );
+    }
+    if trained.is_empty() {
+        bail!("train.freeze freezes every talker tensor: nothing is left to train");
+    }
+    Ok((trained, frozen))
+}
+
+/// One trained tensor.
+pub struct Param {
+    pub name: String,
+    pub unit: Unit,
+    /// What the model computes with (compute dtype).
+    pub var: Var,
+    /// fp32 master when the compute dtype is not f32; `None` = the var is the master.
+    master: Option<Tensor>,
+}
+
+impl Param {
+    /// The fp32 master weights.
+    pub fn master(&self) -> Tensor {
+        match &self.master {
+            Some(m) => m.clone(),
+            None => self.var.as_tensor().clone(),
+        }
+    }
+
+    /// Replaces the master (fp32, same shape) and refreshes the compute copy.
+    pub fn set_master(&mut self, value: Tensor) -> candle_core::Result<()> {
+        match &mut self.master {
+            Some(m) => {
+                self.var.set(&value.to_dtype(self.var.dtype())?)?;
+                *m = value;
+            }
+            None => self.var.set(&value)?,
+        }
+        Ok(())
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        self.var.dims()
+    }
+
+    pub fn elem_count(&self) -> usize {
+        self.var.elem_count()
+    }
+}
+
+/// The trained parameters (ordered by unit, then name) and the frozen talker tensors; builds
+/// the model through [`TensorSource`].
+pub struct ParamSet {
+    pub params: Vec<Param>,
+    frozen: BTreeMap<String, Tensor>,
+    index: BTreeMap<String, usize>,
+}
+
+impl ParamSet {
+    /// `weights` holds the talker in f32 (the masters); `trained` names the trained tensors;
+    /// the model will compute in `compute` (f32 on CPU, bf16 on CUDA).
+    pub fn new(weights: &Weights, trained: &[String], compute: DType) -> Result<Self> {
+        if weights.dtype() != DType::F32 {
+            bail!("training needs the checkpoint loaded in f32 (the master weights)");
+        }
+        let mut params = Vec::with_capacity(trained.len());
+        for name in trained {
+            let t = weights.get_any(name)?;
+            let (var, master) = if compute == DType::F32 {
+                (Var::from_tensor(&t)?, None)
+            } else {
+                (Var::from_tensor(&t.to_dtype(compute)?)?, Some(t.copy()?))
+            };
+            params.push(Param {
+                name: name.clone(),
+                unit: unit_of(name)?,
+                var,
+                master,
+            });
+        }
+        params.sort_by(|a, b| (a.unit, &a.name).cmp(&(b.unit, &b.name)));
+        let mut frozen = BTreeMap::new();
+        for name in weights.names_with_prefix(TRAINABLE_PREFIX) {
+            if !trained.contains(&name) {
+                frozen.insert(name.clone(), weights.get_any(&name)?.to_dtype(compute)?);
+            }
+        }
+        let index = params
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.name.clone(), i))
+            .collect();
+        Ok(Self {
+            params,
+            frozen,
+            index,
+        })
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Param> {
+        self.index.get(name).map(|&i| &self.params[i])
+    }
+
+    pub fn get_mut(&mut self, name: &str) -> Option<&mut Param> {
+        self.index.get(name).map(|&i| &mut self.params[i])
+    }
+
+    /// Trained element count.
+    pub fn elem_count(&self) -> usize {
+        self.params.iter().map(Param::elem_count).sum()
+    }
+
+    pub fn frozen_names(&self) -> impl Iterator<Item = &str> {
+        self.frozen.keys().map(String::as_str)
+    }
+}
+
+impl TensorSource for ParamSet {
+    fn tensor(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        let t = match (self.get(name), self.frozen.get(name)) {
+            (Some(p), _) => p.var.as_tensor().clone(),
+            (None, Some(t)) => t.clone(),
+            (None, None) => bail!("the model has no tensor {name}"),
+        };
+        if t.dims() != shape {
+            bail!(
+                "tensor {name} has shape {:?} but the model config implies {shape:?}",
+                t.dims()
+            );
+        }
+        Ok(t)
+    }
+    fn contains(&self, name: &str) -> bool {
+        self.index.contains_key(name) || self.frozen.contains_key(name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs_and_selection() {
+        let g = Glob::new("talker.model.layers.*.mlp.*");
+        assert!(g.matches("talker.model.layers.12.mlp.up_proj.weight"));
+        assert!(!g.matches("talker.model.layers.12.self_attn.q_proj.weight"));
+        assert!(Glob::new("talker.model.layers.?.*").matches("talker.model.layers.3.x"));
+        assert!(!Glob::new("talker.model.layers.?.*").matches("talker.model.layers.13.x"));
+        let names = [
+            "speaker_encoder.fc.weight",
+            "talker.model.text_embedding.weight",
+            "talker.codec_head.weight",
+        ];
+        let (t, f) = select_trainable(names, &["talker.model.text_embedding.*".into()]).unwrap();
+        assert_eq!(t, ["talker.codec_head.weight"]);
+        assert_eq!(f, ["talker.model.text_embedding.weight"]);
+        let e = select_trainable(names, &["talker.typo*".into()]).unwrap_err();
+        assert!(e.to_string().contains("talker.typo*"), "{e}");
+        assert!(select_trainable(names, &["*".into()]).is_err());
+    }
+}

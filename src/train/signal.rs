@@ -1,0 +1,39 @@
+//! Ctrl-C / SIGTERM during training: the first signal asks the loop to stop after the current
+//! optimizer step and save a checkpoint; a second Ctrl-C exits at once (the last complete
+//! checkpoint stays valid, see [`super::checkpoint`]).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+/// Whether a stop was requested.
+pub fn stop_requested() -> bool {
+    STOP.load(Ordering::SeqCst)
+}
+
+/// Installs the handlers (idempotent).
+pub fn install() {
+    #[cfg(unix)]
+    unix::install();
+}
+
+#[cfg(unix)]
+mod unix {
+    use super::*;
+
+    extern "C" fn on_signal(sig: libc::c_int) {
+        if STOP.swap(true, Ordering::SeqCst) && sig == libc::SIGINT {
+            // Second Ctrl-C: leave now (only async-signal-safe calls here).
+            unsafe { libc::_exit(130) };
+        }
+    }
+
+    pub fn install() {
+        let handler = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+        // SAFETY: the handler only touches an atomic and calls `_exit`, both async-signal-safe.
+        unsafe {
+            libc::signal(libc::SIGINT, handler);
+            libc::signal(libc::SIGTERM, handler);
+        }
+    }
+}

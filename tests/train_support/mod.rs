@@ -1,0 +1,142 @@
+//! Helpers for the training tests: fixture workspaces with synthetic codes and x-vectors.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::{json, Value};
+
+pub fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+pub fn model_dir(name: &str) -> PathBuf {
+    fixtures().join(name)
+}
+
+/// Talker hidden size of a fixture model.
+pub fn hidden(name: &str) -> usize {
+    let cfg: Value = serde_json::from_str(
+        &std::fs::read_to_string(model_dir(name).join("config.json")).unwrap(),
+    )
+    .unwrap();
+    cfg["talker_config"]["hidden_size"].as_u64().unwrap() as usize
+}
+
+/// A tiny deterministic generator (the tests must not depend on `rand`'s algorithms).
+pub struct Lcg(pub u64);
+
+impl Lcg {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        self.0 >> 33
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    pub fn normal(&mut self) -> f32 {
+        // Sum of uniforms: good enough for test data.
+        let s: f64 = (0..12)
+            .map(|_| self.next() as f64 / (1u64 << 31) as f64)
+            .sum();
+        (s - 6.0) as f32
+    }
+}
+
+const TEXTS: &[&str] = &[
+    "Hello world.",
+    "The quick brown fox jumps over the lazy dog.",
+    "Good morning, how are you today?",
+    "Rust makes systems programming pleasant.",
+    "This is a short utterance.",
+    "Numbers like 42 and 7 are spoken too.",
+    "Another line of text for the voice.",
+    "Training data should be clean.",
+];
+
+/// `n` manifest rows with texts and synthetic `audio_codes` of 3..=8 frames. Codes are drawn
+/// from a small alphabet per codebook so that a few dozen steps can learn them.
+pub fn synthetic_rows(n: usize, seed: u64) -> Vec<Value> {
+    let mut r = Lcg(seed);
+    (0..n)
+        .map(|i| {
+            let frames = 3 + r.below(6) as usize;
+            let codes: Vec<Vec<u32>> = (0..frames)
+                .map(|k| {
+                    (0..16)
+                        .map(|g| {
+                            ((i * 7 + k * 3 + g * 5) % 13 + 100 * g) as u32 + r.below(2) as u32
+                        })
+                        .collect()
+                })
+                .collect();
+            json!({
+                "audio": format!("data/segments/{i:04}.wav"),
+                "text": TEXTS[i % TEXTS.len()],
+                "ref_audio": "data/ref.wav",
+                "audio_codes": codes,
+            })
+        })
+        .collect()
+}
+
+pub fn xvector(dim: usize, seed: u64) -> Vec<f32> {
+    let mut r = Lcg(seed);
+    (0..dim).map(|_| r.normal()).collect()
+}
+
+/// A workspace in `dir`: `voiceclone.toml` (model.base = the fixture, plus `extra_toml`),
+/// `data/train.jsonl` and `data/speaker.safetensors`.
+pub fn make_workspace(dir: &Path, model: &str, rows: &[Value], xvec: &[f32], extra_toml: &str) {
+    std::fs::create_dir_all(dir.join("data")).unwrap();
+    let manifest: String = rows.iter().map(|r| format!("{r}\n")).collect();
+    std::fs::write(dir.join("data/train.jsonl"), manifest).unwrap();
+    let bytes = voiceclone::commands::embed::serialize_embedding(xvec, None).unwrap();
+    std::fs::write(dir.join("data/speaker.safetensors"), bytes).unwrap();
+    let toml = format!(
+        "[model]\nbase = {:?}\n{extra_toml}\n",
+        model_dir(model).display().to_string()
+    );
+    std::fs::write(dir.join("voiceclone.toml"), toml).unwrap();
+}
+
+pub fn voiceclone(workdir: &Path, args: &[&str]) -> Output {
+    command(workdir, args)
+        .output()
+        .expect("cannot run voiceclone")
+}
+
+pub fn command(workdir: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_voiceclone"));
+    c.arg("--workdir")
+        .arg(workdir)
+        .args(args)
+        .env_remove("RUST_LOG");
+    c
+}
+
+pub fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// All tensors of a safetensors file as raw (dtype, shape, bytes).
+pub fn read_raw(path: &Path) -> std::collections::BTreeMap<String, (String, Vec<usize>, Vec<u8>)> {
+    let bytes = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    st.iter()
+        .map(|(n, v)| {
+            (
+                n.to_string(),
+                (v.dtype().to_string(), v.shape().to_vec(), v.data().to_vec()),
+            )
+        })
+        .collect()
+}
