@@ -367,6 +367,10 @@ pub struct SpeakArgs {
     #[arg(long, value_name = "N")]
     pub max_chunk_chars: Option<usize>,
 
+    /// Number format: auto, f32, bf16-weights (fast CPU), bf16 (GPU) [speak.precision].
+    #[arg(long, value_name = "P")]
+    pub precision: Option<String>,
+
     /// Also write the generated codes as JSON {"codes": [[16 ints], ...]} (a directory with --input).
     #[arg(long, value_name = "PATH")]
     pub save_codes: Option<PathBuf>,
@@ -443,7 +447,8 @@ impl SpeakArgs {
 }
 
 #[derive(Debug, Args)]
-#[command(after_long_help = "Reads data/train.jsonl; lines without \"audio_codes\" are coded first \
+#[command(
+    after_long_help = "Reads data/train.jsonl; lines without \"audio_codes\" are coded first \
     (voiceclone codes), and data/speaker.safetensors is computed first when missing (voiceclone \
     embed, from data/ref.wav or the first line's ref_audio).\n\n\
     Checkpoints go to checkpoints/step-NNNNNNN/ (every train.save_every steps, at the end, and on \
@@ -451,7 +456,8 @@ impl SpeakArgs {
     one exactly where it stopped. A checkpoint of another base model or of another trained set, \
     batch size, seed or speaker embedding is refused with the reason. --fresh starts over: the \
     existing checkpoints/ is renamed to checkpoints.N/ (never deleted).\n\n\
-    At the end the model is exported to model/ (see voiceclone export).")]
+    At the end the model is exported to model/ (see voiceclone export)."
+)]
 pub struct TrainArgs {
     /// Qwen3-TTS Base model to fine-tune: hub repo id or local directory [model.base].
     #[arg(long, value_name = "MODEL")]
@@ -590,13 +596,15 @@ impl TrainArgs {
 }
 
 #[derive(Debug, Args)]
-#[command(after_long_help = "The output is the official layout (spec §10.5): config.json with \
+#[command(
+    after_long_help = "The output is the official layout (spec §10.5): config.json with \
     tts_model_type \"custom_voice\" and talker_config.spk_id {NAME: 3000}, a bf16 model.safetensors \
     (the base model without speaker_encoder.*, trained tensors replaced, the speaker x-vector in \
     codec_embedding row 3000), and the base model's other files (tokenizer, generation config, \
     speech_tokenizer/). It is written to a temporary directory and renamed into place; an existing \
     directory is only replaced when it is an earlier export (it has voiceclone-export.json) or \
-    empty.")]
+    empty."
+)]
 pub struct ExportArgs {
     /// Checkpoint directory [default: the newest in the workspace's checkpoints/].
     #[arg(long, value_name = "DIR")]

@@ -95,6 +95,7 @@ pub struct SpeakConfig {
     pub seed: i64,
     pub batch_size: usize,
     pub max_chunk_chars: usize,
+    pub precision: String,
 }
 
 /// Where a configuration value came from, for error messages and `voiceclone config`.
@@ -322,7 +323,10 @@ impl Resolved {
             }
         }
         if !(t.lr > 0.0 && t.lr.is_finite()) {
-            return Err(bad("train.lr", format!("{} is not a positive number", t.lr)));
+            return Err(bad(
+                "train.lr",
+                format!("{} is not a positive number", t.lr),
+            ));
         }
         for (key, v) in [
             ("train.weight_decay", t.weight_decay),
@@ -342,10 +346,7 @@ impl Resolved {
             ));
         }
         if let Some(p) = t.freeze.iter().find(|p| p.trim().is_empty()) {
-            return Err(bad(
-                "train.freeze",
-                format!("{p:?} is not a glob pattern"),
-            ));
+            return Err(bad("train.freeze", format!("{p:?} is not a glob pattern")));
         }
         Ok(())
     }
@@ -383,8 +384,20 @@ impl Resolved {
                 format!("{} is not -1 (random) or a non-negative seed", s.seed),
             ));
         }
+        if !["auto", "f32", "bf16-weights", "bf16"].contains(&s.precision.as_str()) {
+            return Err(bad(
+                "speak.precision",
+                format!(
+                    "{:?} is not one of auto, f32, bf16-weights, bf16",
+                    s.precision
+                ),
+            ));
+        }
         if s.language.trim().is_empty() {
-            return Err(bad("speak.language", "must be \"auto\" or a language name".into()));
+            return Err(bad(
+                "speak.language",
+                "must be \"auto\" or a language name".into(),
+            ));
         }
         Ok(())
     }

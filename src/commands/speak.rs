@@ -14,7 +14,7 @@ use crate::cli::SpeakArgs;
 use crate::codes::codes_to_json;
 use crate::config::{Config, SpeakConfig};
 use crate::generate::sampling::Sampling;
-use crate::generate::{DecodeOptions, Request, Synthesizer, Voice};
+use crate::generate::{DecodeOptions, Precision, Request, Synthesizer, Voice};
 use crate::hub::ModelSource;
 use crate::workspace::Workspace;
 
@@ -28,9 +28,9 @@ pub fn run(ws: &Workspace, config: &Config, args: &SpeakArgs) -> Result<()> {
     let outputs = plan_outputs(&jobs, args, batch_mode)?;
 
     let source = speak_model(ws, config)?;
-    let (device, dtype) = compute_device()?;
+    let (device, precision) = compute_device(&s.precision)?;
     eprintln!("loading {}", source.describe());
-    let mut synth = Synthesizer::load(&source, dtype, &device)
+    let mut synth = Synthesizer::load(&source, precision, &device)
         .with_context(|| format!("cannot load the model {}", source.describe()))?;
 
     let mut opts = decode_options(&synth, s);
@@ -115,15 +115,16 @@ fn speak_model(ws: &Workspace, config: &Config) -> Result<ModelSource> {
     model_source(ws, &config.model.base)
 }
 
-/// bf16 on a CUDA device when built with `cuda` and one is present, f32 on the CPU otherwise.
-fn compute_device() -> Result<(Device, DType)> {
+/// A CUDA device when built with `cuda` and one is present, else the CPU; `auto` precision is
+/// bf16 on a GPU and bf16-stored matrices with f32 arithmetic on a CPU.
+fn compute_device(precision: &str) -> Result<(Device, Precision)> {
     let device = Device::cuda_if_available(0)?;
-    let dtype = if device.is_cuda() {
-        DType::BF16
-    } else {
-        DType::F32
+    let p = match (precision, device.is_cuda()) {
+        ("f32", _) => Precision::F32,
+        ("bf16", _) | ("auto", true) => Precision::Bf16,
+        _ => Precision::Bf16Weights,
     };
-    Ok((device, dtype))
+    Ok((device, p))
 }
 
 /// The model's generation defaults with the `[speak]` values that are set (non-zero).

@@ -8,4 +8,4 @@ pub mod synthesizer;
 pub mod talker_loop;
 pub mod text_split;
 
-pub use synthesizer::{DecodeOptions, Request, Speech, Synthesizer, Voice};
+pub use synthesizer::{DecodeOptions, Precision, Request, Speech, Synthesizer, Voice};

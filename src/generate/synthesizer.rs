@@ -17,6 +17,7 @@ use crate::model::ops::Numerics;
 use crate::model::speaker::SpeakerEncoder;
 use crate::model::talker::Talker;
 use crate::model::text::TextTokenizer;
+use crate::model::weights::Weights;
 
 /// Whose voice speaks.
 #[derive(Debug, Clone)]
@@ -97,6 +98,45 @@ pub struct Speech {
     pub icl_branches: Vec<Option<IclBranch>>,
 }
 
+/// Number formats of inference.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precision {
+    /// Everything in f32: the reference mode, the official f32 pipeline's arithmetic.
+    F32,
+    /// The large matrices (projections, heads, text embedding) kept in bf16 — the official
+    /// checkpoints' own values, so nothing is rounded for bf16 checkpoints — with f32
+    /// activations and f32 accumulation: half the bytes per frame, the CPU default.
+    Bf16Weights,
+    /// Everything in bf16 (GPUs).
+    Bf16,
+}
+
+impl Precision {
+    /// Activation dtype.
+    pub fn activations(self) -> DType {
+        match self {
+            Precision::F32 | Precision::Bf16Weights => DType::F32,
+            Precision::Bf16 => DType::BF16,
+        }
+    }
+
+    /// Storage dtype of checkpoint tensor `name`.
+    pub fn dtype_of(self, name: &str) -> DType {
+        match self {
+            Precision::Bf16Weights if is_matrix(name) => DType::BF16,
+            other => other.activations(),
+        }
+    }
+}
+
+/// The tensors that dominate the bytes read per frame (and the text embedding, by size).
+fn is_matrix(name: &str) -> bool {
+    name.ends_with("_proj.weight")
+        || name == "talker.codec_head.weight"
+        || name.starts_with("talker.code_predictor.lm_head.")
+        || name == "talker.model.text_embedding.weight"
+}
+
 /// Pause inserted between the chunks of a split text (seconds).
 const CHUNK_PAUSE_SECONDS: f32 = 0.12;
 
@@ -110,11 +150,16 @@ pub struct Synthesizer {
 }
 
 impl Synthesizer {
-    /// Loads a model directory or hub repository for inference on `device` in `dtype`.
-    pub fn load(source: &ModelSource, dtype: DType, device: &Device) -> Result<Self> {
+    /// Loads a model directory or hub repository for inference on `device`.
+    pub fn load(source: &ModelSource, precision: Precision, device: &Device) -> Result<Self> {
         let files = ModelFiles::resolve(source)?;
         let tokenizer = files.text_tokenizer()?;
-        let weights = files.load_weights(dtype, device, |n| n.starts_with("talker."))?;
+        let weights = Weights::load_as(
+            &files.checkpoint.shards,
+            precision.activations(),
+            device,
+            |n| n.starts_with("talker.").then(|| precision.dtype_of(n)),
+        )?;
         let talker = Talker::load(&weights, &files.config, Numerics::Fused)
             .with_context(|| format!("cannot build the talker of {}", source.describe()))?;
         drop(weights);

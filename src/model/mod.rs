@@ -1,6 +1,7 @@
 //! The Qwen3-TTS port (spec: ../shared/spec/qwen3-tts.md). Model code knows nothing of the CLI,
 //! the workspace or files beyond the model directory it is given.
 
+pub mod bf16_matmul;
 pub mod code_predictor;
 pub mod codec;
 pub mod config;

@@ -20,11 +20,22 @@ pub enum Numerics {
 }
 
 /// `x @ w^T (+ b)` for `x` of shape `(..., in)` and `w` of shape `(out, in)` (PyTorch layout).
+///
+/// A weight stored narrower than the activations (bf16 matrices with f32 activations, the
+/// CPU inference mode) is widened in the product only: products and sums stay in the
+/// activation dtype (see [`super::bf16_matmul`]).
 pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
     let dims = x.dims();
     let (out, inp) = w.dims2()?;
     let rows = x.elem_count() / inp.max(1);
-    let y = x.reshape((rows, inp))?.matmul(&w.t()?)?;
+    let x2 = x.reshape((rows, inp))?;
+    let y = if w.dtype() == x.dtype() {
+        x2.matmul(&w.t()?)?
+    } else if let Some(y) = super::bf16_matmul::try_matmul_t(&x2, w)? {
+        y
+    } else {
+        x2.matmul(&w.to_dtype(x.dtype())?.t()?)?
+    };
     let y = match b {
         Some(b) => y.broadcast_add(b)?,
         None => y,

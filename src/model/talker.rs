@@ -99,8 +99,10 @@ impl Talker {
 
     /// `text_projection(text_embedding(ids))` (spec §3.3): `ids` of any shape -> `(..., hidden)`.
     pub fn text_embed(&self, ids: &Tensor) -> Result<Tensor> {
+        // The table may be stored narrower than the activations (f16 inference weights).
+        let rows = embedding(&self.text_embedding, ids)?;
         self.text_projection
-            .forward(&embedding(&self.text_embedding, ids)?)
+            .forward(&rows.to_dtype(self.text_projection.fc1_bias.dtype())?)
     }
 
     /// `codec_embedding(ids)`: `ids` of any shape -> `(..., hidden)`.

@@ -31,6 +31,18 @@ impl Weights {
         device: &Device,
         keep: impl Fn(&str) -> bool,
     ) -> Result<Self> {
+        Self::load_as(files, dtype, device, |name| keep(name).then_some(dtype))
+    }
+
+    /// Loads the tensors for which `dtype_of` names a dtype, each converted to that dtype
+    /// (e.g. f16 matrices next to f32 norms); [`Self::dtype`] reports `dtype`, the activation
+    /// dtype.
+    pub fn load_as(
+        files: &[PathBuf],
+        dtype: DType,
+        device: &Device,
+        dtype_of: impl Fn(&str) -> Option<DType>,
+    ) -> Result<Self> {
         let mut w = Weights {
             tensors: HashMap::new(),
             origin: HashMap::new(),
@@ -39,13 +51,13 @@ impl Weights {
             device: device.clone(),
         };
         for file in files {
-            w.load_file(file, &keep)
+            w.load_file(file, &dtype_of)
                 .with_context(|| format!("cannot load checkpoint {}", file.display()))?;
         }
         Ok(w)
     }
 
-    fn load_file(&mut self, path: &Path, keep: &dyn Fn(&str) -> bool) -> Result<()> {
+    fn load_file(&mut self, path: &Path, dtype_of: &dyn Fn(&str) -> Option<DType>) -> Result<()> {
         let file = std::fs::File::open(path)?;
         // SAFETY: the mapping is read-only and private to this function; checkpoint files are
         // not expected to change while they load (as with every mmap-based loader).
@@ -54,17 +66,11 @@ impl Weights {
             .map_err(|e| anyhow::anyhow!("not a valid safetensors file: {e}"))?;
         let base = mmap.as_ptr() as usize;
         for (name, view) in st.iter() {
-            if !keep(name) {
+            let Some(dtype) = dtype_of(name) else {
                 continue;
-            }
-            let tensor = to_tensor(
-                view.dtype(),
-                view.shape(),
-                view.data(),
-                self.dtype,
-                &self.device,
-            )
-            .with_context(|| format!("tensor {name}"))?;
+            };
+            let tensor = to_tensor(view.dtype(), view.shape(), view.data(), dtype, &self.device)
+                .with_context(|| format!("tensor {name}"))?;
             // Give the mapped pages of this tensor back now that it has been converted.
             let data = view.data();
             let start = data.as_ptr() as usize - base;
