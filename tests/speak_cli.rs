@@ -1,0 +1,303 @@
+//! `voiceclone speak` end to end on the fixture models (issue 5): seeded sampling is
+//! reproducible, batches give the codes of single runs, the workspace's voice is found,
+//! long texts are split, and bad requests are clear errors that write nothing.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::stderr;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+fn model(name: &str) -> String {
+    fixtures().join(name).display().to_string()
+}
+
+fn ref_wav() -> String {
+    fixtures().join("audio/ref24k.wav").display().to_string()
+}
+
+/// Runs `voiceclone speak` from inside the workspace, so relative output paths land there.
+fn speak(ws: &Path, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_voiceclone"))
+        .current_dir(ws)
+        .arg("speak")
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("cannot run the voiceclone binary")
+}
+
+fn ok(o: &std::process::Output) {
+    assert!(o.status.success(), "speak failed: {}", stderr(o));
+}
+
+fn codes(path: &Path) -> Vec<Vec<u32>> {
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    serde_json::from_value(v["codes"].clone()).unwrap()
+}
+
+fn wav_samples(path: &Path) -> Vec<i16> {
+    let mut r = hound::WavReader::open(path).unwrap();
+    let spec = r.spec();
+    assert_eq!(
+        (spec.channels, spec.sample_rate, spec.bits_per_sample),
+        (1, 24_000, 16)
+    );
+    r.samples::<i16>().map(|s| s.unwrap()).collect()
+}
+
+#[test]
+fn seeded_sampling_repeats_and_seeds_differ() {
+    let ws = tempfile::tempdir().unwrap();
+    let m = model("tiny-0b6");
+    let r = ref_wav();
+    let run = |seed: &str, out: &str| {
+        let o = speak(
+            ws.path(),
+            &[
+                "Sampling test.",
+                "-o",
+                out,
+                "--model",
+                &m,
+                "--ref-audio",
+                &r,
+                "--seed",
+                seed,
+                "--max-frames",
+                "12",
+                "--save-codes",
+                &format!("{out}.json"),
+            ],
+        );
+        ok(&o);
+        (
+            std::fs::read(ws.path().join(out)).unwrap(),
+            codes(&ws.path().join(format!("{out}.json"))),
+        )
+    };
+    let (a, ca) = run("7", "a.wav");
+    let (b, cb) = run("7", "b.wav");
+    let (c, cc) = run("8", "c.wav");
+    assert_eq!(ca.len(), 12);
+    assert_eq!(ca, cb, "same seed, same codes");
+    assert_eq!(a, b, "same seed, same audio bytes");
+    assert_ne!(ca, cc, "another seed samples other codes");
+    assert_ne!(a, c);
+    assert_eq!(wav_samples(&ws.path().join("a.wav")).len(), 12 * 1920);
+}
+
+#[test]
+fn batch_file_gives_the_codes_of_single_runs() {
+    let ws = tempfile::tempdir().unwrap();
+    let m = model("tiny-1b7");
+    let r = ref_wav();
+    let texts = [
+        "Hi.",
+        "A much longer line of text to speak here.",
+        "Third one!",
+    ];
+    let input = ws.path().join("lines.txt");
+    std::fs::write(
+        &input,
+        format!(
+            "{}\n\n{{\"text\": \"{}\", \"output\": \"long\", \"language\": \"english\"}}\n{}\n",
+            texts[0], texts[1], texts[2]
+        ),
+    )
+    .unwrap();
+    let common = [
+        "--model",
+        &m,
+        "--ref-audio",
+        &r,
+        "--greedy",
+        "--precision",
+        "f32",
+        "--max-frames",
+        "10",
+    ];
+    let mut args = vec![
+        "--input",
+        input.to_str().unwrap(),
+        "-o",
+        "out",
+        "--save-codes",
+        "codes",
+        "--batch-size",
+        "3",
+    ];
+    args.extend_from_slice(&common);
+    ok(&speak(ws.path(), &args));
+    let names = ["0001", "long", "0003"];
+    for (i, (text, name)) in texts.iter().zip(names).enumerate() {
+        let single = format!("single{i}.wav");
+        let single_codes = format!("single{i}.json");
+        let mut args = vec![*text, "-o", &single, "--save-codes", &single_codes];
+        if i == 1 {
+            args.extend_from_slice(&["--language", "english"]);
+        }
+        args.extend_from_slice(&common);
+        ok(&speak(ws.path(), &args));
+        let batch_codes = codes(&ws.path().join(format!("codes/{name}.codes.json")));
+        assert_eq!(
+            batch_codes,
+            codes(&ws.path().join(&single_codes)),
+            "line {}",
+            i + 1
+        );
+        let a = wav_samples(&ws.path().join(format!("out/{name}.wav")));
+        let b = wav_samples(&ws.path().join(&single));
+        assert_eq!(a.len(), b.len());
+        let diff = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).max().unwrap();
+        assert!(diff <= 2, "line {}: samples differ by {diff}", i + 1);
+    }
+}
+
+#[test]
+fn workspace_reference_voice_is_used_and_long_texts_are_split() {
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(ws.path().join("data")).unwrap();
+    std::fs::copy(ref_wav(), ws.path().join("data/ref.wav")).unwrap();
+    std::fs::write(
+        ws.path().join("voiceclone.toml"),
+        format!("[model]\nbase = {:?}\n", model("tiny-0b6")),
+    )
+    .unwrap();
+    let text = "First sentence here. Second sentence follows. Third one ends it.";
+    let o = speak(
+        ws.path(),
+        &[
+            text,
+            "-o",
+            "split.wav",
+            "--greedy",
+            "--max-frames",
+            "6",
+            "--max-chunk-chars",
+            "25",
+            "--save-codes",
+            "split.json",
+        ],
+    );
+    ok(&o);
+    // Three chunks of 6 frames, joined with two 0.12 s pauses.
+    assert_eq!(codes(&ws.path().join("split.json")).len(), 18);
+    assert_eq!(
+        wav_samples(&ws.path().join("split.wav")).len(),
+        18 * 1920 + 2 * 2880
+    );
+    let o = speak(
+        ws.path(),
+        &[text, "-o", "whole.wav", "--greedy", "--max-frames", "6"],
+    );
+    ok(&o);
+    assert_eq!(wav_samples(&ws.path().join("whole.wav")).len(), 6 * 1920);
+}
+
+#[test]
+fn bad_requests_are_clear_errors_and_write_nothing() {
+    let ws = tempfile::tempdir().unwrap();
+    let m = model("tiny-0b6");
+    let r = ref_wav();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["   ", "--ref-audio", &r], "empty"),
+        (
+            vec!["Hello.", "--ref-audio", &r, "--language", "klingon"],
+            "unknown language \"klingon\"",
+        ),
+        (
+            vec!["Hello.", "--ref-audio", &r, "--ref-text", "  "],
+            "transcript",
+        ),
+        (vec!["Hello.", "--speaker", "nobody"], "no named speakers"),
+        (vec!["Hello."], "no voice to speak with"),
+        (
+            vec!["Hello.", "--ref-audio", "missing.wav"],
+            "does not exist",
+        ),
+    ];
+    for (args, want) in cases {
+        let mut all = args.clone();
+        all.extend_from_slice(&["-o", "out.wav", "--model", &m, "--max-frames", "4"]);
+        let o = speak(ws.path(), &all);
+        assert!(!o.status.success(), "{args:?} should fail");
+        let err = stderr(&o);
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(!ws.path().join("out.wav").exists());
+    }
+    // An existing output is kept unless --overwrite.
+    std::fs::write(ws.path().join("mine.wav"), b"user data").unwrap();
+    let o = speak(
+        ws.path(),
+        &["Hello.", "-o", "mine.wav", "--model", &m, "--ref-audio", &r],
+    );
+    assert!(stderr(&o).contains("--overwrite"), "{}", stderr(&o));
+    assert_eq!(
+        std::fs::read(ws.path().join("mine.wav")).unwrap(),
+        b"user data"
+    );
+}
+
+#[test]
+fn custom_voice_model_speaks_with_its_speakers() {
+    let dir = fixtures().join("tiny-0b6-custom");
+    let ws = tempfile::tempdir().unwrap();
+    let m = dir.display().to_string();
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let speakers: Vec<String> = cfg["talker_config"]["spk_id"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .cloned()
+        .collect();
+    assert!(speakers.len() >= 2);
+    let mut outputs = Vec::new();
+    for (i, name) in speakers.iter().enumerate() {
+        let out = format!("spk{i}.json");
+        let o = speak(
+            ws.path(),
+            &[
+                "Hello there.",
+                "-o",
+                &format!("spk{i}.wav"),
+                "--model",
+                &m,
+                "--speaker",
+                &name.to_uppercase(),
+                "--greedy",
+                "--max-frames",
+                "8",
+                "--save-codes",
+                &out,
+            ],
+        );
+        ok(&o);
+        outputs.push(codes(&ws.path().join(out)));
+    }
+    assert_ne!(outputs[0], outputs[1], "speakers differ");
+    // Several speakers and none chosen: the error lists them.
+    let o = speak(ws.path(), &["Hello.", "-o", "x.wav", "--model", &m]);
+    assert!(stderr(&o).contains(&speakers[0]), "{}", stderr(&o));
+    // No speaker encoder: cloning is refused with the reason.
+    let o = speak(
+        ws.path(),
+        &[
+            "Hello.",
+            "-o",
+            "x.wav",
+            "--model",
+            &m,
+            "--ref-audio",
+            &ref_wav(),
+        ],
+    );
+    assert!(stderr(&o).contains("no speaker encoder"), "{}", stderr(&o));
+    assert!(!ws.path().join("x.wav").exists());
+}
