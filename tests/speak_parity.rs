@@ -67,14 +67,22 @@ fn strings(v: &serde_json::Value) -> Vec<String> {
         .collect()
 }
 
+/// Both CPU precisions: f32, and bf16-stored matrices (the same weight values for these bf16
+/// checkpoints, f32 arithmetic), which must give the same codes.
 fn run_model(model: &str) {
+    for precision in [Precision::F32, Precision::Bf16Weights] {
+        run_model_in(model, precision);
+    }
+}
+
+fn run_model_in(model: &str, precision: Precision) {
     let refs = load_refs(model);
     let source = ModelSource::Local(fixtures().join(model));
-    let mut synth = Synthesizer::load(&source, Precision::F32, &Device::Cpu).unwrap();
+    let mut synth = Synthesizer::load(&source, precision, &Device::Cpu).unwrap();
     assert!(!refs.cases.is_empty());
     for case in &refs.cases {
         let name = case["name"].as_str().unwrap();
-        let tag = format!("{model} {name}");
+        let tag = format!("{model} {precision:?} {name}");
         let texts = strings(&case["texts"]);
         let languages = strings(&case["languages"]);
         let mode = case["mode"].as_str().unwrap();

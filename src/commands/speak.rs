@@ -46,6 +46,8 @@ pub fn run(ws: &Workspace, config: &Config, args: &SpeakArgs) -> Result<()> {
         opts.seed = s.seed as u64;
     }
 
+    // Timed like the official generate_voice_clone call: voice preparation, generation, decode.
+    let started = std::time::Instant::now();
     let mut voices = VoiceCache::default();
     let mut requests = Vec::with_capacity(jobs.len());
     for job in &jobs {
@@ -62,7 +64,6 @@ pub fn run(ws: &Workspace, config: &Config, args: &SpeakArgs) -> Result<()> {
 
     let bar = crate::progress::Progress::new(requests.len() as u64, "texts", "speak");
     let mut frames_total = 0usize;
-    let started = std::time::Instant::now();
     let speech = synth.synthesize(&requests, &opts, |_| {
         frames_total += 1;
         bar.set_message(format!("{frames_total} frame steps"));
@@ -94,7 +95,8 @@ pub fn run(ws: &Workspace, config: &Config, args: &SpeakArgs) -> Result<()> {
     let audio: f64 = speech.iter().map(|s| s.wav.len() as f64).sum::<f64>() / rate as f64;
     if audio > 0.0 {
         eprintln!(
-            "{:.2} s of audio in {:.2} s (real-time factor {:.2})",
+            "{:.2} s of audio in {:.2} s (real-time factor {:.2}; voice preparation, generation and \
+             decoding, model loading excluded)",
             audio,
             seconds,
             seconds / audio
