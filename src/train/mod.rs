@@ -9,6 +9,7 @@
 
 pub mod batch;
 pub mod checkpoint;
+pub mod cpu_ops;
 pub mod data;
 pub mod export;
 pub mod loss;
@@ -324,7 +325,7 @@ impl Trainer {
                 };
                 let g = g.to_dtype(DType::F32)?;
                 *a = Some(match a.take() {
-                    Some(prev) => (prev + g)?,
+                    Some(prev) => optim::accumulate(prev, &g)?,
                     None => g,
                 });
             }
@@ -348,19 +349,16 @@ impl Trainer {
         let clip = optim::clip_factor(grad_norm, self.opts.config.clip_norm);
         let lr = self.schedule.lr(self.step + 1);
         self.adam.step += 1;
-        for (i, (p, g)) in self.params.params.iter_mut().zip(grads).enumerate() {
-            let g = if clip < 1.0 { g.affine(clip, 0.0)? } else { g };
-            let (np, m, v) = self.adamw.update(
+        for (i, (p, g)) in self.params.params.iter_mut().zip(&grads).enumerate() {
+            self.adamw.apply(
                 self.adam.step,
                 lr,
-                &p.master(),
-                &g,
-                &self.adam.m[i],
-                &self.adam.v[i],
+                clip,
+                p,
+                g,
+                &mut self.adam.m[i],
+                &mut self.adam.v[i],
             )?;
-            p.set_master(np)?;
-            self.adam.m[i] = m;
-            self.adam.v[i] = v;
         }
         self.step += 1;
         let loss = sum / n;

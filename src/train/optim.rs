@@ -4,6 +4,9 @@
 
 use candle_core::{DType, Result, Tensor};
 
+use super::cpu_ops;
+use super::params::Param;
+
 /// AdamW hyper-parameters (PyTorch defaults for betas and eps).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AdamW {
@@ -49,6 +52,73 @@ impl AdamW {
         let p = (p - (m.div(&denom)?).affine(lr / bc1, 0.0)?)?;
         Ok((p, m, v))
     }
+
+    /// One update of `param` with gradient `g` scaled by `clip`: in place with the CPU kernels
+    /// when the master, moments and gradient are contiguous f32 CPU tensors, else through
+    /// [`Self::update`]. Same formula either way.
+    #[allow(clippy::too_many_arguments)]
+    pub fn apply(
+        &self,
+        t: u64,
+        lr: f64,
+        clip: f64,
+        param: &mut Param,
+        g: &Tensor,
+        m: &mut Tensor,
+        v: &mut Tensor,
+    ) -> Result<()> {
+        let bc1 = 1.0 - self.beta1.powi(t as i32);
+        let bc2 = 1.0 - self.beta2.powi(t as i32);
+        if let Some(p) = param.master_in_place() {
+            if [p, g, &*m, &*v].iter().all(|x| cpu_ops::supported(x)) {
+                m.inplace_op2(
+                    g,
+                    &cpu_ops::FirstMoment {
+                        weight: (1.0 - self.beta1) as f32,
+                        clip: clip as f32,
+                    },
+                )?;
+                v.inplace_op2(
+                    g,
+                    &cpu_ops::SecondMoment {
+                        beta2: self.beta2 as f32,
+                        clip: clip as f32,
+                    },
+                )?;
+                p.inplace_op3(
+                    m,
+                    v,
+                    &cpu_ops::ParamUpdate {
+                        decay: (1.0 - lr * self.weight_decay) as f32,
+                        step_size: (lr / bc1) as f32,
+                        bc2_sqrt: bc2.sqrt() as f32,
+                        eps: self.eps as f32,
+                    },
+                )?;
+                return Ok(());
+            }
+        }
+        let g = if clip < 1.0 {
+            g.affine(clip, 0.0)?
+        } else {
+            g.clone()
+        };
+        let (np, nm, nv) = self.update(t, lr, &param.master(), &g, m, v)?;
+        param.set_master(np)?;
+        *m = nm;
+        *v = nv;
+        Ok(())
+    }
+}
+
+/// `acc += g` (in place on the CPU).
+pub fn accumulate(acc: Tensor, g: &Tensor) -> Result<Tensor> {
+    if cpu_ops::supported(&acc) && cpu_ops::supported(g) {
+        acc.inplace_op2(g, &cpu_ops::AddAssign)?;
+        Ok(acc)
+    } else {
+        acc + g
+    }
 }
 
 /// AdamW's per-parameter state: fp32 first and second moments (in parameter order) and the
@@ -63,20 +133,23 @@ pub struct AdamState {
 impl AdamState {
     /// Zero moments shaped like `masters` (fp32).
     pub fn zeros(masters: &[Tensor]) -> Result<Self> {
-        let z = masters
-            .iter()
-            .map(|t| t.zeros_like()?.to_dtype(DType::F32))
-            .collect::<Result<Vec<_>>>()?;
+        // Separate buffers: the moments are updated in place.
+        let z = || -> Result<Vec<Tensor>> {
+            masters
+                .iter()
+                .map(|t| Tensor::zeros(t.shape(), DType::F32, t.device()))
+                .collect()
+        };
         Ok(Self {
             step: 0,
-            m: z.clone(),
-            v: z,
+            m: z()?,
+            v: z()?,
         })
     }
 }
 
-/// Global L2 norm of `grads` (f32 sums of squares per tensor, added up in f64 in the given
-/// order).
+/// Global L2 norm of `grads`: per-tensor sums of squares (f64 on the CPU, f32 elsewhere) added
+/// up in f64 in the given order.
 pub fn global_norm(grads: &[Tensor]) -> Result<f64> {
     let mut total = 0f64;
     for g in grads {

@@ -99,6 +99,14 @@ impl Param {
         }
     }
 
+    /// The master when it can be updated in place: the `Var` itself (f32 compute).
+    pub fn master_in_place(&self) -> Option<&Tensor> {
+        match &self.master {
+            Some(_) => None,
+            None => Some(self.var.as_tensor()),
+        }
+    }
+
     /// Replaces the master (fp32, same shape) and refreshes the compute copy.
     pub fn set_master(&mut self, value: Tensor) -> candle_core::Result<()> {
         match &mut self.master {
