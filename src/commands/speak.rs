@@ -51,9 +51,12 @@ pub fn run(ws: &Workspace, config: &Config, args: &SpeakArgs) -> Result<()> {
     let mut voices = VoiceCache::default();
     let mut requests = Vec::with_capacity(jobs.len());
     for job in &jobs {
-        let voice = voices
-            .get(ws, &mut synth, &job.voice)
-            .with_context(|| job.context.clone())?;
+        let voice = voices.get(ws, &mut synth, &job.voice);
+        let voice = if job.context.is_empty() {
+            voice?
+        } else {
+            voice.with_context(|| job.context.clone())?
+        };
         requests.push(Request {
             text: job.text.clone(),
             language: job.language.clone().unwrap_or_else(|| s.language.clone()),
@@ -195,7 +198,7 @@ fn read_jobs(args: &SpeakArgs) -> Result<Vec<Job>> {
             non_streaming: None,
             voice: flags,
             output: None,
-            context: "the text".into(),
+            context: String::new(),
         }]);
     };
     let content = std::fs::read_to_string(input)
@@ -440,6 +443,15 @@ fn resolve_voice(ws: &Workspace, synth: &mut Synthesizer, spec: &VoiceSpec) -> R
 }
 
 fn clone_from_file(synth: &mut Synthesizer, path: &Path, ref_text: Option<&str>) -> Result<Voice> {
+    let cfg = synth.config();
+    if cfg.tts_model_type != "base" {
+        bail!(
+            "{} is a {} model: it speaks with its own speakers ({}), it cannot clone a voice from              a reference clip (use a Base model such as Qwen/Qwen3-TTS-12Hz-1.7B-Base for that)",
+            synth.files.source.describe(),
+            cfg.tts_model_type,
+            synth.speakers().join(", ")
+        );
+    }
     ensure!(
         path.is_file(),
         "reference audio {} does not exist or is not a file",
