@@ -155,6 +155,14 @@ pub fn run(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<()> {
         .as_ref()
         .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.clone()))
         .unwrap_or_else(|| export_dir(ws));
+    if export::is_current(&output, &ckpt, &c.speaker_name) {
+        println!(
+            "{} is up to date (export of {})",
+            ws.relative(&output),
+            ws.relative(&ckpt)
+        );
+        return Ok(());
+    }
     let opts = trainer.options();
     let summary = export::export(&export::ExportOptions {
         files: &opts.files,

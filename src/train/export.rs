@@ -74,6 +74,24 @@ pub struct ExportSummary {
     pub replaced: bool,
 }
 
+/// Whether `output` already holds the export of `checkpoint` for `speaker_name` (its marker
+/// names the same checkpoint directory, step and speaker).
+pub fn is_current(output: &Path, checkpoint: &Path, speaker_name: &str) -> bool {
+    let Ok(text) = fs::read_to_string(output.join(MARKER)) else {
+        return false;
+    };
+    let Ok(marker) = serde_json::from_str::<Value>(&text) else {
+        return false;
+    };
+    let Ok(index) = checkpoint::read_index(checkpoint) else {
+        return false;
+    };
+    marker["checkpoint"].as_str() == Some(&checkpoint.display().to_string())
+        && marker["step"].as_u64() == Some(index.step as u64)
+        && marker["speaker_name"].as_str() == Some(&speaker_name.trim().to_lowercase())
+        && output.join(mf::SINGLE_FILE).is_file()
+}
+
 /// Why an existing `output` may or may not be replaced.
 fn check_output(output: &Path) -> Result<bool> {
     if !output.exists() {

@@ -491,11 +491,13 @@ impl Trainer {
             if due || stop || self.step == total {
                 let dir = self.save()?;
                 log.plot()?;
+                let shown = match self.opts.checkpoints.parent() {
+                    Some(base) => crate::fsutil::display_relative(&dir, base),
+                    None => dir.display().to_string(),
+                };
                 progress.println(format!(
-                    "step {}/{total}: loss {:.4}; saved {}",
-                    self.step,
-                    m.loss,
-                    dir.display()
+                    "step {}/{total}: loss {:.4}; saved {shown}",
+                    self.step, m.loss,
                 ));
                 outcome.checkpoint = Some(dir);
             }
