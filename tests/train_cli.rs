@@ -334,6 +334,14 @@ fn stopped_and_killed_runs_resume_bit_identically() {
         ("VOICECLONE_TEST_PAUSE_AFTER_STEP", "3"),
         "paused after step 3",
     );
+    // Meanwhile a second run in the same workspace is refused.
+    let o = train(b.path(), &full);
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("another `voiceclone train`"),
+        "{}",
+        text(&o)
+    );
     signal(&child, libc::SIGTERM);
     let out = child.wait_with_output().unwrap();
     assert!(

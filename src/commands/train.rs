@@ -15,6 +15,9 @@ use crate::model::files::ModelFiles;
 use crate::train::{self, checkpoint, data, export, TrainOptions, Trainer};
 use crate::workspace::Workspace;
 
+/// Held while `voiceclone train` runs in a workspace.
+pub const LOCK_FILE: &str = ".voiceclone-train.lock";
+
 /// `checkpoints/` of the workspace.
 pub fn checkpoints_dir(ws: &Workspace) -> PathBuf {
     ws.root().join("checkpoints")
@@ -51,6 +54,7 @@ pub fn run(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<()> {
             ws.root().display()
         );
     }
+    let _lock = train::lock::RunLock::acquire(&ws.root().join(LOCK_FILE))?;
     ensure_codes(ws, config, &manifest)?;
     let speaker = ensure_speaker(ws, config, &manifest)?;
 

@@ -12,6 +12,7 @@ pub mod checkpoint;
 pub mod cpu_ops;
 pub mod data;
 pub mod export;
+pub mod lock;
 pub mod loss;
 pub mod metrics;
 pub mod optim;
