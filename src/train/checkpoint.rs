@@ -457,7 +457,11 @@ pub fn load_tensors(
             kinds.iter().any(|k| n.starts_with(&format!("{k}.")))
         })?;
         for (name, info) in &index.params {
-            for s in info.shards.iter().filter(|s| s.rank == rank) {
+            for s in info
+                .shards
+                .iter()
+                .filter(|s| s.rank == rank && s.rows[1] > s.rows[0])
+            {
                 let mut shape = info.shape.clone();
                 if let Some(rows) = shape.first_mut() {
                     *rows = s.rows[1] - s.rows[0];

@@ -477,8 +477,14 @@ impl Trainer {
             outcome.frames_per_second = Some(fps);
             progress.set_position(self.step as u64);
             progress.set_message(format!(
-                "loss {:.4} (talker {:.4}, sub {:.4}) · lr {:.2e} · {:.0} frames/s",
-                m.loss, m.loss_talker, m.loss_sub, m.lr, fps
+                "epoch {}/{} · loss {:.4} (talker {:.4}, sub {:.4}) · lr {:.2e} · {:.0} frames/s",
+                m.epoch + 1,
+                c.epochs,
+                m.loss,
+                m.loss_talker,
+                m.loss_sub,
+                m.lr,
+                fps
             ));
             if pause_after == Some(self.step) {
                 progress.println(format!("test hook: paused after step {}", self.step));
