@@ -120,7 +120,7 @@ fn run_model_in(model: &str, precision: Precision) {
                 non_streaming: case["non_streaming_mode"].as_bool().unwrap(),
             })
             .collect();
-        let speech = synth.synthesize(&requests, &opts, |_| {}).unwrap();
+        let speech = synth.synthesize(&requests, &opts, |_, _, _| {}).unwrap();
         if let Some(branch) = case["icl_branch"].as_str() {
             let got = format!("{:?}", speech[0].icl_branches[0]);
             let want = match branch {

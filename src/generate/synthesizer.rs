@@ -224,12 +224,13 @@ impl Synthesizer {
 
     /// Synthesises every request. Rows (requests, or chunks of long ones) are generated
     /// `batch_size` at a time; each has its own random stream, so the result does not depend on
-    /// the grouping. `progress(frames_done_in_batch)` is called after each step.
+    /// the grouping. `progress(rows_done, rows_total, frames_of_current_batch)` is called after
+    /// every generated step.
     pub fn synthesize(
         &self,
         requests: &[Request],
         opts: &DecodeOptions,
-        mut progress: impl FnMut(usize),
+        mut progress: impl FnMut(usize, usize, usize),
     ) -> Result<Vec<Speech>> {
         ensure!(opts.max_frames > 0, "the frame limit must be at least 1");
         ensure!(opts.batch_size > 0, "the batch size must be at least 1");
@@ -261,6 +262,7 @@ impl Synthesizer {
             max_frames: opts.max_frames,
         };
         let mut generated: Vec<(Generated, Option<IclBranch>)> = Vec::with_capacity(rows.len());
+        let mut done = 0;
         for group in rows.chunks(opts.batch_size) {
             let mut prompts = Vec::with_capacity(group.len());
             let mut branches = Vec::with_capacity(group.len());
@@ -279,9 +281,11 @@ impl Synthesizer {
                 &self.special.pad,
                 &loop_opts,
                 &mut rngs,
-                &mut progress,
+                |frames| progress(done, rows.len(), frames),
             )?;
             generated.extend(out.into_iter().zip(branches));
+            done += group.len();
+            progress(done, rows.len(), 0);
         }
 
         let mut speech: Vec<Speech> = requests
