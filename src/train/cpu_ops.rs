@@ -255,3 +255,174 @@ mod tests {
         assert!(d.to_scalar::<f32>().unwrap() < 1e-6);
     }
 }
+
+/// Mean cross-entropy of f32 logits `(M, V)` against u32 targets `(M,)` in one pass per row,
+/// with a fused backward (`(softmax − onehot) · grad / M`): the composed version materialises a
+/// handful of logits-sized temporaries forward and backward (the sub-talker's logits are
+/// 15 × frames × 2048). Per-row losses are summed in f64, in row order.
+pub struct CrossEntropy;
+
+fn ce_inputs<'a>(
+    s1: &'a CpuStorage,
+    l1: &Layout,
+    s2: &'a CpuStorage,
+    l2: &Layout,
+) -> Result<(&'a [f32], usize, usize, &'a [u32])> {
+    let x = slice(s1, l1, "cross-entropy logits")?;
+    let (m, v) = l1.shape().dims2()?;
+    let CpuStorage::U32(t) = s2 else {
+        bail!("cross-entropy: targets must be u32")
+    };
+    let Some((a, b)) = l2.contiguous_offsets() else {
+        bail!("cross-entropy: targets must be contiguous")
+    };
+    let t = &t[a..b];
+    check_len(t.len(), m, "cross-entropy targets")?;
+    if let Some(bad) = t.iter().find(|&&c| c as usize >= v) {
+        bail!("cross-entropy: target {bad} is outside the {v} classes");
+    }
+    Ok((x, m, v, t))
+}
+
+/// `(max, Σ exp(x − max))` of one row.
+fn row_stats(row: &[f32]) -> (f32, f64) {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = row.iter().map(|&x| (x - max).exp() as f64).sum();
+    (max, sum)
+}
+
+impl candle_core::CustomOp2 for CrossEntropy {
+    fn name(&self) -> &'static str {
+        "cross-entropy"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (x, m, v, t) = ce_inputs(s1, l1, s2, l2)?;
+        let rows: Vec<f64> = x
+            .par_chunks(v)
+            .zip(t.par_iter())
+            .map(|(row, &target)| {
+                let (max, sum) = row_stats(row);
+                sum.ln() + max as f64 - row[target as usize] as f64
+            })
+            .collect();
+        let mean = rows.iter().sum::<f64>() / m.max(1) as f64;
+        Ok((CpuStorage::F32(vec![mean as f32]), Shape::from(())))
+    }
+
+    fn bwd(
+        &self,
+        logits: &Tensor,
+        targets: &Tensor,
+        _res: &Tensor,
+        grad_res: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let scale = grad_res
+            .to_dtype(candle_core::DType::F32)?
+            .to_scalar::<f32>()?;
+        let g = logits.apply_op2_no_bwd(targets, &CrossEntropyGrad { scale })?;
+        Ok((Some(g), None))
+    }
+}
+
+/// `(softmax(x) − onehot(t)) · scale / M`.
+struct CrossEntropyGrad {
+    scale: f32,
+}
+
+impl candle_core::CustomOp2 for CrossEntropyGrad {
+    fn name(&self) -> &'static str {
+        "cross-entropy-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (x, m, v, t) = ce_inputs(s1, l1, s2, l2)?;
+        let k = self.scale / m.max(1) as f32;
+        let mut out = vec![0f32; m * v];
+        out.par_chunks_mut(v)
+            .zip(x.par_chunks(v))
+            .zip(t.par_iter())
+            .for_each(|((o, row), &target)| {
+                let (max, sum) = row_stats(row);
+                let inv = (1.0 / sum) as f32;
+                for (o, &x) in o.iter_mut().zip(row) {
+                    *o = (x - max).exp() * inv * k;
+                }
+                o[target as usize] -= k;
+            });
+        Ok((CpuStorage::F32(out), Shape::from((m, v))))
+    }
+}
+
+#[cfg(test)]
+mod ce_tests {
+    use super::*;
+    use candle_core::{DType, Device, D};
+
+    #[test]
+    fn fused_cross_entropy_matches_the_composed_one() {
+        let dev = Device::Cpu;
+        let (m, v) = (37, 301);
+        let x: Vec<f32> = (0..m * v).map(|i| (i as f32 * 0.731).sin() * 6.0).collect();
+        let t: Vec<u32> = (0..m).map(|i| (i * 17 % v) as u32).collect();
+        let var = candle_core::Var::from_vec(x, (m, v), &dev).unwrap();
+        let targets = Tensor::from_vec(t, m, &dev).unwrap();
+        let fused = var.as_tensor().apply_op2(&targets, CrossEntropy).unwrap();
+        let composed = {
+            let l = var.as_tensor();
+            let max = l.max_keepdim(D::Minus1).unwrap().detach();
+            let s = l.broadcast_sub(&max).unwrap();
+            let lse = s
+                .exp()
+                .unwrap()
+                .sum_keepdim(D::Minus1)
+                .unwrap()
+                .log()
+                .unwrap();
+            let picked = s.gather(&targets.unsqueeze(1).unwrap(), 1).unwrap();
+            (lse - picked).unwrap().mean_all().unwrap()
+        };
+        let (a, b) = (
+            fused.to_scalar::<f32>().unwrap(),
+            composed.to_scalar::<f32>().unwrap(),
+        );
+        assert!((a - b).abs() < 1e-5 * b.abs(), "{a} vs {b}");
+        let ga = (fused * 3.0)
+            .unwrap()
+            .backward()
+            .unwrap()
+            .get(var.as_tensor())
+            .unwrap()
+            .clone();
+        let gb = (composed * 3.0)
+            .unwrap()
+            .backward()
+            .unwrap()
+            .get(var.as_tensor())
+            .unwrap()
+            .clone();
+        let d = (ga - &gb)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert!(d < 1e-6, "gradient differs by {d}");
+    }
+}

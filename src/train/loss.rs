@@ -10,6 +10,7 @@
 use candle_core::{DType, Result, Tensor, D};
 
 use super::batch::BatchTensors;
+use super::cpu_ops;
 use crate::model::talker::Talker;
 
 /// Weight of the sub-talker loss (official commit `680d4e9`).
@@ -77,12 +78,16 @@ pub fn sft_loss(talker: &Talker, b: &BatchTensors, speaker: &Tensor) -> Result<L
 }
 
 /// Mean cross-entropy of `logits` `(M, V)` (any float dtype; computed in f32) against `targets`
-/// `(M,)`, through plain differentiable ops.
+/// `(M,)`: fused on the CPU ([`cpu_ops::CrossEntropy`]), plain differentiable ops elsewhere.
 pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
-    let logits = logits.to_dtype(DType::F32)?;
+    let logits = logits.to_dtype(DType::F32)?.contiguous()?;
+    let targets = targets.to_dtype(DType::U32)?.contiguous()?;
+    if cpu_ops::supported(&logits) {
+        return logits.apply_op2(&targets, cpu_ops::CrossEntropy);
+    }
     let max = logits.max_keepdim(D::Minus1)?.detach();
     let shifted = logits.broadcast_sub(&max)?;
     let lse = shifted.exp()?.sum_keepdim(D::Minus1)?.log()?;
-    let picked = shifted.gather(&targets.to_dtype(DType::U32)?.unsqueeze(1)?, 1)?;
+    let picked = shifted.gather(&targets.unsqueeze(1)?, 1)?;
     (lse - picked)?.mean_all()
 }
