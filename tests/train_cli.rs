@@ -241,6 +241,8 @@ fn training_lowers_the_loss_freezes_and_exports_the_official_layout() {
     assert!(stdout.contains("model is up to date"), "{}", text(&o));
     // (-o is relative to the current directory, like every path flag.)
     let other = ws.join("other");
+    // (A leftover of an interrupted export to the same place is cleaned up.)
+    std::fs::create_dir_all(ws.join(".other.tmp-export-1")).unwrap();
     let o = voiceclone(
         ws,
         &[
@@ -259,6 +261,7 @@ fn training_lowers_the_loss_freezes_and_exports_the_official_layout() {
         cfg["talker_config"]["spk_id"],
         serde_json::json!({"bob": 3000})
     );
+    assert!(!ws.join(".other.tmp-export-1").exists());
     // A directory that is not an export is never replaced.
     std::fs::create_dir_all(ws.join("mine")).unwrap();
     std::fs::write(ws.join("mine/notes.txt"), "keep me").unwrap();

@@ -161,10 +161,14 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "model".into());
-    let tmp = parent.join(format!(".{base_name}.tmp-export-{}", std::process::id()));
-    if tmp.exists() {
-        fs::remove_dir_all(&tmp)?;
+    // Leftovers of interrupted exports to the same place, then a fresh temporary directory.
+    let prefix = format!(".{base_name}.tmp-export-");
+    for e in fs::read_dir(&parent)?.flatten() {
+        if e.file_name().to_string_lossy().starts_with(&prefix) && e.path().is_dir() {
+            let _ = fs::remove_dir_all(e.path());
+        }
     }
+    let tmp = parent.join(format!("{prefix}{}", std::process::id()));
     fs::create_dir_all(&tmp)?;
     let result = (|| -> Result<(usize, usize)> {
         copy_model_files(opts.files, &tmp)?;

@@ -451,6 +451,7 @@ impl Trainer {
                 Ok(m) => m,
                 Err(e) => {
                     progress.finish();
+                    signal::restore();
                     let last = checkpoint::find_latest(&self.opts.checkpoints)?;
                     let hint = match last {
                         Some(d) => format!(
@@ -514,6 +515,7 @@ impl Trainer {
             }
         }
         progress.finish();
+        signal::restore();
         Ok(outcome)
     }
 

@@ -17,6 +17,13 @@ pub fn install() {
     unix::install();
 }
 
+/// Restores the default actions (after training: Ctrl-C during the export ends the process;
+/// the export is written under a temporary name, so nothing half-written is left in place).
+pub fn restore() {
+    #[cfg(unix)]
+    unix::restore();
+}
+
 #[cfg(unix)]
 mod unix {
     use super::*;
@@ -34,6 +41,14 @@ mod unix {
         unsafe {
             libc::signal(libc::SIGINT, handler);
             libc::signal(libc::SIGTERM, handler);
+        }
+    }
+
+    pub fn restore() {
+        // SAFETY: resets the dispositions to the defaults.
+        unsafe {
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            libc::signal(libc::SIGTERM, libc::SIG_DFL);
         }
     }
 }
