@@ -488,6 +488,19 @@ fn incompatible_checkpoints_are_refused_and_fresh_moves_them_aside() {
     let o = train(ws, &["--max-steps", "3", "--lr", "2e-3"]);
     ok(&o);
     assert_eq!(latest(ws), "step-0000003");
+    // New data: the run continues, restarting the current epoch with it.
+    let manifest = ws.join("data/train.jsonl");
+    let extra = synthetic_rows(7, 11).pop().unwrap();
+    let body = std::fs::read_to_string(&manifest).unwrap() + &format!("{extra}\n");
+    std::fs::write(&manifest, body).unwrap();
+    let o = train(ws, &["--max-steps", "4", "--lr", "2e-3"]);
+    ok(&o);
+    assert!(
+        text(&o).contains("changed since that checkpoint"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(latest(ws), "step-0000004");
     // --fresh keeps the old run.
     let o = train(ws, &["--max-steps", "1", "--batch-size", "2", "--fresh"]);
     ok(&o);
