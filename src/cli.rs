@@ -315,9 +315,14 @@ pub struct SpeakArgs {
     #[arg(long, value_name = "LANG")]
     pub language: Option<String>,
 
-    /// Whole text before the first frame (official non_streaming_mode) [speak.non_streaming].
-    #[arg(long)]
+    /// Whole text before the first frame (official non_streaming_mode) [speak.non_streaming;
+    /// default: on for named speakers, off for cloning, as officially].
+    #[arg(long, conflicts_with = "streaming")]
     pub non_streaming: bool,
+
+    /// Feed the text along with the frames (the opposite of --non-streaming).
+    #[arg(long)]
+    pub streaming: bool,
 
     /// No sampling: most likely code at every step, talker and code predictor [speak.greedy].
     #[arg(long)]
@@ -393,8 +398,11 @@ impl SpeakArgs {
             o.push(Override::new(
                 "speak.non_streaming",
                 "--non-streaming",
-                true,
+                "true",
             ));
+        }
+        if self.streaming {
+            o.push(Override::new("speak.non_streaming", "--streaming", "false"));
         }
         if self.greedy {
             o.push(Override::new("speak.greedy", "--greedy", true));

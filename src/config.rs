@@ -82,7 +82,7 @@ pub struct TrainConfig {
 pub struct SpeakConfig {
     pub model: String,
     pub language: String,
-    pub non_streaming: bool,
+    pub non_streaming: String,
     pub greedy: bool,
     pub temperature: f64,
     pub top_k: usize,
@@ -391,6 +391,12 @@ impl Resolved {
                     "{:?} is not one of auto, f32, bf16-weights, bf16",
                     s.precision
                 ),
+            ));
+        }
+        if !["auto", "true", "false"].contains(&s.non_streaming.as_str()) {
+            return Err(bad(
+                "speak.non_streaming",
+                format!("{:?} is not one of auto, true, false", s.non_streaming),
             ));
         }
         if s.language.trim().is_empty() {

@@ -57,11 +57,18 @@ pub fn run(ws: &Workspace, config: &Config, args: &SpeakArgs) -> Result<()> {
         } else {
             voice.with_context(|| job.context.clone())?
         };
+        let non_streaming = job.non_streaming.unwrap_or(match s.non_streaming.as_str() {
+            "true" => true,
+            "false" => false,
+            // The official defaults: generate_custom_voice non-streaming,
+            // generate_voice_clone streaming.
+            _ => matches!(voice, Voice::Speaker(_)),
+        });
         requests.push(Request {
             text: job.text.clone(),
             language: job.language.clone().unwrap_or_else(|| s.language.clone()),
             voice,
-            non_streaming: job.non_streaming.unwrap_or(s.non_streaming),
+            non_streaming,
         });
     }
 
