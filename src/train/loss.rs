@@ -24,16 +24,41 @@ pub struct Loss {
     pub sub: Tensor,
 }
 
+/// Where the text-channel rows come from: by default `talker.text_embedding[text_ids]`; the
+/// trainer may instead pass the batch's distinct rows (a small trainable copy) and the batch's
+/// ids into them, so that the gradient is row-sparse instead of a dense 151936-row table.
+#[derive(Debug, Clone, Copy)]
+pub struct TextRows<'a> {
+    /// `(K, text_hidden)` rows.
+    pub table: &'a Tensor,
+    /// `(B, N)` indices into `table`.
+    pub ids: &'a Tensor,
+}
+
 /// The talker input `E` `(B, N, H)` in the talker's dtype (spec §10.2, §10.3):
 /// `text_embed(text ids)·text_mask + codec_embedding(codec ids)·codec_embedding_mask
 /// + x-vector at position 6 + Σ_{i=1..15} cp.codec_embedding[i-1](code_i)·codec_mask`.
 /// `speaker` `(H,)` is data (detached).
 pub fn input_embeddings(talker: &Talker, b: &BatchTensors, speaker: &Tensor) -> Result<Tensor> {
+    input_embeddings_with(talker, b, speaker, None)
+}
+
+/// [`input_embeddings`] with the text rows taken from `text` when given.
+pub fn input_embeddings_with(
+    talker: &Talker,
+    b: &BatchTensors,
+    speaker: &Tensor,
+    text: Option<TextRows>,
+) -> Result<Tensor> {
     let dtype = talker.codec_embedding.dtype();
     let cast = |t: &Tensor| t.to_dtype(dtype);
-    let text = talker
-        .text_embed(&b.text_ids)?
-        .broadcast_mul(&cast(&b.text_mask)?)?;
+    let text = match text {
+        Some(t) => talker
+            .text_projection
+            .forward(&crate::model::ops::embedding(t.table, t.ids)?)?,
+        None => talker.text_embed(&b.text_ids)?,
+    }
+    .broadcast_mul(&cast(&b.text_mask)?)?;
     let codec = talker
         .codec_embed(&b.codec_channel_ids)?
         .broadcast_mul(&cast(&b.codec_embedding_mask)?)?;
@@ -48,7 +73,17 @@ pub fn input_embeddings(talker: &Talker, b: &BatchTensors, speaker: &Tensor) -> 
 
 /// `L`, `L_talker` and `L_sub` of one batch.
 pub fn sft_loss(talker: &Talker, b: &BatchTensors, speaker: &Tensor) -> Result<Loss> {
-    let e = input_embeddings(talker, b, speaker)?;
+    sft_loss_with(talker, b, speaker, None)
+}
+
+/// [`sft_loss`] with the text rows taken from `text` when given (see [`TextRows`]).
+pub fn sft_loss_with(
+    talker: &Talker,
+    b: &BatchTensors,
+    speaker: &Tensor,
+    text: Option<TextRows>,
+) -> Result<Loss> {
+    let e = input_embeddings_with(talker, b, speaker, text)?;
     let n = b.len;
     // The last input (EOS of the longest sample) is never fed: inputs are E[:, :N-1].
     let hidden = talker.forward(&e.narrow(1, 0, n - 1)?, None, None)?;

@@ -20,6 +20,7 @@ pub mod params;
 pub mod rng;
 pub mod sampler;
 pub mod signal;
+pub mod sparse;
 pub mod stwrite;
 pub mod units;
 
@@ -27,7 +28,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device, Tensor, Var};
 use sha2::{Digest, Sha256};
 
 use self::batch::{Batch, LayoutIds};
@@ -37,6 +38,7 @@ use self::metrics::{MetricsLog, StepMetrics};
 use self::optim::{AdamState, AdamW, Schedule};
 use self::params::ParamSet;
 use self::sampler::Sampler;
+use self::sparse::RowGrad;
 use crate::config::TrainConfig;
 use crate::model::config::Qwen3TtsConfig;
 use crate::model::files::ModelFiles;
@@ -50,6 +52,8 @@ pub const PAUSE_AFTER_STEP_ENV: &str = "VOICECLONE_TEST_PAUSE_AFTER_STEP";
 pub const NAN_AT_STEP_ENV: &str = "VOICECLONE_TEST_NAN_AT_STEP";
 /// Name of the speaker embedding copy kept in every checkpoint (what the export uses).
 pub const CHECKPOINT_SPEAKER: &str = "speaker.safetensors";
+/// The text embedding table, whose gradient the CPU trainer keeps row-sparse.
+pub const TEXT_EMBEDDING: &str = "talker.model.text_embedding.weight";
 /// Tensor name of the speaker embedding (as written by `voiceclone embed`).
 pub const SPEAKER_TENSOR: &str = "speaker_embedding";
 
@@ -130,6 +134,9 @@ pub struct Trainer {
     pub layout: LayoutIds,
     /// The learning-rate schedule (public so that tests can pin a constant rate).
     pub schedule: Schedule,
+    /// Index of the text embedding among the parameters when its gradient is kept row-sparse
+    /// (trained, f32 master updated in place on the CPU; see [`sparse`]).
+    sparse_text: Option<usize>,
     opts: TrainOptions,
     /// Checkpoint the run resumed from.
     pub resumed_from: Option<PathBuf>,
@@ -235,7 +242,11 @@ impl Trainer {
                 resumed_from = Some(dir);
             }
         }
+        let sparse_text = params.params.iter().position(|p| {
+            p.name == TEXT_EMBEDDING && p.master_in_place().is_some_and(cpu_ops::supported)
+        });
         let mut trainer = Self {
+            sparse_text,
             layout: LayoutIds::from_config(&cfg),
             schedule: Schedule {
                 peak: c.lr,
@@ -284,6 +295,34 @@ impl Trainer {
         ))
     }
 
+    /// A micro-batch's loss inside an optimizer step; with the row-sparse text embedding also
+    /// the batch's distinct text rows and the trainable copy of them the loss was computed from.
+    #[allow(clippy::type_complexity)]
+    fn micro_loss(
+        &self,
+        indices: &[usize],
+    ) -> Result<(loss::Loss, usize, Option<(Vec<u32>, Var)>)> {
+        let samples: Vec<&data::Sample> =
+            indices.iter().map(|&i| &self.dataset.samples[i]).collect();
+        let batch = Batch::build(&samples, &self.layout);
+        let tensors = batch.to_tensors(&self.opts.device)?;
+        let Some(i) = self.sparse_text else {
+            let l = loss::sft_loss(&self.talker, &tensors, &self.speaker)?;
+            return Ok((l, batch.frames, None));
+        };
+        let (uniq, local) = sparse::distinct(&batch.text_ids);
+        let dev = &self.opts.device;
+        let table = self.params.params[i].var.as_tensor();
+        let rows = Var::from_tensor(&table.index_select(&Tensor::new(uniq.as_slice(), dev)?, 0)?)?;
+        let ids = Tensor::from_vec(local, (batch.rows, batch.len), dev)?;
+        let text = loss::TextRows {
+            table: rows.as_tensor(),
+            ids: &ids,
+        };
+        let l = loss::sft_loss_with(&self.talker, &tensors, &self.speaker, Some(text))?;
+        Ok((l, batch.frames, Some((uniq, rows))))
+    }
+
     /// One optimizer step over `micro` micro-batches: averaged gradients, clipping, AdamW.
     pub fn step(&mut self, micro: &[Vec<usize>]) -> Result<StepMetrics> {
         let t0 = Instant::now();
@@ -295,8 +334,12 @@ impl Trainer {
             .ok()
             .and_then(|v| v.trim().parse::<usize>().ok())
             == Some(self.step + 1);
+        let mut text_rows = self.sparse_text.map(|i| {
+            let shape = self.params.params[i].shape();
+            RowGrad::new(shape[0], shape[1])
+        });
         for indices in micro {
-            let (l, f) = self.batch_loss(indices)?;
+            let (l, f, rows) = self.micro_loss(indices)?;
             let mut value = l.total.to_scalar::<f32>()? as f64;
             if poison {
                 value = f64::NAN;
@@ -320,6 +363,11 @@ impl Trainer {
             sum_sub += l.sub.to_scalar::<f32>()? as f64;
             frames += f;
             let grads = (l.total / n)?.backward()?;
+            if let (Some(acc), Some((ids, rows))) = (text_rows.as_mut(), rows) {
+                if let Some(g) = grads.get(rows.as_tensor()) {
+                    acc.add(&ids, &g.flatten_all()?.to_vec1::<f32>()?)?;
+                }
+            }
             for (a, p) in acc.iter_mut().zip(&self.params.params) {
                 let Some(g) = grads.get(p.var.as_tensor()) else {
                     continue;
@@ -331,15 +379,26 @@ impl Trainer {
                 });
             }
         }
+        let sparse = self.sparse_text;
         let grads: Vec<Tensor> = acc
             .into_iter()
             .zip(&self.params.params)
-            .map(|(g, p)| match g {
+            .enumerate()
+            .map(|(i, (g, p))| match g {
                 Some(g) => Ok(g),
+                // The row-sparse text embedding has no dense gradient: a placeholder.
+                None if Some(i) == sparse => Tensor::zeros(0, DType::F32, &self.opts.device),
                 None => Tensor::zeros(p.shape(), DType::F32, &self.opts.device),
             })
             .collect::<candle_core::Result<_>>()?;
-        let grad_norm = optim::global_norm(&grads)?;
+        let mut sum_sq = 0f64;
+        for (i, g) in grads.iter().enumerate() {
+            sum_sq += match &text_rows {
+                Some(rows) if Some(i) == sparse => rows.sum_squares(),
+                _ => optim::sum_squares(g)?,
+            };
+        }
+        let grad_norm = sum_sq.sqrt();
         if !grad_norm.is_finite() {
             bail!(
                 "the gradient norm became {grad_norm} at step {}; this step was not applied and \
@@ -351,6 +410,18 @@ impl Trainer {
         let lr = self.schedule.lr(self.step + 1);
         self.adam.step += 1;
         for (i, (p, g)) in self.params.params.iter_mut().zip(&grads).enumerate() {
+            if let Some(rows) = text_rows.as_ref().filter(|_| Some(i) == sparse) {
+                self.adamw.apply_rows(
+                    self.adam.step,
+                    lr,
+                    clip,
+                    p,
+                    rows,
+                    &self.adam.m[i],
+                    &self.adam.v[i],
+                )?;
+                continue;
+            }
             self.adamw.apply(
                 self.adam.step,
                 lr,

@@ -6,6 +6,7 @@ use candle_core::{DType, Result, Tensor};
 
 use super::cpu_ops;
 use super::params::Param;
+use super::sparse::{self, RowGrad};
 
 /// AdamW hyper-parameters (PyTorch defaults for betas and eps).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -111,6 +112,48 @@ impl AdamW {
     }
 }
 
+impl AdamW {
+    /// One update of `param` (a table updated in place on the CPU) with a row-sparse gradient
+    /// scaled by `clip`; rows without a gradient are updated as with a zero gradient.
+    #[allow(clippy::too_many_arguments)]
+    pub fn apply_rows(
+        &self,
+        t: u64,
+        lr: f64,
+        clip: f64,
+        param: &Param,
+        g: &RowGrad,
+        m: &Tensor,
+        v: &Tensor,
+    ) -> Result<()> {
+        let Some(p) = param.master_in_place() else {
+            candle_core::bail!("{}: row-sparse updates need an f32 master", param.name)
+        };
+        let bc1 = 1.0 - self.beta1.powi(t as i32);
+        let bc2 = 1.0 - self.beta2.powi(t as i32);
+        m.inplace_op1(&sparse::SparseFirstMoment {
+            grad: g,
+            weight: (1.0 - self.beta1) as f32,
+            clip: clip as f32,
+        })?;
+        v.inplace_op1(&sparse::SparseSecondMoment {
+            grad: g,
+            beta2: self.beta2 as f32,
+            clip: clip as f32,
+        })?;
+        p.inplace_op3(
+            m,
+            v,
+            &cpu_ops::ParamUpdate {
+                decay: (1.0 - lr * self.weight_decay) as f32,
+                step_size: (lr / bc1) as f32,
+                bc2_sqrt: bc2.sqrt() as f32,
+                eps: self.eps as f32,
+            },
+        )
+    }
+}
+
 /// `acc += g` (in place on the CPU).
 pub fn accumulate(acc: Tensor, g: &Tensor) -> Result<Tensor> {
     if cpu_ops::supported(&acc) && cpu_ops::supported(g) {
@@ -153,14 +196,22 @@ impl AdamState {
 pub fn global_norm(grads: &[Tensor]) -> Result<f64> {
     let mut total = 0f64;
     for g in grads {
-        let s = g
-            .to_dtype(DType::F32)?
-            .sqr()?
-            .sum_all()?
-            .to_scalar::<f32>()?;
-        total += s as f64;
+        total += sum_squares(g)?;
     }
     Ok(total.sqrt())
+}
+
+/// Σ g² of one gradient (in f64 without temporaries on the CPU, f32 sums elsewhere).
+pub fn sum_squares(g: &Tensor) -> Result<f64> {
+    Ok(if cpu_ops::supported(g) {
+        g.apply_op1_no_bwd(&cpu_ops::SumSquares)?
+            .to_scalar::<f64>()?
+    } else {
+        g.to_dtype(DType::F32)?
+            .sqr()?
+            .sum_all()?
+            .to_scalar::<f32>()? as f64
+    })
 }
 
 /// `torch.nn.utils.clip_grad_norm_`'s factor: `min(1, max_norm / (norm + 1e-6))`; 1 when
