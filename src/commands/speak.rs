@@ -91,7 +91,7 @@ pub fn run(ws: &Workspace, config: &Config, args: &SpeakArgs) -> Result<()> {
     let seconds = started.elapsed().as_secs_f64();
 
     let rate = synth.codec.output_sample_rate();
-    for (i, (sp, out)) in speech.iter().zip(&outputs).enumerate() {
+    for (sp, out) in speech.iter().zip(&outputs) {
         crate::audio::wav::write_pcm16(&out.wav, &sp.wav, rate)?;
         if let Some(path) = &out.codes {
             let json = serde_json::json!({ "codes": codes_to_json(&sp.frames) });
@@ -109,7 +109,6 @@ pub fn run(ws: &Workspace, config: &Config, args: &SpeakArgs) -> Result<()> {
             sp.wav.len() as f64 / rate as f64,
             sp.frames.len()
         );
-        let _ = i;
     }
     let audio: f64 = speech.iter().map(|s| s.wav.len() as f64).sum::<f64>() / rate as f64;
     if audio > 0.0 {
