@@ -55,6 +55,7 @@ pub fn run(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<()> {
         );
     }
     let _lock = train::lock::RunLock::acquire(&ws.root().join(LOCK_FILE))?;
+    train::alloc::keep_freed_memory();
     ensure_codes(ws, config, &manifest)?;
     let speaker = ensure_speaker(ws, config, &manifest)?;
 

@@ -5,6 +5,7 @@ use anyhow::bail;
 use candle_core::{DType, Result, Tensor, D};
 
 use super::config::Qwen3TtsConfig;
+use super::grad_kernels;
 use super::layers::{Decoder, DecoderCache, DecoderConfig, TensorSource};
 use super::ops::{embedding, linear, Numerics};
 
@@ -143,6 +144,18 @@ impl CodePredictor {
         c0_embed: &Tensor,
         codes: &Tensor,
     ) -> Result<Tensor> {
+        self.teacher_forced_logits_by_codebook(hidden, c0_embed, codes)?
+            .transpose(0, 1)
+    }
+
+    /// [`Self::teacher_forced_logits`] codebook-major, `(G-1, N, vocab)` (the layout the
+    /// training kernels produce without copies).
+    pub fn teacher_forced_logits_by_codebook(
+        &self,
+        hidden: &Tensor,
+        c0_embed: &Tensor,
+        codes: &Tensor,
+    ) -> Result<Tensor> {
         let (n, g) = codes.dims2()?;
         if g != self.num_code_groups {
             candle_core::bail!(
@@ -159,17 +172,25 @@ impl CodePredictor {
         }
         let x = self.project(&Tensor::cat(&inputs, 1)?)?;
         let out = self.decoder.forward(&x, None, None)?; // (N, G, Hc)
-        let logits = (0..g - 1)
-            .map(|j| {
-                linear(
-                    &out.narrow(1, j + 1, 1)?.squeeze(1)?,
-                    &self.lm_head[j],
-                    None,
-                )
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let logits = Tensor::stack(&logits, 1)?;
-        debug_assert_eq!(logits.dims()[..2], [n, g - 1]);
+        let trains = out.track_op() || self.lm_head.iter().any(Tensor::track_op);
+        let logits = if trains
+            && grad_kernels::supported(&out)
+            && self.lm_head.iter().all(grad_kernels::supported)
+        {
+            grad_kernels::shifted_heads(&out, &Tensor::stack(&self.lm_head, 0)?)?
+        } else {
+            let logits = (0..g - 1)
+                .map(|j| {
+                    linear(
+                        &out.narrow(1, j + 1, 1)?.squeeze(1)?,
+                        &self.lm_head[j],
+                        None,
+                    )
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Tensor::stack(&logits, 0)?
+        };
+        debug_assert_eq!(logits.dims()[..2], [g - 1, n]);
         Ok(logits)
     }
 

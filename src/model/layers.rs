@@ -11,6 +11,7 @@ use anyhow::{bail, Context};
 use candle_core::{DType, Device, Result, Tensor, Var};
 
 use super::config::{CodePredictorConfig, TalkerConfig};
+use super::grad_kernels::{self, RopeHalfTables};
 use super::ops::{self, linear, rms_norm, Numerics, Rope, RopeTables};
 use super::weights::Weights;
 
@@ -495,7 +496,15 @@ impl DecoderLayer {
         let h = rms_norm(x, &self.input_layernorm, eps, self.numerics)?;
         let x = (x + self.attention(&h, step, cache)?)?;
         let h = rms_norm(&x, &self.post_attention_layernorm, eps, self.numerics)?;
-        let mlp = (linear(&h, &self.gate_proj, None)?.silu()? * linear(&h, &self.up_proj, None)?)?;
+        let (gate, up) = (
+            linear(&h, &self.gate_proj, None)?,
+            linear(&h, &self.up_proj, None)?,
+        );
+        let mlp = if self.numerics == Numerics::Differentiable && grad_kernels::supported(&gate) {
+            grad_kernels::swiglu(&gate, &up)?
+        } else {
+            (gate.silu()? * up)?
+        };
         x + linear(&mlp, &self.down_proj, None)?
     }
 
@@ -505,6 +514,13 @@ impl DecoderLayer {
         step: &StepContext,
         cache: Option<&mut KvCache>,
     ) -> Result<Tensor> {
+        if let (Numerics::Differentiable, None, Some(rope)) =
+            (self.numerics, &cache, step.rope.token_major())
+        {
+            if grad_kernels::supported(x) {
+                return self.attention_cpu_grad(x, step, rope);
+            }
+        }
         let c = &self.cfg;
         let (b, s, _) = x.dims3()?;
         let (nh, nkv, hd) = (c.num_heads, c.num_kv_heads, c.head_dim);
@@ -546,6 +562,25 @@ impl DecoderLayer {
             .reshape((b, nkv, rep * s, t))?;
         let out = probs.matmul(&v)?.reshape((b, nh, s, hd))?.transpose(1, 2)?;
         linear(&out.reshape((b, s, nh * hd))?, &self.o_proj, None)
+    }
+
+    /// The same attention through the CPU kernels with hand-written backward passes
+    /// ([`grad_kernels`]), token-major throughout (no transposes); the training path on a CPU.
+    fn attention_cpu_grad(
+        &self,
+        x: &Tensor,
+        step: &StepContext,
+        rope: &RopeHalfTables,
+    ) -> Result<Tensor> {
+        let c = &self.cfg;
+        let hd = c.head_dim;
+        let eps = c.rms_norm_eps;
+        let q = rope.norm_rope(&linear(x, &self.q_proj, None)?, &self.q_norm, eps)?;
+        let k = rope.norm_rope(&linear(x, &self.k_proj, None)?, &self.k_norm, eps)?;
+        let v = linear(x, &self.v_proj, None)?;
+        let scale = 1.0 / (hd as f64).sqrt();
+        let out = grad_kernels::attention(&q, &k, &v, hd, scale, step.bias.as_ref())?;
+        linear(&out, &self.o_proj, None)
     }
 }
 

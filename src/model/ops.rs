@@ -9,6 +9,8 @@
 
 use candle_core::{DType, Result, Tensor, D};
 
+use super::grad_kernels::RopeHalfTables;
+
 /// Which implementation of RMSNorm / softmax / RoPE the blocks use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Numerics {
@@ -25,6 +27,15 @@ pub enum Numerics {
 /// CPU inference mode) is widened in the product only: products and sums stay in the
 /// activation dtype (see [`super::bf16_matmul`]).
 pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+    // Training on the CPU: one autograd node per product (see `grad_kernels`).
+    let tracked = x.track_op() || w.track_op() || b.is_some_and(|b| b.track_op());
+    if tracked
+        && super::grad_kernels::supported(x)
+        && super::grad_kernels::supported(w)
+        && b.is_none_or(super::grad_kernels::supported)
+    {
+        return super::grad_kernels::linear(x, w, b);
+    }
     let dims = x.dims();
     let (out, inp) = w.dims2()?;
     let rows = x.elem_count() / inp.max(1);
@@ -60,6 +71,11 @@ pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64, numerics: Numerics) -> Re
         // The fused kernel also accumulates in f32 but multiplies by the weight before the cast
         // back; the difference only shows in bf16 and is below bf16 resolution.
         Numerics::Fused => candle_nn::ops::rms_norm(&x.contiguous()?, weight, eps as f32),
+        Numerics::Differentiable
+            if super::grad_kernels::supported(x) && super::grad_kernels::supported(weight) =>
+        {
+            super::grad_kernels::rms_norm(x, weight, eps)
+        }
         Numerics::Differentiable => {
             let dtype = x.dtype();
             let xf = x.to_dtype(DType::F32)?;
@@ -127,6 +143,15 @@ impl Rope {
             .unsqueeze(D::Minus1)?
             .broadcast_mul(&self.inv_freq)?; // (B, S, half)
         let (cos, sin) = (freqs.cos()?, freqs.sin()?);
+        // The CPU training kernels rotate token-major `(B, S, heads·head_dim)` tensors directly.
+        let token_major = if numerics == Numerics::Differentiable
+            && dtype == DType::F32
+            && positions.device().is_cpu()
+        {
+            Some(RopeHalfTables::new(&cos, &sin)?)
+        } else {
+            None
+        };
         let (cos, sin) = match numerics {
             // candle's kernel takes half-width tables, (S, half) or (B, S, half).
             Numerics::Fused => {
@@ -151,7 +176,12 @@ impl Rope {
                 (full(&cos)?, full(&sin)?)
             }
         };
-        Ok(RopeTables { cos, sin, numerics })
+        Ok(RopeTables {
+            cos,
+            sin,
+            numerics,
+            token_major,
+        })
     }
 }
 
@@ -161,9 +191,15 @@ pub struct RopeTables {
     cos: Tensor,
     sin: Tensor,
     numerics: Numerics,
+    token_major: Option<RopeHalfTables>,
 }
 
 impl RopeTables {
+    /// The differentiable CPU kernel's tables, when this pass can use it (f32 on the CPU).
+    pub fn token_major(&self) -> Option<&RopeHalfTables> {
+        self.token_major.as_ref()
+    }
+
     /// Rotates `x` of shape `(B, heads, S, head_dim)`: `x*cos + rotate_half(x)*sin`.
     pub fn apply(&self, x: &Tensor) -> Result<Tensor> {
         match self.numerics {

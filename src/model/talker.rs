@@ -148,6 +148,16 @@ impl Talker {
             .teacher_forced_logits(hidden, &self.codec_embed(&c0)?, codes)
     }
 
+    /// [`Self::sub_code_logits`] codebook-major: `(15, N, 2048)`.
+    pub fn sub_code_logits_by_codebook(&self, hidden: &Tensor, codes: &Tensor) -> Result<Tensor> {
+        let c0 = codes.narrow(D::Minus1, 0, 1)?.squeeze(D::Minus1)?;
+        self.code_predictor.teacher_forced_logits_by_codebook(
+            hidden,
+            &self.codec_embed(&c0)?,
+            codes,
+        )
+    }
+
     /// Generates codebooks 1..15 for code-0 ids `c0` `(B,)` and the hidden states `(B, H)` that
     /// produced them (spec §5.2); returns `(B, 15)` u32. `cache` comes from
     /// `code_predictor.new_cache()` and is reset here.

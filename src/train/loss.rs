@@ -94,12 +94,15 @@ pub fn sft_loss_with(
     let l_talker = cross_entropy(&logits, &b.labels)?;
 
     let frame_hidden = hidden.index_select(&b.frame_rows, 0)?;
-    let sub_logits = talker.sub_code_logits(&frame_hidden, &b.frame_codes)?; // (F, 15, V)
+    // Codebook-major logits (15, F, V) against the targets in the same order; the mean over all
+    // (frame, codebook) pairs does not depend on the order.
+    let sub_logits = talker.sub_code_logits_by_codebook(&frame_hidden, &b.frame_codes)?;
     let groups = b.frame_codes.dim(1)?;
     let vocab = sub_logits.dim(2)?;
     let sub_targets = b
         .frame_codes
         .narrow(1, 1, groups - 1)?
+        .t()?
         .contiguous()?
         .flatten_all()?;
     let l_sub = cross_entropy(&sub_logits.reshape(((), vocab))?, &sub_targets)?;

@@ -7,6 +7,7 @@
 //! [`optim`] (AdamW, clipping, schedule), [`checkpoint`], [`metrics`], [`export`], and the loop
 //! here ([`Trainer`]).
 
+pub mod alloc;
 pub mod batch;
 pub mod checkpoint;
 pub mod cpu_ops;
