@@ -6,6 +6,7 @@ use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Result, Shape, Ten
 use rayon::prelude::*;
 
 use super::{cpu_f32, new_tensor, with_values};
+use crate::model::fast_math::with_avx2;
 
 #[inline(always)]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
@@ -272,88 +273,6 @@ impl Attention {
     }
 }
 
-/// Vectorised copies of the per-group kernels (AVX2), chosen at run time.
-#[cfg(target_arch = "x86_64")]
-mod simd {
-    use super::{Attention, Dims};
-
-    pub fn available() -> bool {
-        use std::sync::OnceLock;
-        static HAS: OnceLock<bool> = OnceLock::new();
-        *HAS.get_or_init(|| is_x86_feature_detected!("avx2"))
-    }
-
-    /// # Safety
-    /// The CPU must support AVX2 ([`available`]).
-    #[target_feature(enable = "avx2")]
-    pub unsafe fn forward_group(
-        op: &Attention,
-        dims: &Dims,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        b: usize,
-        g: usize,
-    ) -> Vec<f32> {
-        op.forward_group(dims, q, k, v, b, g)
-    }
-
-    /// # Safety
-    /// The CPU must support AVX2 ([`available`]).
-    #[target_feature(enable = "avx2")]
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn backward_group(
-        op: &Attention,
-        dims: &Dims,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        dout: &[f32],
-        b: usize,
-        g: usize,
-    ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-        op.backward_group(dims, q, k, v, dout, b, g)
-    }
-}
-
-impl Attention {
-    fn forward_any(
-        &self,
-        dims: &Dims,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        b: usize,
-        g: usize,
-    ) -> Vec<f32> {
-        #[cfg(target_arch = "x86_64")]
-        if simd::available() {
-            // SAFETY: AVX2 support was just checked.
-            return unsafe { simd::forward_group(self, dims, q, k, v, b, g) };
-        }
-        self.forward_group(dims, q, k, v, b, g)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn backward_any(
-        &self,
-        dims: &Dims,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        dout: &[f32],
-        b: usize,
-        g: usize,
-    ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-        #[cfg(target_arch = "x86_64")]
-        if simd::available() {
-            // SAFETY: AVX2 support was just checked.
-            return unsafe { simd::backward_group(self, dims, q, k, v, dout, b, g) };
-        }
-        self.backward_group(dims, q, k, v, dout, b, g)
-    }
-}
-
 /// Copies the `(rep, len, D)` rows of group `g` of batch row `b` into a `(B, len, heads·D)`
 /// tensor's values.
 fn scatter_group(
@@ -398,7 +317,11 @@ impl CustomOp3 for Attention {
         );
         let groups: Vec<Vec<f32>> = (0..dims.b * dims.kv_heads)
             .into_par_iter()
-            .map(|t| self.forward_any(&dims, q, k, v, t / dims.kv_heads, t % dims.kv_heads))
+            .map(|t| {
+                with_avx2(|| {
+                    self.forward_group(&dims, q, k, v, t / dims.kv_heads, t % dims.kv_heads)
+                })
+            })
             .collect();
         let mut out = vec![0f32; q.len()];
         for (t, o) in groups.iter().enumerate() {
@@ -426,7 +349,7 @@ impl CustomOp3 for Attention {
                             .into_par_iter()
                             .map(|t| {
                                 let (b, g) = (t / dims.kv_heads, t % dims.kv_heads);
-                                self.backward_any(&dims, qv, kv, vv, gv, b, g)
+                                with_avx2(|| self.backward_group(&dims, qv, kv, vv, gv, b, g))
                             })
                             .collect();
                         let mut dq = vec![0f32; qv.len()];

@@ -47,10 +47,7 @@ impl CustomOp2 for RmsNorm {
             .zip(x.par_chunks(h * ROW_BLOCK))
             .for_each(|(y, x)| {
                 for (y, x) in y.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
-                    let r = inv_rms(x, self.eps);
-                    for ((y, x), w) in y.iter_mut().zip(x).zip(w) {
-                        *y = x * r * w;
-                    }
+                    norm_vec(y, x, w, self.eps);
                 }
             });
         Ok((CpuStorage::F32(y), l1.shape().clone()))
@@ -67,7 +64,9 @@ impl CustomOp2 for RmsNorm {
         let (dx, dw) = with_values(x, "rms-norm bwd", |xv| {
             with_values(w, "rms-norm bwd", |wv| {
                 with_values(dy, "rms-norm bwd", |dyv| {
-                    Ok(rms_norm_grad(xv, wv, dyv, h, self.eps))
+                    Ok(rowwise_grad(xv, dyv, h, h, |_, dx, x, g, dw| {
+                        norm_vec_grad(dx, dw, x, wv, g, self.eps)
+                    }))
                 })
             })
         })?;
@@ -75,41 +74,72 @@ impl CustomOp2 for RmsNorm {
     }
 }
 
-/// With `g = dy·w` and `r = rsqrt(mean(x²)+eps)`: `dx = r·g − x·r³·mean(g·x)`,
-/// `dw = Σ_rows dy·x·r` (summed block by block in order).
-fn rms_norm_grad(x: &[f32], w: &[f32], dy: &[f32], h: usize, eps: f32) -> (Vec<f32>, Vec<f32>) {
+/// `y = x·r·w` with `r = rsqrt(mean(x²) + eps)`, for one vector.
+fn norm_vec(y: &mut [f32], x: &[f32], w: &[f32], eps: f32) {
+    let r = inv_rms(x, eps);
+    for ((y, x), w) in y.iter_mut().zip(x).zip(w) {
+        *y = x * r * w;
+    }
+}
+
+/// Gradient of [`norm_vec`] for the output gradient `dn`: `dx = r·dn·w − x·r³·mean(dn·w·x)`,
+/// and `dw += dn·x·r`.
+fn norm_vec_grad(dx: &mut [f32], dw: &mut [f32], x: &[f32], w: &[f32], dn: &[f32], eps: f32) {
+    let r = inv_rms(x, eps);
+    let gx: f32 = dn.iter().zip(w).zip(x).map(|((d, w), x)| d * w * x).sum();
+    let k = r * r * r * gx / x.len() as f32;
+    for i in 0..x.len() {
+        dx[i] = r * dn[i] * w[i] - k * x[i];
+        dw[i] += dn[i] * x[i] * r;
+    }
+}
+
+/// Runs `f(row, dx_row, x_row, dy_row, dw)` over the rows (`width` values each) of `x` and
+/// `dy`, blocks of rows in parallel, each block with its own weight gradient (`d` values); the
+/// blocks' weight gradients are summed in order. Returns `(dx, dw)`.
+fn rowwise_grad(
+    x: &[f32],
+    dy: &[f32],
+    width: usize,
+    d: usize,
+    f: impl Fn(usize, &mut [f32], &[f32], &[f32], &mut [f32]) + Sync,
+) -> (Vec<f32>, Vec<f32>) {
     let mut dx = vec![0f32; x.len()];
-    let partial_dw: Vec<Vec<f32>> = dx
-        .par_chunks_mut(h * ROW_BLOCK)
-        .zip(
-            x.par_chunks(h * ROW_BLOCK)
-                .zip(dy.par_chunks(h * ROW_BLOCK)),
-        )
-        .map(|(dx, (x, dy))| {
-            let mut dw = vec![0f32; h];
-            for ((dx, x), dy) in dx
-                .chunks_exact_mut(h)
-                .zip(x.chunks_exact(h))
-                .zip(dy.chunks_exact(h))
-            {
-                let r = inv_rms(x, eps);
-                let gx: f32 = dy.iter().zip(w).zip(x).map(|((d, w), x)| d * w * x).sum();
-                let c = r * r * r * gx / h as f32;
-                for (i, dx) in dx.iter_mut().enumerate() {
-                    *dx = r * dy[i] * w[i] - c * x[i];
-                    dw[i] += dy[i] * x[i] * r;
-                }
+    let block = width * ROW_BLOCK;
+    let partial: Vec<Vec<f32>> = dx
+        .par_chunks_mut(block)
+        .zip(x.par_chunks(block).zip(dy.par_chunks(block)))
+        .enumerate()
+        .map(|(b, (dx, (x, dy)))| {
+            let mut dw = vec![0f32; d];
+            let rows = dx
+                .chunks_exact_mut(width)
+                .zip(x.chunks_exact(width))
+                .zip(dy.chunks_exact(width));
+            for (r, ((dx, x), dy)) in rows.enumerate() {
+                f(b * ROW_BLOCK + r, dx, x, dy, &mut dw);
             }
             dw
         })
         .collect();
-    let mut dw = vec![0f32; h];
-    for p in &partial_dw {
-        for (a, b) in dw.iter_mut().zip(p) {
-            *a += b;
-        }
+    let mut dw = vec![0f32; d];
+    for p in &partial {
+        dw.iter_mut().zip(p).for_each(|(a, b)| *a += b);
     }
     (dx, dw)
+}
+
+/// Rotates the two halves of `x` by the angles whose cosines and sines are `c`, `s`
+/// (`sign = -1`: by the opposite angles, the transpose used in the backward pass).
+fn rotate(y: &mut [f32], x: &[f32], c: &[f32], s: &[f32], sign: f32) {
+    let half = c.len();
+    let (x1, x2) = x.split_at(half);
+    let (y1, y2) = y.split_at_mut(half);
+    for i in 0..half {
+        let sv = sign * s[i];
+        y1[i] = x1[i] * c[i] + -x2[i] * sv;
+        y2[i] = x2[i] * c[i] + x1[i] * sv;
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -201,7 +231,6 @@ impl CustomOp2 for NormRope {
         let (x, w) = (cpu_f32(s1, l1, self.name())?, cpu_f32(s2, l2, self.name())?);
         let d = w.len();
         let (_, s) = self.tables.check(l1.dims(), d)?;
-        let half = d / 2;
         let width = l1.dims()[2];
         let mut y = vec![0f32; x.len()];
         y.par_chunks_mut(width)
@@ -211,23 +240,15 @@ impl CustomOp2 for NormRope {
                 let (c, sn) = self.tables.at(t / s, t % s);
                 let mut n = vec![0f32; d];
                 for (y, x) in y.chunks_exact_mut(d).zip(x.chunks_exact(d)) {
-                    let r = inv_rms(x, self.eps);
-                    for ((n, x), w) in n.iter_mut().zip(x).zip(w) {
-                        *n = x * r * w;
-                    }
-                    let (n1, n2) = n.split_at(half);
-                    let (y1, y2) = y.split_at_mut(half);
-                    for i in 0..half {
-                        y1[i] = n1[i] * c[i] + -n2[i] * sn[i];
-                        y2[i] = n2[i] * c[i] + n1[i] * sn[i];
-                    }
+                    norm_vec(&mut n, x, w, self.eps);
+                    rotate(y, &n, c, sn, 1.0);
                 }
             });
         Ok((CpuStorage::F32(y), l1.shape().clone()))
     }
 
-    /// Rotation backward (the transpose rotation) gives `dn`; then the RMSNorm gradient as in
-    /// [`rms_norm_grad`] with `dy = dn`.
+    /// The transposed rotation gives the normalised vectors' gradient `dn`; then the RMSNorm
+    /// gradient.
     fn bwd(
         &self,
         x: &Tensor,
@@ -238,54 +259,19 @@ impl CustomOp2 for NormRope {
         let what = "norm-rope bwd";
         let d = w.elem_count();
         let (_, s) = self.tables.check(x.dims(), d)?;
-        let (half, width) = (d / 2, x.dims()[2]);
+        let width = x.dims()[2];
         let (dx, dw) = with_values(x, what, |xv| {
             with_values(w, what, |wv| {
                 with_values(dy, what, |g| {
-                    let mut dx = vec![0f32; xv.len()];
-                    let block = width * ROW_BLOCK;
-                    let partial: Vec<Vec<f32>> = dx
-                        .par_chunks_mut(block)
-                        .zip(xv.par_chunks(block).zip(g.par_chunks(block)))
-                        .enumerate()
-                        .map(|(blk, (dx, (x, g)))| {
-                            let mut dw = vec![0f32; d];
-                            let mut dn = vec![0f32; d];
-                            let rows = dx
-                                .chunks_exact_mut(width)
-                                .zip(x.chunks_exact(width))
-                                .zip(g.chunks_exact(width));
-                            for (ri, ((dx, x), g)) in rows.enumerate() {
-                                let t = blk * ROW_BLOCK + ri;
-                                let (c, sn) = self.tables.at(t / s, t % s);
-                                for ((dx, x), g) in dx
-                                    .chunks_exact_mut(d)
-                                    .zip(x.chunks_exact(d))
-                                    .zip(g.chunks_exact(d))
-                                {
-                                    let (g1, g2) = g.split_at(half);
-                                    for i in 0..half {
-                                        dn[i] = g1[i] * c[i] + g2[i] * sn[i];
-                                        dn[i + half] = g2[i] * c[i] + -g1[i] * sn[i];
-                                    }
-                                    let r = inv_rms(x, self.eps);
-                                    let gx: f32 =
-                                        dn.iter().zip(wv).zip(x).map(|((d, w), x)| d * w * x).sum();
-                                    let k = r * r * r * gx / d as f32;
-                                    for i in 0..d {
-                                        dx[i] = r * dn[i] * wv[i] - k * x[i];
-                                        dw[i] += dn[i] * x[i] * r;
-                                    }
-                                }
-                            }
-                            dw
-                        })
-                        .collect();
-                    let mut dw = vec![0f32; d];
-                    for p in &partial {
-                        dw.iter_mut().zip(p).for_each(|(a, b)| *a += b);
-                    }
-                    Ok((dx, dw))
+                    Ok(rowwise_grad(xv, g, width, d, |t, dx, x, g, dw| {
+                        let (c, sn) = self.tables.at(t / s, t % s);
+                        let mut dn = vec![0f32; d];
+                        let heads = dx.chunks_exact_mut(d).zip(x.chunks_exact(d));
+                        for ((dx, x), g) in heads.zip(g.chunks_exact(d)) {
+                            rotate(&mut dn, g, c, sn, -1.0);
+                            norm_vec_grad(dx, dw, x, wv, &dn, self.eps);
+                        }
+                    }))
                 })
             })
         })?;
