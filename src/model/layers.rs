@@ -70,20 +70,31 @@ impl VarStore {
     }
 }
 
+/// [`TensorSource::tensor`] for a set split into trainable vars and frozen tensors: the var
+/// `name` if there is one, else the frozen tensor, which must have `shape`.
+pub fn trainable_or_frozen(
+    name: &str,
+    shape: &[usize],
+    var: Option<&Var>,
+    frozen: Option<&Tensor>,
+) -> anyhow::Result<Tensor> {
+    let t = match (var, frozen) {
+        (Some(v), _) => v.as_tensor().clone(),
+        (None, Some(t)) => t.clone(),
+        (None, None) => bail!("the model has no tensor {name}"),
+    };
+    if t.dims() != shape {
+        bail!(
+            "tensor {name} has shape {:?} but the model config implies {shape:?}",
+            t.dims()
+        );
+    }
+    Ok(t)
+}
+
 impl TensorSource for VarStore {
     fn tensor(&self, name: &str, shape: &[usize]) -> anyhow::Result<Tensor> {
-        let t = match (self.vars.get(name), self.frozen.get(name)) {
-            (Some(v), _) => v.as_tensor().clone(),
-            (None, Some(t)) => t.clone(),
-            (None, None) => bail!("the model has no tensor {name}"),
-        };
-        if t.dims() != shape {
-            bail!(
-                "tensor {name} has shape {:?} but the model config implies {shape:?}",
-                t.dims()
-            );
-        }
-        Ok(t)
+        trainable_or_frozen(name, shape, self.vars.get(name), self.frozen.get(name))
     }
     fn contains(&self, name: &str) -> bool {
         self.vars.contains_key(name) || self.frozen.contains_key(name)

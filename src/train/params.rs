@@ -12,7 +12,7 @@ use anyhow::{bail, Result};
 use candle_core::{DType, Tensor, Var};
 
 use super::units::{unit_of, Unit};
-use crate::model::layers::TensorSource;
+use crate::model::layers::{trainable_or_frozen, TensorSource};
 use crate::model::weights::Weights;
 
 /// Tensors of the checkpoint that are ever trainable: the talker (and its code predictor).
@@ -197,18 +197,12 @@ impl ParamSet {
 
 impl TensorSource for ParamSet {
     fn tensor(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
-        let t = match (self.get(name), self.frozen.get(name)) {
-            (Some(p), _) => p.var.as_tensor().clone(),
-            (None, Some(t)) => t.clone(),
-            (None, None) => bail!("the model has no tensor {name}"),
-        };
-        if t.dims() != shape {
-            bail!(
-                "tensor {name} has shape {:?} but the model config implies {shape:?}",
-                t.dims()
-            );
-        }
-        Ok(t)
+        trainable_or_frozen(
+            name,
+            shape,
+            self.get(name).map(|p| &p.var),
+            self.frozen.get(name),
+        )
     }
     fn contains(&self, name: &str) -> bool {
         self.index.contains_key(name) || self.frozen.contains_key(name)
