@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::Override;
+use toml::Value;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -91,32 +92,22 @@ pub struct PrepArgs {
 
 impl PrepArgs {
     pub fn overrides(&self) -> Vec<Override> {
-        let mut o = Vec::new();
-        if let Some(v) = &self.whisper_model {
-            let v = absolutize_if_exists(v);
-            o.push(Override::new("prep.whisper_model", "--whisper-model", v));
-        }
-        if let Some(v) = &self.language {
-            o.push(Override::new("prep.language", "--language", v.clone()));
-        }
-        if let Some(v) = self.min_seconds {
-            o.push(Override::new("prep.min_seconds", "--min-seconds", v));
-        }
-        if let Some(v) = self.max_seconds {
-            o.push(Override::new("prep.max_seconds", "--max-seconds", v));
-        }
-        if let Some(v) = self.jobs {
-            o.push(Override::new("prep.jobs", "--jobs", v as i64));
-        }
-        if let Some(v) = &self.ref_audio {
-            let v = std::path::absolute(v).unwrap_or_else(|_| v.clone());
-            o.push(Override::new(
+        let ref_audio = self
+            .ref_audio
+            .as_ref()
+            .map(|v| std::path::absolute(v).unwrap_or_else(|_| v.clone()));
+        Overrides::default()
+            .path("prep.whisper_model", "--whisper-model", &self.whisper_model)
+            .set("prep.language", "--language", self.language.clone())
+            .set("prep.min_seconds", "--min-seconds", self.min_seconds)
+            .set("prep.max_seconds", "--max-seconds", self.max_seconds)
+            .count("prep.jobs", "--jobs", self.jobs)
+            .set(
                 "prep.ref_audio",
                 "--ref-audio",
-                v.to_string_lossy().into_owned(),
-            ));
-        }
-        o
+                ref_audio.map(|v| v.to_string_lossy().into_owned()),
+            )
+            .into()
     }
 }
 
@@ -138,15 +129,9 @@ pub struct EmbedArgs {
 
 impl EmbedArgs {
     pub fn overrides(&self) -> Vec<Override> {
-        let mut o = Vec::new();
-        if let Some(v) = &self.model {
-            o.push(Override::new(
-                "model.base",
-                "--model",
-                absolutize_if_exists(v),
-            ));
-        }
-        o
+        Overrides::default()
+            .path("model.base", "--model", &self.model)
+            .into()
     }
 }
 
@@ -210,32 +195,18 @@ pub enum CodecCommand {
 
 impl TokenizerArgs {
     pub fn overrides(&self) -> Vec<Override> {
-        let mut o = Vec::new();
-        if let Some(v) = &self.model {
-            o.push(Override::new(
-                "model.base",
-                "--model",
-                absolutize_if_exists(v),
-            ));
-        }
-        if let Some(v) = &self.tokenizer {
-            o.push(Override::new(
-                "codes.tokenizer",
-                "--tokenizer",
-                absolutize_if_exists(v),
-            ));
-        }
-        o
+        Overrides::default()
+            .path("model.base", "--model", &self.model)
+            .path("codes.tokenizer", "--tokenizer", &self.tokenizer)
+            .into()
     }
 }
 
 impl CodesArgs {
     pub fn overrides(&self) -> Vec<Override> {
-        let mut o = self.tokenizer.overrides();
-        if let Some(v) = self.batch_size {
-            o.push(Override::new("codes.batch_size", "--batch-size", v as i64));
-        }
-        o
+        Overrides(self.tokenizer.overrides())
+            .count("codes.batch_size", "--batch-size", self.batch_size)
+            .into()
     }
 }
 
@@ -259,6 +230,51 @@ fn absolutize_if_exists(v: &str) -> String {
             .unwrap_or_else(|_| v.to_string())
     } else {
         v.to_string()
+    }
+}
+
+/// The config overrides of one subcommand's flags: each call adds an [`Override`] when its flag
+/// was given.
+#[derive(Default)]
+struct Overrides(Vec<Override>);
+
+impl Overrides {
+    fn set(mut self, key: &'static str, flag: &'static str, v: Option<impl Into<Value>>) -> Self {
+        if let Some(v) = v {
+            self.0.push(Override::new(key, flag, v));
+        }
+        self
+    }
+
+    /// A model or file given as a path or hub id: an existing path is made absolute.
+    fn path(self, key: &'static str, flag: &'static str, v: &Option<String>) -> Self {
+        self.set(key, flag, v.as_deref().map(absolutize_if_exists))
+    }
+
+    fn count(self, key: &'static str, flag: &'static str, v: Option<usize>) -> Self {
+        self.set(key, flag, v.map(|v| v as i64))
+    }
+
+    /// A seed (u64) as the TOML integer it is written as.
+    fn seed(self, key: &'static str, flag: &'static str, v: Option<u64>) -> Self {
+        self.set(key, flag, v.map(|v| v.min(i64::MAX as u64) as i64))
+    }
+
+    /// A switch that sets `key` to `value` when given.
+    fn flag(
+        self,
+        key: &'static str,
+        flag: &'static str,
+        on: bool,
+        value: impl Into<Value>,
+    ) -> Self {
+        self.set(key, flag, on.then_some(value))
+    }
+}
+
+impl From<Overrides> for Vec<Override> {
+    fn from(o: Overrides) -> Self {
+        o.0
     }
 }
 
@@ -383,74 +399,46 @@ pub struct SpeakArgs {
 
 impl SpeakArgs {
     pub fn overrides(&self) -> Vec<Override> {
-        let mut o = Vec::new();
-        if let Some(v) = &self.model {
-            o.push(Override::new(
-                "speak.model",
-                "--model",
-                absolutize_if_exists(v),
-            ));
-        }
-        if let Some(v) = &self.language {
-            o.push(Override::new("speak.language", "--language", v.clone()));
-        }
-        if self.non_streaming {
-            o.push(Override::new(
+        Overrides::default()
+            .path("speak.model", "--model", &self.model)
+            .set("speak.language", "--language", self.language.clone())
+            .flag(
                 "speak.non_streaming",
                 "--non-streaming",
+                self.non_streaming,
                 "true",
-            ));
-        }
-        if self.streaming {
-            o.push(Override::new("speak.non_streaming", "--streaming", "false"));
-        }
-        if self.greedy {
-            o.push(Override::new("speak.greedy", "--greedy", true));
-        }
-        let floats = [
-            ("speak.temperature", "--temperature", self.temperature),
-            ("speak.top_p", "--top-p", self.top_p),
-            (
+            )
+            .flag(
+                "speak.non_streaming",
+                "--streaming",
+                self.streaming,
+                "false",
+            )
+            .flag("speak.greedy", "--greedy", self.greedy, true)
+            .set("speak.temperature", "--temperature", self.temperature)
+            .set("speak.top_p", "--top-p", self.top_p)
+            .set(
                 "speak.repetition_penalty",
                 "--repetition-penalty",
                 self.repetition_penalty,
-            ),
-            (
+            )
+            .set(
                 "speak.sub_temperature",
                 "--sub-temperature",
                 self.sub_temperature,
-            ),
-            ("speak.sub_top_p", "--sub-top-p", self.sub_top_p),
-        ];
-        for (key, flag, v) in floats {
-            if let Some(v) = v {
-                o.push(Override::new(key, flag, v));
-            }
-        }
-        let ints = [
-            ("speak.top_k", "--top-k", self.top_k),
-            ("speak.sub_top_k", "--sub-top-k", self.sub_top_k),
-            ("speak.max_frames", "--max-frames", self.max_frames),
-            ("speak.batch_size", "--batch-size", self.batch_size),
-            (
+            )
+            .set("speak.sub_top_p", "--sub-top-p", self.sub_top_p)
+            .count("speak.top_k", "--top-k", self.top_k)
+            .count("speak.sub_top_k", "--sub-top-k", self.sub_top_k)
+            .count("speak.max_frames", "--max-frames", self.max_frames)
+            .count("speak.batch_size", "--batch-size", self.batch_size)
+            .count(
                 "speak.max_chunk_chars",
                 "--max-chunk-chars",
                 self.max_chunk_chars,
-            ),
-        ];
-        for (key, flag, v) in ints {
-            if let Some(v) = v {
-                o.push(Override::new(key, flag, v as i64));
-            }
-        }
-        if let Some(v) = self.seed {
-            o.push(Override::new(
-                "speak.seed",
-                "--seed",
-                v.min(i64::MAX as u64) as i64,
-            ));
-        }
-        o
+            )
+            .seed("speak.seed", "--seed", self.seed)
+            .into()
     }
 }
 
@@ -542,64 +530,33 @@ pub struct TrainArgs {
 
 impl TrainArgs {
     pub fn overrides(&self) -> Vec<Override> {
-        let mut o = Vec::new();
-        if let Some(v) = &self.model {
-            o.push(Override::new(
-                "model.base",
-                "--model",
-                absolutize_if_exists(v),
-            ));
-        }
-        let ints = [
-            ("train.batch_size", "--batch-size", self.batch_size),
-            ("train.grad_accum", "--grad-accum", self.grad_accum),
-            ("train.warmup_steps", "--warmup-steps", self.warmup_steps),
-            ("train.epochs", "--epochs", self.epochs),
-            ("train.max_steps", "--max-steps", self.max_steps),
-            ("train.save_every", "--save-every", self.save_every),
-            ("train.keep", "--keep", self.keep),
-        ];
-        for (key, flag, v) in ints {
-            if let Some(v) = v {
-                o.push(Override::new(key, flag, v as i64));
-            }
-        }
-        let floats = [
-            ("train.lr", "--lr", self.lr),
-            ("train.weight_decay", "--weight-decay", self.weight_decay),
-            ("train.clip_norm", "--clip-norm", self.clip_norm),
-        ];
-        for (key, flag, v) in floats {
-            if let Some(v) = v {
-                o.push(Override::new(key, flag, v));
-            }
-        }
-        if let Some(v) = self.seed {
-            o.push(Override::new(
-                "train.seed",
-                "--seed",
-                v.min(i64::MAX as u64) as i64,
-            ));
-        }
-        if self.no_shuffle {
-            o.push(Override::new("train.shuffle", "--no-shuffle", false));
-        }
-        if !self.freeze.is_empty() {
-            let list: Vec<toml::Value> = self
-                .freeze
+        let freeze = (!self.freeze.is_empty()).then(|| {
+            self.freeze
                 .iter()
                 .map(|g| toml::Value::String(g.clone()))
-                .collect();
-            o.push(Override::new("train.freeze", "--freeze", list));
-        }
-        if let Some(v) = &self.speaker_name {
-            o.push(Override::new(
+                .collect::<Vec<_>>()
+        });
+        Overrides::default()
+            .path("model.base", "--model", &self.model)
+            .count("train.batch_size", "--batch-size", self.batch_size)
+            .count("train.grad_accum", "--grad-accum", self.grad_accum)
+            .count("train.warmup_steps", "--warmup-steps", self.warmup_steps)
+            .count("train.epochs", "--epochs", self.epochs)
+            .count("train.max_steps", "--max-steps", self.max_steps)
+            .count("train.save_every", "--save-every", self.save_every)
+            .count("train.keep", "--keep", self.keep)
+            .set("train.lr", "--lr", self.lr)
+            .set("train.weight_decay", "--weight-decay", self.weight_decay)
+            .set("train.clip_norm", "--clip-norm", self.clip_norm)
+            .seed("train.seed", "--seed", self.seed)
+            .flag("train.shuffle", "--no-shuffle", self.no_shuffle, false)
+            .set("train.freeze", "--freeze", freeze)
+            .set(
                 "train.speaker_name",
                 "--speaker-name",
-                v.clone(),
-            ));
-        }
-        o
+                self.speaker_name.clone(),
+            )
+            .into()
     }
 }
 
@@ -633,21 +590,13 @@ pub struct ExportArgs {
 
 impl ExportArgs {
     pub fn overrides(&self) -> Vec<Override> {
-        let mut o = Vec::new();
-        if let Some(v) = &self.model {
-            o.push(Override::new(
-                "model.base",
-                "--model",
-                absolutize_if_exists(v),
-            ));
-        }
-        if let Some(v) = &self.speaker_name {
-            o.push(Override::new(
+        Overrides::default()
+            .path("model.base", "--model", &self.model)
+            .set(
                 "train.speaker_name",
                 "--speaker-name",
-                v.clone(),
-            ));
-        }
-        o
+                self.speaker_name.clone(),
+            )
+            .into()
     }
 }
