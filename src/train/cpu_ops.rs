@@ -384,8 +384,10 @@ impl candle_core::CustomOp2 for CrossEntropyGrad {
     ) -> Result<(CpuStorage, Shape)> {
         let (x, m, v, t) = ce_inputs(s1, l1, s2, l2)?;
         let k = self.scale / m.max(1) as f32;
-        let mut out = vec![0f32; m * v];
-        out.par_chunks_mut(v)
+        // Every value is written below, so the (logits-sized) buffer is not zero-filled first.
+        let mut out: Vec<f32> = Vec::with_capacity(m * v);
+        out.spare_capacity_mut()[..m * v]
+            .par_chunks_mut(v)
             .zip(x.par_chunks(v))
             .zip(t.par_iter())
             .for_each(|((o, row), &target)| {
@@ -393,11 +395,16 @@ impl candle_core::CustomOp2 for CrossEntropyGrad {
                 let inv = (1.0 / sum) as f32;
                 with_avx2(|| {
                     for (o, &x) in o.iter_mut().zip(row) {
-                        *o = fast_math::exp(x - max) * inv * k;
+                        o.write(fast_math::exp(x - max) * inv * k);
                     }
                 });
-                o[target as usize] -= k;
+                let t = &mut o[target as usize];
+                // SAFETY: written by the loop above (targets are checked to be < v).
+                let p = unsafe { t.assume_init_read() };
+                t.write(p - k);
             });
+        // SAFETY: every row of m·v values was written above.
+        unsafe { out.set_len(m * v) };
         Ok((CpuStorage::F32(out), Shape::from((m, v))))
     }
 }

@@ -2,7 +2,7 @@
 
 use candle_core::{bail, CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 
-use super::linear::{gemm_raw, matmul_into, Mat};
+use super::linear::{gemm_raw, matmuls_new, Mat};
 use super::{cpu_f32, new_tensor, with_values};
 
 /// The teacher-forced code-predictor heads (spec §5.1, §10.3): head `j` reads position `j+1` of
@@ -50,18 +50,10 @@ impl CustomOp2 for ShiftedHeads {
     ) -> Result<(CpuStorage, Shape)> {
         let (n, g, h, v) = Self::dims(l1.dims(), l2.dims())?;
         let (x, w) = (cpu_f32(s1, l1, self.name())?, cpu_f32(s2, l2, self.name())?);
-        let mut y = vec![0f32; (g - 1) * n * v];
-        for (j, y) in y.chunks_exact_mut(n * v).enumerate() {
+        let y = matmuls_new(g - 1, n, v, h, |j| {
             let wj = &w[j * v * h..(j + 1) * v * h];
-            matmul_into(
-                y,
-                n,
-                v,
-                h,
-                Self::position(x, g, h, j),
-                Mat::transposed(wj, h),
-            );
-        }
+            (Self::position(x, g, h, j), Mat::transposed(wj, h))
+        });
         Ok((CpuStorage::F32(y), Shape::from((g - 1, n, v))))
     }
 
@@ -79,7 +71,6 @@ impl CustomOp2 for ShiftedHeads {
             with_values(w, what, |wv| {
                 with_values(dy, what, |gv| {
                     let mut dx = vec![0f32; xv.len()];
-                    let mut dw = vec![0f32; wv.len()];
                     for j in 0..g - 1 {
                         let gj = &gv[j * n * v..(j + 1) * n * v];
                         let wj = &wv[j * v * h..(j + 1) * v * h];
@@ -95,15 +86,11 @@ impl CustomOp2 for ShiftedHeads {
                                 Mat::rows(wj, h),
                             );
                         }
-                        matmul_into(
-                            &mut dw[j * v * h..(j + 1) * v * h],
-                            v,
-                            h,
-                            n,
-                            Mat::transposed(gj, v),
-                            Self::position(xv, g, h, j),
-                        );
                     }
+                    let dw = matmuls_new(g - 1, v, h, n, |j| {
+                        let gj = &gv[j * n * v..(j + 1) * n * v];
+                        (Mat::transposed(gj, v), Self::position(xv, g, h, j))
+                    });
                     Ok((dx, dw))
                 })
             })

@@ -38,11 +38,27 @@ impl Mat {
     }
 }
 
-/// `dst (m×n, row-major) = a (m×k) · b (k×n)`, multi-threaded.
-pub(super) fn matmul_into(dst: &mut [f32], m: usize, n: usize, k: usize, a: Mat, b: Mat) {
-    assert_eq!(dst.len(), m * n, "matmul destination size");
-    // SAFETY: `dst` holds m·n values in rows of n.
-    unsafe { gemm_raw(dst.as_mut_ptr(), n, m, n, k, a, b) }
+/// `count` products `a_j (m×k) · b_j (k×n)` (operands of product j from `operands(j)`), stacked
+/// into a new row-major `(count, m, n)` buffer, multi-threaded. The GEMM writes every value,
+/// so the buffer is not zero-filled first (that pass cost as much as a small product).
+pub(super) fn matmuls_new(
+    count: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    operands: impl Fn(usize) -> (Mat, Mat),
+) -> Vec<f32> {
+    let len = count * m * n;
+    let mut out: Vec<f32> = Vec::with_capacity(len);
+    for j in 0..count {
+        let (a, b) = operands(j);
+        // SAFETY: block j of the allocation has room for m·n values; `gemm_raw` writes all of
+        // them without reading them (zeros when k = 0).
+        unsafe { gemm_raw(out.as_mut_ptr().add(j * m * n), n, m, n, k, a, b) };
+    }
+    // SAFETY: every block was written above.
+    unsafe { out.set_len(len) };
+    out
 }
 
 /// `dst (m×n, row stride dst_rs) = a (m×k) · b (k×n)`, multi-threaded.
@@ -125,15 +141,9 @@ impl Linear {
         b: Option<&[f32]>,
     ) -> Result<(CpuStorage, Shape)> {
         let (rows, inp, out, shape) = Self::shapes(lx.dims(), lw.dims())?;
-        let mut y = vec![0f32; rows * out];
-        matmul_into(
-            &mut y,
-            rows,
-            out,
-            inp,
-            Mat::rows(x, inp),
-            Mat::transposed(w, inp),
-        );
+        let mut y = matmuls_new(1, rows, out, inp, |_| {
+            (Mat::rows(x, inp), Mat::transposed(w, inp))
+        });
         if let Some(b) = b {
             if b.len() != out {
                 bail!("linear: bias has {} values, expected {out}", b.len());
@@ -159,24 +169,12 @@ impl Linear {
         with_values(x, what, |xv| {
             with_values(w, what, |wv| {
                 with_values(dy, what, |g| {
-                    let mut dx = vec![0f32; rows * inp];
-                    matmul_into(
-                        &mut dx,
-                        rows,
-                        inp,
-                        out,
-                        Mat::rows(g, out),
-                        Mat::rows(wv, inp),
-                    );
-                    let mut dw = vec![0f32; out * inp];
-                    matmul_into(
-                        &mut dw,
-                        out,
-                        inp,
-                        rows,
-                        Mat::transposed(g, out),
-                        Mat::rows(xv, inp),
-                    );
+                    let dx = matmuls_new(1, rows, inp, out, |_| {
+                        (Mat::rows(g, out), Mat::rows(wv, inp))
+                    });
+                    let dw = matmuls_new(1, out, inp, rows, |_| {
+                        (Mat::transposed(g, out), Mat::rows(xv, inp))
+                    });
                     let db = bias.then(|| column_sums(g, out));
                     Ok((
                         new_tensor(dx, x)?,
