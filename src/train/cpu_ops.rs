@@ -262,7 +262,15 @@ mod tests {
 /// with a fused backward (`(softmax − onehot) · grad / M`): the composed version materialises a
 /// handful of logits-sized temporaries forward and backward (the sub-talker's logits are
 /// 15 × frames × 2048). Per-row losses are summed in f64, in row order.
-pub struct CrossEntropy;
+/// Each row's `(max, Σ exp(x − max))`.
+type RowStats = std::sync::Arc<Vec<(f32, f64)>>;
+
+#[derive(Default)]
+pub struct CrossEntropy {
+    /// Each row's `(max, Σ exp(x − max))` from the forward pass, reused by the backward pass
+    /// (two fewer passes over the logits).
+    row_stats: std::sync::Mutex<Option<RowStats>>,
+}
 
 fn ce_inputs<'a>(
     s1: &'a CpuStorage,
@@ -338,15 +346,17 @@ impl candle_core::CustomOp2 for CrossEntropy {
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let (x, m, v, t) = ce_inputs(s1, l1, s2, l2)?;
+        let stats: Vec<(f32, f64)> = x.par_chunks(v).map(row_stats).collect();
         let rows: Vec<f64> = x
-            .par_chunks(v)
-            .zip(t.par_iter())
-            .map(|(row, &target)| {
-                let (max, sum) = row_stats(row);
+            .chunks(v)
+            .zip(t)
+            .zip(&stats)
+            .map(|((row, &target), &(max, sum))| {
                 sum.ln() + max as f64 - row[target as usize] as f64
             })
             .collect();
         let mean = rows.iter().sum::<f64>() / m.max(1) as f64;
+        *self.row_stats.lock().expect("poisoned") = Some(std::sync::Arc::new(stats));
         Ok((CpuStorage::F32(vec![mean as f32]), Shape::from(())))
     }
 
@@ -360,7 +370,8 @@ impl candle_core::CustomOp2 for CrossEntropy {
         let scale = grad_res
             .to_dtype(candle_core::DType::F32)?
             .to_scalar::<f32>()?;
-        let g = logits.apply_op2_no_bwd(targets, &CrossEntropyGrad { scale })?;
+        let stats = self.row_stats.lock().expect("poisoned").clone();
+        let g = logits.apply_op2_no_bwd(targets, &CrossEntropyGrad { scale, stats })?;
         Ok((Some(g), None))
     }
 }
@@ -368,6 +379,8 @@ impl candle_core::CustomOp2 for CrossEntropy {
 /// `(softmax(x) − onehot(t)) · scale / M`.
 struct CrossEntropyGrad {
     scale: f32,
+    /// The forward pass's row statistics (recomputed when absent).
+    stats: Option<RowStats>,
 }
 
 impl candle_core::CustomOp2 for CrossEntropyGrad {
@@ -390,8 +403,12 @@ impl candle_core::CustomOp2 for CrossEntropyGrad {
             .par_chunks_mut(v)
             .zip(x.par_chunks(v))
             .zip(t.par_iter())
-            .for_each(|((o, row), &target)| {
-                let (max, sum) = row_stats(row);
+            .enumerate()
+            .for_each(|(r, ((o, row), &target))| {
+                let (max, sum) = match &self.stats {
+                    Some(s) if s.len() == m => s[r],
+                    _ => row_stats(row),
+                };
                 let inv = (1.0 / sum) as f32;
                 with_avx2(|| {
                     for (o, &x) in o.iter_mut().zip(row) {
@@ -422,7 +439,10 @@ mod ce_tests {
         let t: Vec<u32> = (0..m).map(|i| (i * 17 % v) as u32).collect();
         let var = candle_core::Var::from_vec(x, (m, v), &dev).unwrap();
         let targets = Tensor::from_vec(t, m, &dev).unwrap();
-        let fused = var.as_tensor().apply_op2(&targets, CrossEntropy).unwrap();
+        let fused = var
+            .as_tensor()
+            .apply_op2(&targets, CrossEntropy::default())
+            .unwrap();
         let composed = {
             let l = var.as_tensor();
             let max = l.max_keepdim(D::Minus1).unwrap().detach();

@@ -121,7 +121,7 @@ pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
     let logits = logits.to_dtype(DType::F32)?.contiguous()?;
     let targets = targets.to_dtype(DType::U32)?.contiguous()?;
     if cpu_ops::supported(&logits) {
-        return logits.apply_op2(&targets, cpu_ops::CrossEntropy);
+        return logits.apply_op2(&targets, cpu_ops::CrossEntropy::default());
     }
     let max = logits.max_keepdim(D::Minus1)?.detach();
     let shifted = logits.broadcast_sub(&max)?;
