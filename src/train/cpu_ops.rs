@@ -43,6 +43,20 @@ fn check_len(a: usize, b: usize, what: &str) -> Result<()> {
     Ok(())
 }
 
+/// `f(d, s)` for every pair of `dst` and `src` (same length, checked), in parallel chunks.
+fn update_with(
+    dst: &mut [f32],
+    src: &[f32],
+    what: &str,
+    f: impl Fn(&mut f32, f32) + Sync,
+) -> Result<()> {
+    check_len(dst.len(), src.len(), what)?;
+    dst.par_chunks_mut(CHUNK)
+        .zip(src.par_chunks(CHUNK))
+        .for_each(|(d, s)| d.iter_mut().zip(s).for_each(|(d, &s)| f(d, s)));
+    Ok(())
+}
+
 /// Whether the in-place kernels apply to `t`.
 pub fn supported(t: &Tensor) -> bool {
     t.device().is_cpu() && t.dtype() == candle_core::DType::F32 && t.is_contiguous()
@@ -63,12 +77,7 @@ impl InplaceOp2 for AddAssign {
         l2: &Layout,
     ) -> Result<()> {
         let d = slice_mut(s1, l1, self.name())?;
-        let s = slice(s2, l2, self.name())?;
-        check_len(d.len(), s.len(), self.name())?;
-        d.par_chunks_mut(CHUNK)
-            .zip(s.par_chunks(CHUNK))
-            .for_each(|(d, s)| d.iter_mut().zip(s).for_each(|(d, s)| *d += *s));
-        Ok(())
+        update_with(d, slice(s2, l2, self.name())?, self.name(), |d, s| *d += s)
     }
 }
 
@@ -91,18 +100,11 @@ impl InplaceOp2 for FirstMoment {
         l2: &Layout,
     ) -> Result<()> {
         let m = slice_mut(s1, l1, self.name())?;
-        let g = slice(s2, l2, self.name())?;
-        check_len(m.len(), g.len(), self.name())?;
         let (w, c) = (self.weight, self.clip);
-        m.par_chunks_mut(CHUNK)
-            .zip(g.par_chunks(CHUNK))
-            .for_each(|(m, g)| {
-                for (m, g) in m.iter_mut().zip(g) {
-                    let g = if c == 1.0 { *g } else { *g * c };
-                    *m += w * (g - *m);
-                }
-            });
-        Ok(())
+        update_with(m, slice(s2, l2, self.name())?, self.name(), |m, g| {
+            let g = if c == 1.0 { g } else { g * c };
+            *m += w * (g - *m);
+        })
     }
 }
 
@@ -124,19 +126,12 @@ impl InplaceOp2 for SecondMoment {
         l2: &Layout,
     ) -> Result<()> {
         let v = slice_mut(s1, l1, self.name())?;
-        let g = slice(s2, l2, self.name())?;
-        check_len(v.len(), g.len(), self.name())?;
         let (b2, c) = (self.beta2, self.clip);
         let w = 1.0 - b2;
-        v.par_chunks_mut(CHUNK)
-            .zip(g.par_chunks(CHUNK))
-            .for_each(|(v, g)| {
-                for (v, g) in v.iter_mut().zip(g) {
-                    let g = if c == 1.0 { *g } else { *g * c };
-                    *v = *v * b2 + w * g * g;
-                }
-            });
-        Ok(())
+        update_with(v, slice(s2, l2, self.name())?, self.name(), |v, g| {
+            let g = if c == 1.0 { g } else { g * c };
+            *v = *v * b2 + w * g * g;
+        })
     }
 }
 
