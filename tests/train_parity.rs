@@ -237,38 +237,14 @@ fn loss_gradients_and_batch_match_the_official_modules() {
                 worst = (e, p.name.clone());
             }
             if let Some(refg) = r.t.get(&format!("grad.{}", p.name)) {
-                let d = max_abs(g, refg);
-                let scale = refg
-                    .abs()
-                    .unwrap()
-                    .max_all()
-                    .unwrap()
-                    .to_scalar::<f32>()
-                    .unwrap();
-                assert!(
-                    d <= 1e-4 * scale.max(1e-3),
-                    "{model}: grad of {} differs by {d} (max {scale})",
-                    p.name
-                );
+                assert_close_to_scale(g, refg, &format!("{model}: grad of {}", p.name));
             }
             if let Some(rows) = r.t.get(&format!("grad_rows.{}", p.name)) {
                 let ids = r.t[&format!("grad_rows.{}.ids", p.name)]
                     .to_dtype(DType::U32)
                     .unwrap();
                 let got = g.index_select(&ids, 0).unwrap();
-                let d = max_abs(&got, rows);
-                let scale = rows
-                    .abs()
-                    .unwrap()
-                    .max_all()
-                    .unwrap()
-                    .to_scalar::<f32>()
-                    .unwrap();
-                assert!(
-                    d <= 1e-4 * scale.max(1e-3),
-                    "{model}: grad rows of {} differ by {d}",
-                    p.name
-                );
+                assert_close_to_scale(&got, rows, &format!("{model}: grad rows of {}", p.name));
             }
         }
         let norm = total.sqrt();
@@ -364,6 +340,22 @@ fn loss_gradients_and_batch_match_the_official_modules() {
             worst.0
         );
     }
+}
+
+/// `got` within 1e-4 of the largest magnitude of `want` (at least 1e-7 absolute).
+fn assert_close_to_scale(got: &Tensor, want: &Tensor, what: &str) {
+    let d = max_abs(got, want);
+    let scale = want
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    assert!(
+        d <= 1e-4 * scale.max(1e-3),
+        "{what} differs by {d} (max {scale})"
+    );
 }
 
 fn max_abs(a: &Tensor, b: &Tensor) -> f32 {
