@@ -1,9 +1,11 @@
 //! Numeric primitives shared by the talker and the code predictor, in two modes.
 //!
 //! [`Numerics::Fused`] uses candle's fused kernels (fast, inference only).
-//! [`Numerics::Differentiable`] builds the same functions from plain tensor ops. In candle 0.11
-//! `candle_nn::ops::{rms_norm, softmax_last_dim}` and `candle_nn::rotary_emb::rope` record **no
-//! backward op**: gradients silently stop there, so training must use the differentiable mode.
+//! [`Numerics::Differentiable`] builds the same functions from plain tensor ops, or on the CPU
+//! (f32) from the custom ops with hand-written backward passes in [`super::grad_kernels`]. In
+//! candle 0.11 `candle_nn::ops::{rms_norm, softmax_last_dim}` and `candle_nn::rotary_emb::rope`
+//! record **no backward op**: gradients silently stop there, so training must use the
+//! differentiable mode.
 //! Both modes follow the official numerics (spec §4.1, §12): RMSNorm statistics in f32, softmax
 //! in f32, RoPE tables computed in f32 and cast to the activation dtype.
 
@@ -17,7 +19,7 @@ pub enum Numerics {
     /// candle's fused kernels; no gradients flow through them.
     #[default]
     Fused,
-    /// Plain tensor ops; every op records its backward.
+    /// Operations that record their backward: plain tensor ops, or the CPU training kernels.
     Differentiable,
 }
 
