@@ -75,7 +75,7 @@ fn contiguous_range(layout: &Layout) -> Option<(usize, usize)> {
 fn kernel(w: &[half::bf16], x: &[f32], out: &mut [f32], rows: usize, m: usize, k: usize) {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        if super::fast_math::has_avx2_fma() {
             // SAFETY: the CPU supports the features the function is compiled for.
             unsafe { kernel_avx2(w, x, out, rows, m, k) };
             return;

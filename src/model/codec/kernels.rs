@@ -12,7 +12,7 @@ macro_rules! dispatch {
     ($f:ident($($arg:expr),*)) => {{
         #[cfg(target_arch = "x86_64")]
         {
-            if avx2_fma() {
+            if crate::model::fast_math::has_avx2_fma() {
                 // SAFETY: the CPU supports the features the function is compiled with.
                 return unsafe { avx2::$f($($arg),*) };
             }
@@ -116,13 +116,6 @@ pub fn silu_mul_inplace(gate: &mut [f32], up: &[f32]) {
 /// Softmax of `x[lo..hi]` in place; the other entries become 0 (masked).
 pub fn softmax_range(x: &mut [f32], lo: usize, hi: usize) {
     dispatch!(softmax_impl(x, lo, hi))
-}
-
-#[cfg(target_arch = "x86_64")]
-fn avx2_fma() -> bool {
-    use std::sync::OnceLock;
-    static HAS: OnceLock<bool> = OnceLock::new();
-    *HAS.get_or_init(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"))
 }
 
 /// Largest |x·α| for which the polynomial `sin²` is used (n·PI_A stays exact below 2^15).
