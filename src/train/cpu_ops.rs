@@ -13,18 +13,9 @@ use candle_core::{
 use rayon::prelude::*;
 
 use crate::model::fast_math::{self, with_avx2};
+use crate::model::grad_kernels::cpu_f32;
 
 const CHUNK: usize = 1 << 16;
-
-fn slice<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> Result<&'a [f32]> {
-    let CpuStorage::F32(v) = s else {
-        bail!("{what}: expected f32")
-    };
-    let Some((a, b)) = l.contiguous_offsets() else {
-        bail!("{what}: expected a contiguous tensor")
-    };
-    Ok(&v[a..b])
-}
 
 fn slice_mut<'a>(s: &'a mut CpuStorage, l: &Layout, what: &str) -> Result<&'a mut [f32]> {
     let CpuStorage::F32(v) = s else {
@@ -77,7 +68,9 @@ impl InplaceOp2 for AddAssign {
         l2: &Layout,
     ) -> Result<()> {
         let d = slice_mut(s1, l1, self.name())?;
-        update_with(d, slice(s2, l2, self.name())?, self.name(), |d, s| *d += s)
+        update_with(d, cpu_f32(s2, l2, self.name())?, self.name(), |d, s| {
+            *d += s
+        })
     }
 }
 
@@ -101,7 +94,7 @@ impl InplaceOp2 for FirstMoment {
     ) -> Result<()> {
         let m = slice_mut(s1, l1, self.name())?;
         let (w, c) = (self.weight, self.clip);
-        update_with(m, slice(s2, l2, self.name())?, self.name(), |m, g| {
+        update_with(m, cpu_f32(s2, l2, self.name())?, self.name(), |m, g| {
             let g = if c == 1.0 { g } else { g * c };
             *m += w * (g - *m);
         })
@@ -128,7 +121,7 @@ impl InplaceOp2 for SecondMoment {
         let v = slice_mut(s1, l1, self.name())?;
         let (b2, c) = (self.beta2, self.clip);
         let w = 1.0 - b2;
-        update_with(v, slice(s2, l2, self.name())?, self.name(), |v, g| {
+        update_with(v, cpu_f32(s2, l2, self.name())?, self.name(), |v, g| {
             let g = if c == 1.0 { g } else { g * c };
             *v = *v * b2 + w * g * g;
         })
@@ -157,8 +150,8 @@ impl InplaceOp3 for ParamUpdate {
         l3: &Layout,
     ) -> Result<()> {
         let p = slice_mut(s1, l1, self.name())?;
-        let m = slice(s2, l2, self.name())?;
-        let v = slice(s3, l3, self.name())?;
+        let m = cpu_f32(s2, l2, self.name())?;
+        let v = cpu_f32(s3, l3, self.name())?;
         check_len(p.len(), m.len(), self.name())?;
         check_len(p.len(), v.len(), self.name())?;
         let (decay, step, bc2, eps) = (self.decay, self.step_size, self.bc2_sqrt, self.eps);
@@ -183,7 +176,7 @@ impl CustomOp1 for SumSquares {
         "sum-squares"
     }
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let x = slice(s, l, self.name())?;
+        let x = cpu_f32(s, l, self.name())?;
         let parts: Vec<f64> = x
             .par_chunks(CHUNK)
             .map(|c| c.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>())
@@ -273,7 +266,7 @@ fn ce_inputs<'a>(
     s2: &'a CpuStorage,
     l2: &Layout,
 ) -> Result<(&'a [f32], usize, usize, &'a [u32])> {
-    let x = slice(s1, l1, "cross-entropy logits")?;
+    let x = cpu_f32(s1, l1, "cross-entropy logits")?;
     let (m, v) = l1.shape().dims2()?;
     let CpuStorage::U32(t) = s2 else {
         bail!("cross-entropy: targets must be u32")
