@@ -3,7 +3,7 @@
 use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
-use super::{cpu_f32, new_tensor, with_values, ROW_BLOCK};
+use super::{cpu_f32, new_tensor, sum_in_order, with_values, ROW_BLOCK};
 
 fn gemm_parallelism() -> gemm::Parallelism {
     match rayon::current_num_threads() {
@@ -200,11 +200,7 @@ fn column_sums(v: &[f32], cols: usize) -> Vec<f32> {
             s
         })
         .collect();
-    let mut sums = vec![0f32; cols];
-    for p in &partial {
-        sums.iter_mut().zip(p).for_each(|(s, v)| *s += v);
-    }
-    sums
+    sum_in_order(&partial, cols)
 }
 
 impl CustomOp2 for Linear {

@@ -65,3 +65,13 @@ pub(crate) fn new_tensor(values: Vec<f32>, like: &Tensor) -> Result<Tensor> {
 
 /// Rows per parallel task for row-wise kernels; also the block size of ordered reductions.
 pub(crate) const ROW_BLOCK: usize = 64;
+
+/// The element-wise sum of per-block partial vectors (`len` values each), added in block order
+/// so the result does not depend on how the blocks were scheduled.
+pub(crate) fn sum_in_order(partial: &[Vec<f32>], len: usize) -> Vec<f32> {
+    let mut sum = vec![0f32; len];
+    for p in partial {
+        sum.iter_mut().zip(p).for_each(|(s, v)| *s += v);
+    }
+    sum
+}

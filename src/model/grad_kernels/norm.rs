@@ -5,7 +5,7 @@ use std::sync::Arc;
 use candle_core::{bail, CpuStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
-use super::{cpu_f32, new_tensor, with_values, ROW_BLOCK};
+use super::{cpu_f32, new_tensor, sum_in_order, with_values, ROW_BLOCK};
 
 /// `x · rsqrt(mean(x²) + eps) · weight` over the last dimension (spec §4.1), with gradients for
 /// `x` and `weight`.
@@ -122,11 +122,7 @@ fn rowwise_grad(
             dw
         })
         .collect();
-    let mut dw = vec![0f32; d];
-    for p in &partial {
-        dw.iter_mut().zip(p).for_each(|(a, b)| *a += b);
-    }
-    (dx, dw)
+    (dx, sum_in_order(&partial, d))
 }
 
 /// Rotates the two halves of `x` by the angles whose cosines and sines are `c`, `s`
@@ -191,7 +187,8 @@ impl RopeHalfTables {
         (&self.cos[at..at + self.half], &self.sin[at..at + self.half])
     }
 
-    fn check(&self, dims: &[usize], d: usize) -> Result<(usize, usize)> {
+    /// Checks `(B, S, heads·d)` against the tables; returns S.
+    fn check(&self, dims: &[usize], d: usize) -> Result<usize> {
         let &[b, s, width] = dims else {
             bail!("rope: expected (B, S, heads·head_dim), got {dims:?}")
         };
@@ -207,7 +204,7 @@ impl RopeHalfTables {
                 self.half
             );
         }
-        Ok((b, s))
+        Ok(s)
     }
 }
 
@@ -230,7 +227,7 @@ impl CustomOp2 for NormRope {
     ) -> Result<(CpuStorage, Shape)> {
         let (x, w) = (cpu_f32(s1, l1, self.name())?, cpu_f32(s2, l2, self.name())?);
         let d = w.len();
-        let (_, s) = self.tables.check(l1.dims(), d)?;
+        let s = self.tables.check(l1.dims(), d)?;
         let width = l1.dims()[2];
         let mut y = vec![0f32; x.len()];
         y.par_chunks_mut(width)
@@ -258,7 +255,7 @@ impl CustomOp2 for NormRope {
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let what = "norm-rope bwd";
         let d = w.elem_count();
-        let (_, s) = self.tables.check(x.dims(), d)?;
+        let s = self.tables.check(x.dims(), d)?;
         let width = x.dims()[2];
         let (dx, dw) = with_values(x, what, |xv| {
             with_values(w, what, |wv| {

@@ -13,6 +13,9 @@ pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
 
 struct SwiGlu;
 
+/// Values per parallel task.
+const CHUNK: usize = 1 << 14;
+
 #[inline(always)]
 fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + fast_math::exp(-x))
@@ -35,8 +38,8 @@ impl CustomOp2 for SwiGlu {
             bail!("swiglu: gate {:?} vs up {:?}", l1.dims(), l2.dims());
         }
         let mut y = vec![0f32; g.len()];
-        y.par_chunks_mut(1 << 14)
-            .zip(g.par_chunks(1 << 14).zip(u.par_chunks(1 << 14)))
+        y.par_chunks_mut(CHUNK)
+            .zip(g.par_chunks(CHUNK).zip(u.par_chunks(CHUNK)))
             .for_each(|(y, (g, u))| {
                 with_avx2(|| {
                     for ((y, &g), &u) in y.iter_mut().zip(g).zip(u) {
@@ -61,10 +64,13 @@ impl CustomOp2 for SwiGlu {
                 with_values(dy, what, |d| {
                     let mut dg = vec![0f32; g.len()];
                     let mut du = vec![0f32; g.len()];
-                    const C: usize = 1 << 14;
-                    dg.par_chunks_mut(C)
-                        .zip(du.par_chunks_mut(C))
-                        .zip(g.par_chunks(C).zip(u.par_chunks(C)).zip(d.par_chunks(C)))
+                    dg.par_chunks_mut(CHUNK)
+                        .zip(du.par_chunks_mut(CHUNK))
+                        .zip(
+                            g.par_chunks(CHUNK)
+                                .zip(u.par_chunks(CHUNK))
+                                .zip(d.par_chunks(CHUNK)),
+                        )
                         .for_each(|((dg, du), ((g, u), d))| {
                             with_avx2(|| {
                                 let outs = dg.iter_mut().zip(du.iter_mut());
