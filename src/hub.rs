@@ -33,6 +33,18 @@ impl ModelSource {
         )
     }
 
+    /// A stable description for checkpoints and exports: the absolute directory or the hub
+    /// repository id.
+    pub fn stable_spec(&self) -> String {
+        match self {
+            ModelSource::Local(p) => std::path::absolute(p)
+                .unwrap_or_else(|_| p.clone())
+                .display()
+                .to_string(),
+            ModelSource::Hub { repo } => repo.clone(),
+        }
+    }
+
     /// The path of `file` inside this model, downloading it if needed.
     pub fn file(&self, file: &str) -> Result<PathBuf> {
         match self {

@@ -1,16 +1,26 @@
-//! The workspace: one directory shared by the chained subcommands (DESIGN §1).
+//! The workspace: one directory shared by the chained subcommands (docs/architecture.md §2), and
+//! the one place that knows where each artifact lives in it.
 //!
 //! ```text
-//! voiceclone.toml        optional configuration
-//! data/segments/*.wav    24 kHz utterances written by `prep`
-//! data/train.jsonl       the training manifest
-//! data/ref.wav           the reference clip
-//! data/prep/             prep's per-source records (what makes re-runs free)
+//! voiceclone.toml            optional configuration
+//! data/segments/*.wav        24 kHz utterances written by `prep`
+//! data/train.jsonl           the training manifest
+//! data/ref.wav               the reference clip
+//! data/speaker.safetensors   its x-vector (`embed`)
+//! data/prep/sources/*.json   prep's per-source records (what makes re-runs free)
+//! checkpoints/               training state (`train`)
+//! .voiceclone-train.lock     held while `train` runs
+//! model/                     the exported fine-tuned model (`train`, `export`)
 //! ```
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
+
+use crate::hub::ModelSource;
+
+/// File name of the per-workspace configuration.
+pub const CONFIG_FILE: &str = "voiceclone.toml";
 
 #[derive(Debug, Clone)]
 pub struct Workspace {
@@ -35,12 +45,23 @@ impl Workspace {
         &self.root
     }
 
+    /// `voiceclone.toml`.
+    pub fn config_file(&self) -> PathBuf {
+        self.root.join(CONFIG_FILE)
+    }
+
+    /// `data/`: everything the data steps write.
     pub fn data_dir(&self) -> PathBuf {
         self.root.join("data")
     }
 
     pub fn segments_dir(&self) -> PathBuf {
         self.data_dir().join("segments")
+    }
+
+    /// One utterance file in `data/segments/`.
+    pub fn segment(&self, file_name: &str) -> PathBuf {
+        self.segments_dir().join(file_name)
     }
 
     pub fn manifest(&self) -> PathBuf {
@@ -51,8 +72,33 @@ impl Workspace {
         self.data_dir().join("ref.wav")
     }
 
+    /// The x-vector of the reference clip (`voiceclone embed`).
+    pub fn speaker_file(&self) -> PathBuf {
+        self.data_dir().join("speaker.safetensors")
+    }
+
     pub fn prep_records_dir(&self) -> PathBuf {
         self.data_dir().join("prep").join("sources")
+    }
+
+    /// The prep record of the source with identity `key`.
+    pub fn prep_record(&self, key: &str) -> PathBuf {
+        self.prep_records_dir().join(format!("{key}.json"))
+    }
+
+    /// `checkpoints/`.
+    pub fn checkpoints_dir(&self) -> PathBuf {
+        self.root.join("checkpoints")
+    }
+
+    /// Held by the one `voiceclone train` running in this workspace.
+    pub fn train_lock(&self) -> PathBuf {
+        self.root.join(".voiceclone-train.lock")
+    }
+
+    /// `model/`: where the fine-tuned model is exported.
+    pub fn model_dir(&self) -> PathBuf {
+        self.root.join("model")
     }
 
     /// A workspace path as written into manifests: relative to the root, `/`-separated.
@@ -60,8 +106,69 @@ impl Workspace {
         crate::fsutil::display_relative(path, &self.root)
     }
 
+    /// A path for messages: workspace-relative when it lies inside the workspace.
+    pub fn display(&self, path: &Path) -> String {
+        let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+        if abs.starts_with(&self.root) {
+            self.relative(&abs)
+        } else {
+            path.display().to_string()
+        }
+    }
+
     /// Resolves a manifest path (relative to the root, or absolute).
     pub fn resolve(&self, manifest_path: &str) -> PathBuf {
         self.root.join(manifest_path)
+    }
+
+    /// A path from a configuration file: relative paths are relative to the workspace.
+    pub fn config_path(&self, value: &str) -> PathBuf {
+        let p = Path::new(value);
+        if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            self.root.join(p)
+        }
+    }
+
+    /// A model named by the configuration: a directory relative to the workspace when one
+    /// exists there, otherwise an absolute path or a hub repository id.
+    pub fn model_source(&self, spec: &str) -> Result<ModelSource> {
+        let local = self.config_path(spec);
+        if local.exists() {
+            Ok(ModelSource::Local(local))
+        } else {
+            ModelSource::parse(spec)
+                .with_context(|| format!("{spec:?} does not name a usable model"))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_and_model_sources() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = Workspace::open(dir.path()).unwrap();
+        let root = ws.root().to_path_buf();
+        assert_eq!(ws.manifest(), root.join("data/train.jsonl"));
+        assert_eq!(ws.speaker_file(), root.join("data/speaker.safetensors"));
+        assert_eq!(ws.prep_record("ab"), root.join("data/prep/sources/ab.json"));
+        assert_eq!(ws.relative(&ws.segment("x.wav")), "data/segments/x.wav");
+        assert_eq!(ws.display(&ws.model_dir()), "model");
+        assert_eq!(ws.display(Path::new("/elsewhere/f")), "/elsewhere/f");
+        assert_eq!(ws.config_path("/abs"), PathBuf::from("/abs"));
+        std::fs::create_dir(root.join("local-model")).unwrap();
+        assert!(matches!(
+            ws.model_source("local-model").unwrap(),
+            ModelSource::Local(_)
+        ));
+        assert!(matches!(
+            ws.model_source("Qwen/Qwen3-TTS-12Hz-0.6B-Base").unwrap(),
+            ModelSource::Hub { .. }
+        ));
+        assert!(Workspace::open(&root.join("missing")).is_err());
     }
 }

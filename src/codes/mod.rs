@@ -11,19 +11,16 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use serde_json::{Map, Value};
 
+use crate::artifacts::manifest::{AudioCodes, Manifest, ManifestLine, ManifestRow};
+use crate::artifacts::CodeFrame;
 use crate::audio::{self, OUTPUT_RATE};
-use crate::fsutil::write_atomic;
 use crate::progress::Progress;
-
-/// Codes of one frame: codebook 0 (semantic) then the 15 acoustic codebooks.
-pub type Frame = [u32; 16];
 
 /// What `codes` needs from the speech tokenizer: batched 24 kHz waveforms in, codes out.
 pub trait AudioEncoder {
     /// One code sequence per clip, `ceil(len / 1920)` frames each.
-    fn encode_batch(&self, clips: &[&[f32]]) -> Result<Vec<Vec<Frame>>>;
+    fn encode_batch(&self, clips: &[&[f32]]) -> Result<Vec<Vec<CodeFrame>>>;
 }
 
 #[derive(Debug, Clone)]
@@ -48,20 +45,11 @@ pub struct CodesSummary {
     pub audio_seconds: f64,
 }
 
-/// One manifest line as read.
-enum Line {
-    Blank(String),
-    Broken(String),
-    Row(Map<String, Value>),
-}
-
 /// How often the partially coded manifest is saved during a long run.
 const SAVE_EVERY: Duration = Duration::from_secs(60);
 
 pub fn run(opts: &CodesOptions, encoder: &dyn AudioEncoder) -> Result<CodesSummary> {
-    let text = std::fs::read_to_string(&opts.input)
-        .with_context(|| format!("cannot read manifest {}", opts.input.display()))?;
-    let mut lines: Vec<Line> = text.lines().map(parse_line).collect();
+    let mut manifest = Manifest::read(&opts.input)?;
     let mut summary = CodesSummary::default();
     let progress_warn = |p: &Progress, n: usize, why: &str| {
         p.warn(format!(
@@ -71,18 +59,16 @@ pub fn run(opts: &CodesOptions, encoder: &dyn AudioEncoder) -> Result<CodesSumma
     };
 
     let mut pending: Vec<usize> = Vec::new();
-    for (i, line) in lines.iter().enumerate() {
+    for (i, line) in manifest.lines.iter().enumerate() {
         match line {
-            Line::Blank(_) => {}
-            Line::Broken(_) => {
+            ManifestLine::Blank(_) => {}
+            ManifestLine::Broken { why, .. } => {
                 summary.lines += 1;
-                summary
-                    .bad_lines
-                    .push((i + 1, "not a valid JSON object".into()));
+                summary.bad_lines.push((i + 1, why.clone()));
             }
-            Line::Row(row) => {
+            ManifestLine::Row(row) => {
                 summary.lines += 1;
-                if !opts.force && has_valid_codes(row) {
+                if !opts.force && row.frames().is_some() {
                     summary.already_coded += 1;
                 } else {
                     pending.push(i);
@@ -91,7 +77,11 @@ pub fn run(opts: &CodesOptions, encoder: &dyn AudioEncoder) -> Result<CodesSumma
         }
     }
     // Similar lengths in one batch waste the least padding.
-    pending.sort_by(|&a, &b| duration_of(&lines[a]).total_cmp(&duration_of(&lines[b])));
+    let duration = |i: usize| match &manifest.lines[i] {
+        ManifestLine::Row(row) => row.duration.unwrap_or(0.0),
+        _ => 0.0,
+    };
+    pending.sort_by(|&a, &b| duration(a).total_cmp(&duration(b)));
     let progress = Progress::new(pending.len() as u64, "lines", "codes");
     for (n, why) in &summary.bad_lines {
         progress_warn(&progress, *n, why);
@@ -101,7 +91,9 @@ pub fn run(opts: &CodesOptions, encoder: &dyn AudioEncoder) -> Result<CodesSumma
         // Load the batch; lines whose audio cannot be used are reported and skipped.
         let mut clips: Vec<(usize, Vec<f32>)> = Vec::with_capacity(chunk.len());
         for &i in chunk {
-            let Line::Row(row) = &lines[i] else { continue };
+            let ManifestLine::Row(row) = &manifest.lines[i] else {
+                continue;
+            };
             match load_clip(row, &opts.base_dir) {
                 Ok(samples) => clips.push((i, samples)),
                 Err(why) => {
@@ -125,8 +117,8 @@ pub fn run(opts: &CodesOptions, encoder: &dyn AudioEncoder) -> Result<CodesSumma
             clips.len()
         );
         for ((i, samples), frames) in clips.iter().zip(codes) {
-            if let Line::Row(row) = &mut lines[*i] {
-                row.insert("audio_codes".into(), codes_to_json(&frames));
+            if let ManifestLine::Row(row) = &mut manifest.lines[*i] {
+                row.audio_codes = Some(AudioCodes::Frames(frames));
             }
             summary.coded += 1;
             summary.audio_seconds += samples.len() as f64 / OUTPUT_RATE as f64;
@@ -134,72 +126,20 @@ pub fn run(opts: &CodesOptions, encoder: &dyn AudioEncoder) -> Result<CodesSumma
         }
         progress.set_message(format!("{:.0} s of audio coded", summary.audio_seconds));
         if last_save.elapsed() >= SAVE_EVERY {
-            save(&opts.output, &lines)?;
+            manifest.write(&opts.output)?;
             last_save = Instant::now();
         }
     }
     progress.finish();
     summary.bad_lines.sort();
     if summary.coded > 0 || opts.output != opts.input {
-        save(&opts.output, &lines)?;
+        manifest.write(&opts.output)?;
     }
     Ok(summary)
 }
 
-fn parse_line(text: &str) -> Line {
-    if text.trim().is_empty() {
-        return Line::Blank(text.to_string());
-    }
-    match serde_json::from_str::<Value>(text) {
-        Ok(Value::Object(map)) => Line::Row(map),
-        _ => Line::Broken(text.to_string()),
-    }
-}
-
-fn duration_of(line: &Line) -> f64 {
-    match line {
-        Line::Row(row) => row.get("duration").and_then(Value::as_f64).unwrap_or(0.0),
-        _ => 0.0,
-    }
-}
-
-fn has_valid_codes(row: &Map<String, Value>) -> bool {
-    parse_codes(row.get("audio_codes")).is_some_and(|c| !c.is_empty())
-}
-
-/// `[[16 ints], ...]` -> frames; `None` if the value is not in that format.
-pub fn parse_codes(value: Option<&Value>) -> Option<Vec<Frame>> {
-    value?
-        .as_array()?
-        .iter()
-        .map(|frame| {
-            let items = frame.as_array()?;
-            if items.len() != 16 {
-                return None;
-            }
-            let mut out = [0u32; 16];
-            for (o, v) in out.iter_mut().zip(items) {
-                *o = u32::try_from(v.as_u64()?).ok()?;
-            }
-            Some(out)
-        })
-        .collect()
-}
-
-pub fn codes_to_json(frames: &[Frame]) -> Value {
-    Value::Array(
-        frames
-            .iter()
-            .map(|f| Value::Array(f.iter().map(|&c| Value::from(c)).collect()))
-            .collect(),
-    )
-}
-
-fn load_clip(row: &Map<String, Value>, base: &Path) -> std::result::Result<Vec<f32>, String> {
-    let audio = row
-        .get("audio")
-        .and_then(Value::as_str)
-        .ok_or("no \"audio\" field")?;
+fn load_clip(row: &ManifestRow, base: &Path) -> std::result::Result<Vec<f32>, String> {
+    let audio = row.audio.as_deref().ok_or("no \"audio\" field")?;
     let path = base.join(audio);
     if !path.exists() {
         return Err(format!("audio file {} does not exist", path.display()));
@@ -209,18 +149,6 @@ fn load_clip(row: &Map<String, Value>, base: &Path) -> std::result::Result<Vec<f
         return Err(format!("audio file {} has no samples", path.display()));
     }
     Ok(samples)
-}
-
-fn save(path: &Path, lines: &[Line]) -> Result<()> {
-    let mut out = String::new();
-    for line in lines {
-        match line {
-            Line::Blank(t) | Line::Broken(t) => out.push_str(t),
-            Line::Row(row) => out.push_str(&serde_json::to_string(row)?),
-        }
-        out.push('\n');
-    }
-    write_atomic(path, out.as_bytes())
 }
 
 #[cfg(test)]
@@ -234,7 +162,7 @@ mod tests {
     }
 
     impl AudioEncoder for Fake {
-        fn encode_batch(&self, clips: &[&[f32]]) -> Result<Vec<Vec<Frame>>> {
+        fn encode_batch(&self, clips: &[&[f32]]) -> Result<Vec<Vec<CodeFrame>>> {
             self.batches.borrow_mut().push(clips.len());
             Ok(clips
                 .iter()
@@ -244,7 +172,7 @@ mod tests {
                             let mut f = [0u32; 16];
                             f[0] = (c.len() % 2048) as u32;
                             f[1] = k as u32;
-                            f
+                            CodeFrame(f)
                         })
                         .collect()
                 })
@@ -303,15 +231,5 @@ mod tests {
         assert_eq!((again.coded, again.already_coded), (0, 2));
         assert_eq!(fake.batches.borrow().len(), 1);
         assert_eq!(std::fs::read_to_string(&manifest).unwrap(), before);
-    }
-
-    #[test]
-    fn codes_json_round_trips_and_rejects_bad_shapes() {
-        let frames = vec![[7u32; 16], [2047u32; 16]];
-        assert_eq!(parse_codes(Some(&codes_to_json(&frames))), Some(frames));
-        let bad: Value = serde_json::from_str("[[1,2,3]]").unwrap();
-        assert_eq!(parse_codes(Some(&bad)), None);
-        let neg: Value = serde_json::from_str(&format!("[{:?}]", [-1i32; 16])).unwrap();
-        assert_eq!(parse_codes(Some(&neg)), None);
     }
 }

@@ -4,9 +4,9 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 
-use super::model_source;
+use crate::artifacts::codes::{frames_from_rows, CodeFrame};
 use crate::cli::CodesArgs;
-use crate::codes::{self, AudioEncoder, CodesOptions, Frame};
+use crate::codes::{self, AudioEncoder, CodesOptions};
 use crate::config::Config;
 use crate::model::codec::Codec;
 use crate::workspace::Workspace;
@@ -18,32 +18,22 @@ pub fn load_codec(ws: &Workspace, config: &Config) -> Result<Codec> {
     } else {
         &config.codes.tokenizer
     };
-    let source = model_source(ws, spec)?;
+    let source = ws.model_source(spec)?;
     Codec::load(&source)
         .with_context(|| format!("cannot load the speech tokenizer of {}", source.describe()))
 }
 
-/// The codec as `codes` sees it: rows of exactly 16 codes.
+/// The codec as `codes` sees it: frames of exactly 16 codes.
 struct CodecEncoder<'a>(&'a Codec);
 
 impl AudioEncoder for CodecEncoder<'_> {
-    fn encode_batch(&self, clips: &[&[f32]]) -> Result<Vec<Vec<Frame>>> {
+    fn encode_batch(&self, clips: &[&[f32]]) -> Result<Vec<Vec<CodeFrame>>> {
         self.0
             .encode_batch(clips)?
-            .into_iter()
-            .map(|codes| codes.iter().map(|row| to_frame(row)).collect())
+            .iter()
+            .map(|codes| frames_from_rows(codes))
             .collect()
     }
-}
-
-/// A codec row as a 16-code frame (the manifest format of the official recipe).
-pub fn to_frame(row: &[u32]) -> Result<Frame> {
-    Frame::try_from(row).map_err(|_| {
-        anyhow::anyhow!(
-            "the speech tokenizer produced {} codes per frame; the training format needs 16",
-            row.len()
-        )
-    })
 }
 
 pub fn run(ws: &Workspace, config: &Config, args: &CodesArgs) -> Result<()> {

@@ -3,21 +3,16 @@
 //! shape `(enc_dim,)`, f32.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use candle_core::Device;
 
-use super::model_source;
+use crate::artifacts::speaker;
 use crate::cli::EmbedArgs;
 use crate::config::Config;
 use crate::model::speaker::SpeakerEncoder;
 use crate::workspace::Workspace;
-
-/// File name of the embedding inside the workspace's `data/`.
-pub const SPEAKER_FILE: &str = "speaker.safetensors";
-/// Tensor name inside it.
-pub const TENSOR_NAME: &str = "speaker_embedding";
 
 pub fn run(ws: &Workspace, config: &Config, args: &EmbedArgs) -> Result<()> {
     let ref_audio = match &args.ref_audio {
@@ -43,10 +38,7 @@ pub fn run(ws: &Workspace, config: &Config, args: &EmbedArgs) -> Result<()> {
             path
         }
     };
-    let output = args
-        .output
-        .clone()
-        .unwrap_or_else(|| ws.data_dir().join(SPEAKER_FILE));
+    let output = args.output.clone().unwrap_or_else(|| ws.speaker_file());
     if same_file(&output, &ref_audio) {
         bail!(
             "output {} is the reference audio itself; choose another -o path",
@@ -54,7 +46,7 @@ pub fn run(ws: &Workspace, config: &Config, args: &EmbedArgs) -> Result<()> {
         );
     }
 
-    let source = model_source(ws, &config.model.base)?;
+    let source = ws.model_source(&config.model.base)?;
     let encoder = SpeakerEncoder::from_model(&source, &Device::Cpu)
         .with_context(|| format!("cannot load the speaker encoder of {}", source.describe()))?;
     let rate = encoder.config.sample_rate;
@@ -74,45 +66,20 @@ pub fn run(ws: &Workspace, config: &Config, args: &EmbedArgs) -> Result<()> {
         ("model".to_string(), config.model.base.clone()),
         ("ref_audio".to_string(), ref_audio.display().to_string()),
     ]);
-    let bytes = serialize_embedding(&embedding, Some(metadata))?;
-    crate::fsutil::write_atomic(&output, &bytes)
-        .with_context(|| format!("cannot write {}", output.display()))?;
+    speaker::write(&output, &embedding, Some(metadata))?;
     println!(
         "wrote {}: {}-dimensional speaker embedding of {}",
-        display_path(ws, &output),
+        ws.display(&output),
         embedding.len(),
-        display_path(ws, &ref_audio)
+        ws.display(&ref_audio)
     );
     Ok(())
 }
 
-/// The safetensors bytes of a `(D,)` f32 tensor named [`TENSOR_NAME`].
-pub fn serialize_embedding(
-    embedding: &[f32],
-    metadata: Option<HashMap<String, String>>,
-) -> Result<Vec<u8>> {
-    let data: Vec<u8> = embedding.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let view =
-        safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![embedding.len()], &data)
-            .map_err(|e| anyhow::anyhow!("cannot build the embedding tensor: {e}"))?;
-    safetensors::serialize([(TENSOR_NAME, view)], metadata)
-        .map_err(|e| anyhow::anyhow!("cannot serialise the speaker embedding: {e}"))
-}
-
-/// `model.base` as a [`ModelSource`]: a relative path that exists in the workspace is local;
-/// anything else (absolute paths, hub ids) is passed on.
+/// Whether two paths name the same existing file.
 fn same_file(a: &Path, b: &Path) -> bool {
     match (a.canonicalize(), b.canonicalize()) {
         (Ok(a), Ok(b)) => a == b,
         _ => false,
-    }
-}
-
-fn display_path(ws: &Workspace, path: &Path) -> String {
-    let abs: PathBuf = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
-    if abs.starts_with(ws.root()) {
-        ws.relative(&abs)
-    } else {
-        path.display().to_string()
     }
 }

@@ -4,8 +4,6 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 
-use super::model_source;
-use super::train::{checkpoints_dir, export_dir, model_spec};
 use crate::cli::ExportArgs;
 use crate::config::Config;
 use crate::model::files::ModelFiles;
@@ -23,7 +21,7 @@ pub fn run(ws: &Workspace, config: &Config, args: &ExportArgs) -> Result<()> {
             )
         })?,
         None => {
-            let root = checkpoints_dir(ws);
+            let root = ws.checkpoints_dir();
             checkpoint::find_latest(&root)?.with_context(|| {
                 format!(
                     "no checkpoint in {}; run `voiceclone train` first (or pass --checkpoint DIR)",
@@ -39,7 +37,7 @@ pub fn run(ws: &Workspace, config: &Config, args: &ExportArgs) -> Result<()> {
     } else {
         index.identity.model.base.clone()
     };
-    let source = model_source(ws, &spec).with_context(|| {
+    let source = ws.model_source(&spec).with_context(|| {
         format!(
             "checkpoint {} was trained from {spec}, which cannot be found; pass it with --model",
             dir.display()
@@ -50,13 +48,13 @@ pub fn run(ws: &Workspace, config: &Config, args: &ExportArgs) -> Result<()> {
         .output
         .as_ref()
         .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.clone()))
-        .unwrap_or_else(|| export_dir(ws));
+        .unwrap_or_else(|| ws.model_dir());
     if output.starts_with(&dir) {
         bail!("the output must not be inside the checkpoint");
     }
     let summary = export::export(&export::ExportOptions {
         files: &files,
-        model_spec: &model_spec(&source),
+        model_spec: &source.stable_spec(),
         checkpoint: dir,
         output,
         speaker_name: config.train.speaker_name.clone(),

@@ -9,20 +9,17 @@ pub mod prep;
 pub mod speak;
 pub mod train;
 
-use std::path::{Path, PathBuf};
-
-use anyhow::{Context, Result};
+use anyhow::Result;
 
 use crate::cli::{Cli, Command};
 use crate::config::{self, Override};
-use crate::hub::ModelSource;
 use crate::workspace::Workspace;
 
 pub fn run(cli: Cli) -> Result<()> {
     let ws = Workspace::open(&cli.workdir)?;
     match &cli.command {
         Command::Config => {
-            let resolved = config::resolve(ws.root(), cli.config.as_deref(), &[])?;
+            let resolved = config::resolve(ws.config_file(), cli.config.as_deref(), &[])?;
             print!("{}", resolved.to_annotated_toml());
             Ok(())
         }
@@ -58,26 +55,5 @@ pub fn run(cli: Cli) -> Result<()> {
 }
 
 fn resolve(ws: &Workspace, cli: &Cli, overrides: &[Override]) -> Result<config::Resolved> {
-    config::resolve(ws.root(), cli.config.as_deref(), overrides)
-}
-
-/// A model named by the configuration: a directory relative to the workspace when one exists
-/// there, otherwise an absolute path or a hub repository id.
-pub fn model_source(ws: &Workspace, spec: &str) -> Result<ModelSource> {
-    let local = config_path(ws, spec);
-    if local.exists() {
-        Ok(ModelSource::Local(local))
-    } else {
-        ModelSource::parse(spec).with_context(|| format!("{spec:?} does not name a usable model"))
-    }
-}
-
-/// A path from the configuration: relative paths are relative to the workspace.
-pub fn config_path(ws: &Workspace, value: &str) -> PathBuf {
-    let p = Path::new(value);
-    if p.is_absolute() {
-        p.to_path_buf()
-    } else {
-        ws.root().join(p)
-    }
+    config::resolve(ws.config_file(), cli.config.as_deref(), overrides)
 }

@@ -2,7 +2,6 @@ use std::sync::Arc;
 
 use anyhow::Result;
 
-use super::config_path;
 use crate::cli::PrepArgs;
 use crate::config::Config;
 use crate::prep::segment::Rules;
@@ -25,7 +24,7 @@ pub fn run(ws: &Workspace, config: &Config, args: &PrepArgs) -> Result<()> {
         whisper_model: p.whisper_model.clone(),
         language: p.language.clone(),
         jobs: p.jobs,
-        ref_audio: (!p.ref_audio.trim().is_empty()).then(|| config_path(ws, &p.ref_audio)),
+        ref_audio: (!p.ref_audio.trim().is_empty()).then(|| ws.config_path(&p.ref_audio)),
         force: args.force,
     };
     let make = || -> Result<Arc<dyn Transcriber>> {
@@ -42,7 +41,7 @@ pub fn run(ws: &Workspace, config: &Config, args: &PrepArgs) -> Result<()> {
 /// A relative Whisper path that exists in the workspace is local; anything else is passed on
 /// (absolute paths, and hub references like owner/repo/file).
 fn resolve_whisper_spec(ws: &Workspace, spec: &str) -> String {
-    let local = config_path(ws, spec);
+    let local = ws.config_path(spec);
     if local.exists() {
         local.to_string_lossy().into_owned()
     } else {

@@ -9,7 +9,7 @@ use super::prompt::{self, IclBranch, IclReference, PromptSpec, SpeakerSlot, Spec
 use super::sampling::{Code0Processors, RowRng, Sampling};
 use super::talker_loop::{self, Generated, LoopOptions};
 use super::text_split;
-use crate::codes::Frame;
+use crate::artifacts::codes::{frames_from_rows, CodeFrame};
 use crate::hub::ModelSource;
 use crate::model::codec::Codec;
 use crate::model::files::{GenerationConfig, ModelFiles};
@@ -27,7 +27,7 @@ pub enum Voice {
     /// In-context clone: x-vector plus the reference clip's codes and transcript.
     Icl {
         xvector: Vec<f32>,
-        ref_codes: Vec<Frame>,
+        ref_codes: Vec<CodeFrame>,
         ref_text: String,
     },
     /// A named speaker of a CustomVoice / fine-tuned model (`spk_id`).
@@ -89,7 +89,7 @@ impl DecodeOptions {
 #[derive(Debug, Clone)]
 pub struct Speech {
     /// Generated frames (all chunks in order; ICL reference codes not included).
-    pub frames: Vec<Frame>,
+    pub frames: Vec<CodeFrame>,
     /// Per chunk: the EOS step, or `None` when the frame limit stopped it.
     pub eos_steps: Vec<Option<usize>>,
     /// 24 kHz mono samples.
@@ -204,15 +204,7 @@ impl Synthesizer {
             None => Voice::XVector(xvector),
             Some(text) => {
                 ensure!(!text.trim().is_empty(), "the reference transcript is empty");
-                let codes = self.codec.encode(wav24)?;
-                let ref_codes = codes
-                    .iter()
-                    .map(|c| {
-                        <Frame>::try_from(c.as_slice()).map_err(|_| {
-                            anyhow::anyhow!("the codec returned {} codebooks", c.len())
-                        })
-                    })
-                    .collect::<Result<Vec<_>>>()?;
+                let ref_codes = frames_from_rows(&self.codec.encode(wav24)?)?;
                 Voice::Icl {
                     xvector,
                     ref_codes,
@@ -315,7 +307,7 @@ impl Synthesizer {
 
     /// Waveform of generated frames; for ICL the reference codes are decoded in front and the
     /// reference part is cut off exactly as the official wrapper does (spec §7).
-    fn decode(&self, frames: &[Frame], icl: Option<&IclReference>) -> Result<Vec<f32>> {
+    fn decode(&self, frames: &[CodeFrame], icl: Option<&IclReference>) -> Result<Vec<f32>> {
         let Some(icl) = icl else {
             return self.codec.decode(frames);
         };

@@ -9,7 +9,7 @@ use candle_core::{DType, Device, IndexOp, Tensor};
 
 use super::prompt::{self, TalkerPrompt};
 use super::sampling::{Code0Processors, RowRng, Sampling};
-use crate::codes::Frame;
+use crate::artifacts::CodeFrame;
 use crate::model::talker::Talker;
 
 /// Decoding settings of one generation call.
@@ -27,7 +27,7 @@ pub struct LoopOptions {
 /// The frames of one row and how it ended.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Generated {
-    pub frames: Vec<Frame>,
+    pub frames: Vec<CodeFrame>,
     /// The step whose code-0 was EOS (= the frame count), or `None` when `max_frames` ended it.
     pub eos_step: Option<usize>,
 }
@@ -115,7 +115,7 @@ pub fn generate(
                 let mut frame = [0u32; 16];
                 frame[0] = c0[r];
                 frame[1..].copy_from_slice(&sub_host[r]);
-                out[r].frames.push(frame);
+                out[r].frames.push(CodeFrame(frame));
                 if out[r].frames.len() >= opts.max_frames {
                     running[r] = false;
                 }

@@ -7,7 +7,7 @@
 //! time and the prep settings; a re-run reuses the records and does no decoding or
 //! transcription for unchanged sources, and rewrites the manifest (atomically) from them.
 
-pub mod manifest;
+pub mod records;
 pub mod segment;
 pub mod sources;
 pub mod transcribe;
@@ -20,11 +20,12 @@ use std::sync::{mpsc, Arc};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
+use crate::artifacts::{manifest, ManifestRow};
 use crate::audio::{self, OUTPUT_RATE, WHISPER_RATE};
 use crate::fsutil::write_atomic;
 use crate::progress::Progress;
 use crate::workspace::Workspace;
-use manifest::{round_ms, ManifestRow, SourceRecord, UtteranceRecord};
+use records::{round_ms, SourceRecord, UtteranceRecord};
 use segment::Rules;
 use sources::SourceFile;
 use transcribe::Transcriber;
@@ -97,12 +98,11 @@ pub fn run(
     }
 
     let settings = settings_digest(opts);
-    let records_dir = ws.prep_records_dir();
     let mut records: BTreeMap<SourceFile, SourceRecord> = BTreeMap::new();
     let mut todo: Vec<(SourceFile, String)> = Vec::new();
     for file in &discovery.files {
         let key = file.key(&settings);
-        match reusable_record(ws, &records_dir, &key, opts.force) {
+        match reusable_record(ws, &key, opts.force) {
             Some(record) => {
                 records.insert(file.clone(), record);
             }
@@ -125,7 +125,6 @@ pub fn run(
             rules: &opts.rules,
             transcriber: transcriber.as_ref(),
             threads: threads_per_job,
-            records_dir: &records_dir,
         };
         let (tx, rx) = mpsc::channel();
         let next = AtomicUsize::new(0);
@@ -190,7 +189,7 @@ pub fn run(
         .iter()
         .map(|(source, u)| u.to_row(source, &ref_rel))
         .collect();
-    manifest::write_manifest(&ws.manifest(), &rows)?;
+    manifest::write_rows(&ws.manifest(), &rows)?;
     summary.ref_audio = ref_rel;
     summary.manifest = ws.manifest();
     Ok(summary)
@@ -201,7 +200,6 @@ struct JobContext<'a> {
     rules: &'a Rules,
     transcriber: &'a dyn Transcriber,
     threads: usize,
-    records_dir: &'a Path,
 }
 
 /// Decodes, transcribes and cuts one source; the error is a reason for the user.
@@ -226,10 +224,7 @@ fn process_source(
     for (i, u) in cut.utterances.iter().enumerate() {
         let a = (u.start * OUTPUT_RATE as f64).round() as usize;
         let b = ((u.end * OUTPUT_RATE as f64).round() as usize).min(output.len());
-        let path = ctx
-            .ws
-            .segments_dir()
-            .join(format!("{stem}-{}-{i:03}.wav", &key[..8]));
+        let path = ctx.ws.segment(&format!("{stem}-{}-{i:03}.wav", &key[..8]));
         audio::wav::write_pcm16(&path, &output[a..b], OUTPUT_RATE).map_err(|e| format!("{e:#}"))?;
         utterances.push(UtteranceRecord {
             audio: ctx.ws.relative(&path),
@@ -252,17 +247,16 @@ fn process_source(
             .map(|(reason, secs)| (reason.to_string(), round_ms(*secs)))
             .collect(),
     };
-    manifest::write_record(&ctx.records_dir.join(format!("{key}.json")), &record)
-        .map_err(|e| format!("{e:#}"))?;
+    records::write_record(&ctx.ws.prep_record(key), &record).map_err(|e| format!("{e:#}"))?;
     Ok(record)
 }
 
 /// The record for `key`, if it exists and all of its utterance files are still there.
-fn reusable_record(ws: &Workspace, dir: &Path, key: &str, force: bool) -> Option<SourceRecord> {
+fn reusable_record(ws: &Workspace, key: &str, force: bool) -> Option<SourceRecord> {
     if force {
         return None;
     }
-    let record = manifest::read_record(&dir.join(format!("{key}.json"))).ok()?;
+    let record = records::read_record(&ws.prep_record(key)).ok()?;
     let complete = record.key == key
         && record
             .utterances

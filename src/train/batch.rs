@@ -19,7 +19,8 @@
 
 use candle_core::{Device, Result, Tensor};
 
-use super::data::{Sample, CODE_GROUPS};
+use super::data::Sample;
+use crate::artifacts::CODE_GROUPS;
 use crate::model::config::Qwen3TtsConfig;
 
 /// Label value of positions without a target (PyTorch's `ignore_index`).
@@ -121,7 +122,7 @@ impl Batch {
                 b.codec_channel_ids[p] = frame[0];
                 b.codec_0_labels[p] = frame[0] as i64;
                 b.codec_mask[p] = 1;
-                b.codec_ids[p * CODE_GROUPS..(p + 1) * CODE_GROUPS].copy_from_slice(frame);
+                b.codec_ids[p * CODE_GROUPS..(p + 1) * CODE_GROUPS].copy_from_slice(&frame.0);
             }
             b.codec_channel_ids[o + eos_pos] = ids.codec_eos;
             b.codec_0_labels[o + eos_pos] = ids.codec_eos as i64;
@@ -210,6 +211,7 @@ pub struct BatchTensors {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::artifacts::CodeFrame;
 
     fn ids() -> LayoutIds {
         LayoutIds {
@@ -230,12 +232,12 @@ mod tests {
         let a = Sample {
             line: 1,
             text_ids: vec![151644, 77091, 198, 11, 12],
-            codes: vec![[5; 16], [6; 16], [7; 16]],
+            codes: vec![CodeFrame([5; 16]), CodeFrame([6; 16]), CodeFrame([7; 16])],
         };
         let b = Sample {
             line: 2,
             text_ids: vec![151644, 77091, 198, 13],
-            codes: vec![[9; 16]],
+            codes: vec![CodeFrame([9; 16])],
         };
         let batch = Batch::build(&[&a, &b], &ids());
         // Lt = 2, T = 3: 8 + 5 + 3 = 16 positions; the second row (Lt 1, T 1) is 13 long.

@@ -4,14 +4,13 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
-use serde_json::Value;
+use anyhow::{bail, Result};
 use sha2::{Digest, Sha256};
 
+use crate::artifacts::codes::check_range;
+use crate::artifacts::manifest::{AudioCodes, Manifest, ManifestRow};
+use crate::artifacts::CodeFrame;
 use crate::model::text::TextTokenizer;
-
-/// Codebooks per frame in the manifest format.
-pub const CODE_GROUPS: usize = 16;
 
 /// One utterance, ready for the batch layout (spec §10.2).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,7 +20,7 @@ pub struct Sample {
     /// `tokenize(_build_assistant_text(text))[:-5]`: the 3 role ids then the text ids (L = 3 + Lt).
     pub text_ids: Vec<u32>,
     /// `(T, 16)` codes, frame-major.
-    pub codes: Vec<[u32; CODE_GROUPS]>,
+    pub codes: Vec<CodeFrame>,
 }
 
 impl Sample {
@@ -61,35 +60,22 @@ pub struct BadLine {
     pub why: String,
 }
 
-/// Line numbers (1-based) of rows that are JSON objects without an `audio_codes` field: what
-/// `voiceclone codes` would fill in.
+/// Line numbers (1-based) of rows without an `audio_codes` field: what `voiceclone codes`
+/// would fill in.
 pub fn lines_without_codes(manifest: &Path) -> Result<Vec<usize>> {
-    let text = std::fs::read_to_string(manifest)
-        .with_context(|| format!("cannot read manifest {}", manifest.display()))?;
-    Ok(text
-        .lines()
-        .enumerate()
-        .filter_map(|(i, l)| {
-            let v: Value = serde_json::from_str(l).ok()?;
-            let row = v.as_object()?;
-            (!row.contains_key("audio_codes")).then_some(i + 1)
-        })
+    Ok(Manifest::read(manifest)?
+        .rows()
+        .filter(|(_, r)| r.audio_codes.is_none())
+        .map(|(line, _)| line)
         .collect())
 }
 
 /// The first row's `ref_audio` (resolved against `base`), for computing the speaker embedding
 /// the way the official recipe does (the x-vector of the first sample's reference clip).
 pub fn first_ref_audio(manifest: &Path, base: &Path) -> Result<Option<(usize, PathBuf)>> {
-    let text = std::fs::read_to_string(manifest)
-        .with_context(|| format!("cannot read manifest {}", manifest.display()))?;
-    for (i, l) in text.lines().enumerate() {
-        if let Ok(Value::Object(row)) = serde_json::from_str::<Value>(l) {
-            if let Some(r) = row.get("ref_audio").and_then(Value::as_str) {
-                return Ok(Some((i + 1, base.join(r))));
-            }
-        }
-    }
-    Ok(None)
+    Ok(Manifest::read(manifest)?
+        .rows()
+        .find_map(|(line, r)| r.ref_audio.as_ref().map(|a| (line, base.join(a)))))
 }
 
 /// Reads and checks every line of `manifest`. `base` resolves relative audio paths (only used
@@ -100,19 +86,22 @@ pub fn load(
     tokenizer: &TextTokenizer,
     codebook_size: u32,
 ) -> Result<Dataset> {
-    let text = std::fs::read_to_string(manifest)
-        .with_context(|| format!("cannot read manifest {}", manifest.display()))?;
+    let file = Manifest::read(manifest)?;
     let mut samples = Vec::new();
-    let mut bad = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        match parse_row(i + 1, line, base, tokenizer, codebook_size) {
+    let mut bad: Vec<BadLine> = file
+        .broken()
+        .map(|(line, why)| BadLine {
+            line,
+            why: why.to_string(),
+        })
+        .collect();
+    for (line, row) in file.rows() {
+        match parse_row(line, row, base, tokenizer, codebook_size) {
             Ok(s) => samples.push(s),
-            Err(why) => bad.push(BadLine { line: i + 1, why }),
+            Err(why) => bad.push(BadLine { line, why }),
         }
     }
+    bad.sort_by_key(|b| b.line);
     if !bad.is_empty() {
         const SHOWN: usize = 10;
         let mut msg = format!(
@@ -147,35 +136,19 @@ pub fn load(
 
 fn parse_row(
     line: usize,
-    text: &str,
+    row: &ManifestRow,
     base: &Path,
     tokenizer: &TextTokenizer,
     codebook_size: u32,
 ) -> std::result::Result<Sample, String> {
-    let value: Value = serde_json::from_str(text).map_err(|e| format!("not valid JSON ({e})"))?;
-    let row = value.as_object().ok_or("not a JSON object")?;
     let transcript = row
-        .get("text")
-        .and_then(Value::as_str)
+        .text
+        .as_deref()
         .ok_or("no \"text\" field (the transcript)")?;
     if transcript.trim().is_empty() {
         return Err("the transcript (\"text\") is empty".into());
     }
-    let Some(codes) = row.get("audio_codes") else {
-        let audio = row.get("audio").and_then(Value::as_str);
-        return Err(match audio {
-            None => "no \"audio_codes\" and no \"audio\" field to compute them from".into(),
-            Some(a) if !base.join(a).is_file() => format!(
-                "no \"audio_codes\": its audio file {} does not exist",
-                base.join(a).display()
-            ),
-            Some(_) => {
-                "no \"audio_codes\" (`voiceclone codes` could not encode its audio; see its report)"
-                    .into()
-            }
-        });
-    };
-    let codes = parse_codes(codes, codebook_size)?;
+    let codes = row_codes(row, base, codebook_size)?;
     let prompt = tokenizer
         .assistant_prompt(transcript)
         .map_err(|e| format!("cannot tokenize the transcript: {e:#}"))?;
@@ -184,49 +157,38 @@ fn parse_row(
     Ok(Sample {
         line,
         text_ids,
-        codes,
+        codes: codes.to_vec(),
     })
 }
 
-/// `[[16 ints], ...]` with every code below `codebook_size`; errors say which frame is wrong.
-fn parse_codes(
-    value: &Value,
+/// The row's codes, every code below `codebook_size`; errors say what is missing or which
+/// frame is wrong.
+fn row_codes<'a>(
+    row: &'a ManifestRow,
+    base: &Path,
     codebook_size: u32,
-) -> std::result::Result<Vec<[u32; CODE_GROUPS]>, String> {
-    let frames = value
-        .as_array()
-        .ok_or("\"audio_codes\" is not a list of frames")?;
-    if frames.is_empty() {
-        return Err("\"audio_codes\" has no frames".into());
-    }
-    frames
-        .iter()
-        .enumerate()
-        .map(|(k, f)| {
-            let items = f
-                .as_array()
-                .ok_or_else(|| format!("\"audio_codes\" frame {k} is not a list of codes"))?;
-            if items.len() != CODE_GROUPS {
-                return Err(format!(
-                    "\"audio_codes\" frame {k} has {} codes, expected {CODE_GROUPS} (shape must be T x {CODE_GROUPS})",
-                    items.len()
-                ));
-            }
-            let mut out = [0u32; CODE_GROUPS];
-            for (o, v) in out.iter_mut().zip(items) {
-                *o = v
-                    .as_u64()
-                    .and_then(|c| u32::try_from(c).ok())
-                    .filter(|&c| c < codebook_size)
-                    .ok_or_else(|| {
-                        format!(
-                            "\"audio_codes\" frame {k} has code {v}, expected an integer in 0..{codebook_size}"
-                        )
-                    })?;
-            }
-            Ok(out)
-        })
-        .collect()
+) -> std::result::Result<&'a [CodeFrame], String> {
+    let codes = match &row.audio_codes {
+        None => {
+            return Err(match row.audio.as_deref() {
+                None => "no \"audio_codes\" and no \"audio\" field to compute them from".into(),
+                Some(a) if !base.join(a).is_file() => format!(
+                    "no \"audio_codes\": its audio file {} does not exist",
+                    base.join(a).display()
+                ),
+                Some(_) => "no \"audio_codes\" (`voiceclone codes` could not encode its audio; \
+                            see its report)"
+                    .into(),
+            })
+        }
+        Some(AudioCodes::Invalid { why, .. }) => return Err(format!("\"audio_codes\" {why}")),
+        Some(AudioCodes::Frames(f)) if f.is_empty() => {
+            return Err("\"audio_codes\" has no frames".into())
+        }
+        Some(AudioCodes::Frames(f)) => f,
+    };
+    check_range(codes, codebook_size).map_err(|why| format!("\"audio_codes\" {why}"))?;
+    Ok(codes)
 }
 
 fn digest(samples: &[Sample]) -> String {
@@ -249,21 +211,35 @@ fn digest(samples: &[Sample]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::artifacts::manifest::ManifestLine;
+
+    fn row(json: &str) -> ManifestRow {
+        match ManifestLine::parse(json) {
+            ManifestLine::Row(r) => *r,
+            other => panic!("{other:?}"),
+        }
+    }
 
     #[test]
-    fn code_shape_errors_name_the_frame() {
-        let v: Value = serde_json::from_str("[[1,2,3]]").unwrap();
-        assert!(parse_codes(&v, 2048)
-            .unwrap_err()
-            .contains("frame 0 has 3 codes"));
+    fn code_errors_name_the_frame_or_what_is_missing() {
+        let base = Path::new("/nonexistent");
+        let e = row_codes(&row(r#"{"audio_codes":[[1,2,3]]}"#), base, 2048).unwrap_err();
+        assert!(e.contains("frame 0 has 3 codes"), "{e}");
         let mut f = vec![0u32; 16];
         f[5] = 2048;
-        let v: Value = serde_json::json!([vec![0u32; 16], f]);
-        let e = parse_codes(&v, 2048).unwrap_err();
+        let r = row(&serde_json::json!({ "audio_codes": [vec![0u32; 16], f] }).to_string());
+        let e = row_codes(&r, base, 2048).unwrap_err();
         assert!(e.contains("frame 1") && e.contains("2048"), "{e}");
-        let v: Value = serde_json::json!([]);
-        assert!(parse_codes(&v, 2048).unwrap_err().contains("no frames"));
-        let v: Value = serde_json::json!([vec![7u32; 16]]);
-        assert_eq!(parse_codes(&v, 2048).unwrap(), vec![[7u32; 16]]);
+        let e = row_codes(&row(r#"{"audio_codes":[]}"#), base, 2048).unwrap_err();
+        assert!(e.contains("no frames"), "{e}");
+        let e = row_codes(&row(r#"{"audio":"x.wav"}"#), base, 2048).unwrap_err();
+        assert!(
+            e.contains("its audio file /nonexistent/x.wav does not exist"),
+            "{e}"
+        );
+        let e = row_codes(&row(r#"{"text":"t"}"#), base, 2048).unwrap_err();
+        assert!(e.contains("no \"audio\" field"), "{e}");
+        let r = row(&serde_json::json!({ "audio_codes": [vec![7u32; 16]] }).to_string());
+        assert_eq!(row_codes(&r, base, 2048).unwrap(), &[CodeFrame([7; 16])]);
     }
 }

@@ -5,8 +5,9 @@
 //! from the reference clip, prompts, left-padded batch, frame loop, codec decode, ICL cut —
 //! and must give the same codes, the same frame count and EOS step, and the same waveform.
 
+use crate::common::fixtures;
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use voiceclone::artifacts::CodeFrame;
 
 use candle_core::{DType, Device, Tensor};
 use voiceclone::generate::sampling::Sampling;
@@ -14,10 +15,6 @@ use voiceclone::generate::{DecodeOptions, Precision, Request, Synthesizer, Voice
 use voiceclone::hub::ModelSource;
 
 const WAV_TOL: f32 = 2e-3;
-
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
-}
 
 struct Refs {
     cases: Vec<serde_json::Value>,
@@ -46,7 +43,7 @@ fn load_refs(model: &str) -> Refs {
     Refs { cases, tensors }
 }
 
-fn frames_of(t: &Tensor) -> Vec<[u32; 16]> {
+fn frames_of(t: &Tensor) -> Vec<CodeFrame> {
     t.to_dtype(DType::I64)
         .unwrap()
         .to_vec2::<i64>()
@@ -54,7 +51,7 @@ fn frames_of(t: &Tensor) -> Vec<[u32; 16]> {
         .into_iter()
         .map(|r| {
             let v: Vec<u32> = r.into_iter().map(|x| x as u32).collect();
-            <[u32; 16]>::try_from(v.as_slice()).unwrap()
+            CodeFrame::from_row(&v).unwrap()
         })
         .collect()
 }

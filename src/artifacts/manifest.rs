@@ -1,0 +1,278 @@
+//! The training manifest, `data/train.jsonl`: one JSON object per utterance
+//! (docs/model.md §10.1). `prep` writes the rows, `codes` adds `audio_codes`, `train` reads them;
+//! the official recipe's own files (`audio`, `text`, `ref_audio`, `audio_codes` only) are valid
+//! manifests too.
+//!
+//! A row is typed: the known fields, then every other field in [`ManifestRow::extra`], kept in
+//! its order, so a step that rewrites the file never drops what another tool added. Lines that
+//! are not JSON objects are kept verbatim by [`Manifest`] and reported with their line number.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::{Map, Value};
+
+use super::codes::{frames_from_json, CodeFrame};
+use crate::fsutil::write_atomic;
+
+/// One utterance. Field order is the order written.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ManifestRow {
+    /// Utterance audio, relative to the workspace (or absolute).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audio: Option<String>,
+    /// The transcript.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// Reference clip of the speaker, relative to the workspace (or absolute).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ref_audio: Option<String>,
+    /// Seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration: Option<f64>,
+    /// The recording the utterance was cut from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// Span within the source, seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end: Option<f64>,
+    /// Whisper's language name, e.g. "english".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub language: Option<String>,
+    /// Every other field, in file order (written before `audio_codes`, so that the step that
+    /// adds codes appends them after everything a row already had).
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+    /// The speech tokenizer's codes of `audio`, T frames × 16.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audio_codes: Option<AudioCodes>,
+}
+
+/// The `audio_codes` value of a row: frames, or a value that is not `[[16 ints], ...]`, which
+/// is kept verbatim (and rewritten unchanged) together with what is wrong with it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AudioCodes {
+    Frames(Vec<CodeFrame>),
+    Invalid { value: Value, why: String },
+}
+
+impl AudioCodes {
+    /// The frames when the value is valid and not empty.
+    pub fn frames(&self) -> Option<&[CodeFrame]> {
+        match self {
+            AudioCodes::Frames(f) if !f.is_empty() => Some(f),
+            _ => None,
+        }
+    }
+}
+
+impl Serialize for AudioCodes {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        match self {
+            AudioCodes::Frames(f) => f.serialize(s),
+            AudioCodes::Invalid { value, .. } => value.serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for AudioCodes {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let value = Value::deserialize(d)?;
+        Ok(match frames_from_json(&value) {
+            Ok(frames) => AudioCodes::Frames(frames),
+            Err(why) => AudioCodes::Invalid { value, why },
+        })
+    }
+}
+
+impl ManifestRow {
+    /// The valid, non-empty codes of the row.
+    pub fn frames(&self) -> Option<&[CodeFrame]> {
+        self.audio_codes.as_ref().and_then(AudioCodes::frames)
+    }
+}
+
+/// One line of a manifest file as read.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ManifestLine {
+    /// An empty or whitespace-only line (kept as it was).
+    Blank(String),
+    /// A line that is not a JSON object with fields of the known types (kept as it was).
+    Broken {
+        text: String,
+        why: String,
+    },
+    Row(Box<ManifestRow>),
+}
+
+/// A whole manifest file, line by line, so that rewriting it keeps every line it cannot parse.
+#[derive(Debug, Clone)]
+pub struct Manifest {
+    pub path: PathBuf,
+    pub lines: Vec<ManifestLine>,
+}
+
+impl ManifestLine {
+    pub fn parse(text: &str) -> Self {
+        if text.trim().is_empty() {
+            return ManifestLine::Blank(text.to_string());
+        }
+        match serde_json::from_str::<Value>(text) {
+            Ok(Value::Object(_)) => match serde_json::from_str::<ManifestRow>(text) {
+                Ok(row) => ManifestLine::Row(Box::new(row)),
+                Err(e) => ManifestLine::Broken {
+                    text: text.to_string(),
+                    why: format!("a field has the wrong type ({e})"),
+                },
+            },
+            Ok(_) => ManifestLine::Broken {
+                text: text.to_string(),
+                why: "not a valid JSON object".into(),
+            },
+            Err(e) => ManifestLine::Broken {
+                text: text.to_string(),
+                why: format!("not a valid JSON object ({e})"),
+            },
+        }
+    }
+}
+
+impl Manifest {
+    /// Reads every line of `path`; only I/O fails here (bad lines are [`ManifestLine::Broken`]).
+    pub fn read(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read manifest {}", path.display()))?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            lines: text.lines().map(ManifestLine::parse).collect(),
+        })
+    }
+
+    /// The rows with their 1-based line numbers.
+    pub fn rows(&self) -> impl Iterator<Item = (usize, &ManifestRow)> {
+        self.lines.iter().enumerate().filter_map(|(i, l)| match l {
+            ManifestLine::Row(r) => Some((i + 1, r.as_ref())),
+            _ => None,
+        })
+    }
+
+    /// The broken lines with their 1-based line numbers and what is wrong.
+    pub fn broken(&self) -> impl Iterator<Item = (usize, &str)> {
+        self.lines.iter().enumerate().filter_map(|(i, l)| match l {
+            ManifestLine::Broken { why, .. } => Some((i + 1, why.as_str())),
+            _ => None,
+        })
+    }
+
+    /// The file content: rows serialised, other lines as they were read.
+    pub fn to_jsonl(&self) -> Result<String> {
+        let mut out = String::new();
+        for line in &self.lines {
+            match line {
+                ManifestLine::Blank(t) | ManifestLine::Broken { text: t, .. } => out.push_str(t),
+                ManifestLine::Row(row) => out.push_str(&serde_json::to_string(row)?),
+            }
+            out.push('\n');
+        }
+        Ok(out)
+    }
+
+    /// Writes the manifest atomically to `path`.
+    pub fn write(&self, path: &Path) -> Result<()> {
+        write_atomic(path, self.to_jsonl()?.as_bytes())
+            .with_context(|| format!("cannot write manifest {}", path.display()))
+    }
+}
+
+/// Writes `rows` as a manifest, atomically.
+pub fn write_rows(path: &Path, rows: &[ManifestRow]) -> Result<()> {
+    Manifest {
+        path: path.to_path_buf(),
+        lines: rows
+            .iter()
+            .map(|r| ManifestLine::Row(Box::new(r.clone())))
+            .collect(),
+    }
+    .write(path)
+}
+
+/// Every row of `path`; the first line that is not a row is an error naming file and line.
+pub fn read_rows(path: &Path) -> Result<Vec<ManifestRow>> {
+    let m = Manifest::read(path)?;
+    if let Some((line, why)) = m.broken().next() {
+        anyhow::bail!(
+            "{}:{line}: not a valid manifest line: {why}",
+            path.display()
+        );
+    }
+    Ok(m.rows().map(|(_, r)| r.clone()).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_keep_unknown_fields_in_order_and_bad_lines_verbatim() {
+        let text = concat!(
+            "{\"audio\":\"a.wav\",\"text\":\"hi\",\"zeta\":1,\"alpha\":[true]}\n",
+            "\n",
+            "not json\n",
+            "[1,2]\n",
+            "{\"audio\":\"b.wav\",\"duration\":\"long\"}\n",
+            "{\"audio\":\"c.wav\",\"audio_codes\":[[1,2]]}\n",
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.jsonl");
+        std::fs::write(&path, text).unwrap();
+        let m = Manifest::read(&path).unwrap();
+        let rows: Vec<_> = m.rows().collect();
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[0].0, 1);
+        let keys: Vec<_> = rows[0].1.extra.keys().cloned().collect();
+        assert_eq!(keys, ["zeta", "alpha"]);
+        let broken: Vec<_> = m.broken().map(|(l, _)| l).collect();
+        assert_eq!(broken, [3, 4, 5]);
+        let (_, c) = rows[1];
+        assert!(c.frames().is_none());
+        match &c.audio_codes {
+            Some(AudioCodes::Invalid { why, .. }) => assert!(why.contains("frame 0 has 2 codes")),
+            other => panic!("{other:?}"),
+        }
+        // Nothing changed: the file is rewritten byte for byte.
+        assert_eq!(m.to_jsonl().unwrap(), text);
+    }
+
+    #[test]
+    fn known_fields_are_written_first_in_a_fixed_order() {
+        let row = ManifestRow {
+            audio: Some("segments/x.wav".into()),
+            text: Some("Hello.".into()),
+            ref_audio: Some("data/ref.wav".into()),
+            duration: Some(1.5),
+            source: Some("rec.flac".into()),
+            start: Some(0.25),
+            end: Some(1.75),
+            language: Some("english".into()),
+            extra: Map::from_iter([("note".to_string(), Value::from("kept"))]),
+            audio_codes: Some(AudioCodes::Frames(vec![CodeFrame([0; 16])])),
+        };
+        let s = serde_json::to_string(&row).unwrap();
+        assert!(s.starts_with(
+            "{\"audio\":\"segments/x.wav\",\"text\":\"Hello.\",\"ref_audio\":\"data/ref.wav\",\
+             \"duration\":1.5,\"source\":\"rec.flac\",\"start\":0.25,\"end\":1.75,\
+             \"language\":\"english\",\"note\":\"kept\",\"audio_codes\":[[0,"
+        ));
+        assert_eq!(serde_json::from_str::<ManifestRow>(&s).unwrap(), row);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.jsonl");
+        write_rows(&path, std::slice::from_ref(&row)).unwrap();
+        assert_eq!(read_rows(&path).unwrap(), vec![row]);
+        std::fs::write(&path, "{}\n{oops\n").unwrap();
+        let e = read_rows(&path).unwrap_err().to_string();
+        assert!(e.contains("m.jsonl:2: not a valid manifest line"), "{e}");
+    }
+}

@@ -1,0 +1,11 @@
+//! The files the pipeline steps exchange, one type and one reader/writer each
+//! (docs/architecture.md §3): manifest rows (`data/train.jsonl`), audio code frames
+//! (`audio_codes` in the manifest, `{"codes": …}` files), and the speaker file (an x-vector).
+//! Where each file lives is [`crate::workspace::Workspace`]'s business, not theirs.
+
+pub mod codes;
+pub mod manifest;
+pub mod speaker;
+
+pub use codes::{CodeFrame, CODE_GROUPS};
+pub use manifest::{Manifest, ManifestLine, ManifestRow};
