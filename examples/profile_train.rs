@@ -7,10 +7,10 @@ use std::time::Instant;
 use candle_core::{DType, Device, Tensor, Var};
 use voiceclone::hub::ModelSource;
 use voiceclone::model::files::ModelFiles;
-use voiceclone::model::layers::VarStore;
 use voiceclone::model::ops::Numerics;
 use voiceclone::model::talker::Talker;
 use voiceclone::train::loss::cross_entropy;
+use voiceclone::train::params::ParamStore;
 
 fn timed<T>(
     what: &str,
@@ -40,8 +40,8 @@ fn main() -> anyhow::Result<()> {
     let dev = Device::Cpu;
     let files = ModelFiles::resolve(&ModelSource::Local(dir.into()))?;
     let weights = files.load_weights(DType::F32, &dev, |n| n.starts_with("talker."))?;
-    let store = VarStore::from_weights(&weights, |n| n.starts_with("talker."))?;
-    let talker = Talker::from_source(&store, &files.config, Numerics::Differentiable)?;
+    let store = ParamStore::from_weights(&weights, |n| n.starts_with("talker."))?;
+    let talker = Talker::from_source(&store, &files.config, Numerics::CpuKernels)?;
     let h = talker.config().hidden_size;
     let cp_vocab = files.config.talker_config.code_predictor_config.vocab_size as u32;
     let reps: usize = std::env::var("REPS")
@@ -149,6 +149,7 @@ fn main() -> anyhow::Result<()> {
         Ok(cross_entropy(
             &logits.reshape(((), cp_vocab as usize))?,
             &targets,
+            true,
         )?)
     })?;
     let loss = timed("code predictor forward + CE", reps, || {
@@ -156,6 +157,7 @@ fn main() -> anyhow::Result<()> {
         Ok(cross_entropy(
             &logits.reshape(((), cp_vocab as usize))?,
             &targets,
+            true,
         )?)
     })?;
     timed("code predictor backward", reps, || Ok(loss.backward()?))?;

@@ -4,6 +4,7 @@
 //! `hub` (model resolution), `config` and `workspace` (shared by the subcommands), and the
 //! CLI glue in `cli` and `commands`.
 
+pub mod artifacts;
 pub mod audio;
 pub mod cli;
 pub mod codes;
@@ -15,5 +16,6 @@ pub mod hub;
 pub mod model;
 pub mod prep;
 pub mod progress;
+pub mod rng;
 pub mod train;
 pub mod workspace;

@@ -1,6 +1,7 @@
-//! The trainer's only source of randomness (the data order): SplitMix64, whose whole state is
-//! one `u64`, so a checkpoint records it exactly and a resumed run continues the same stream on
-//! any platform and with any version of the `rand` crate.
+//! The program's one random generator: SplitMix64, whose whole state is one `u64` and whose
+//! output is fixed by its definition, not by a crate version. The trainer's data order (a
+//! checkpoint records the state exactly, so a resumed run continues the same stream) and
+//! `speak --seed` (the same seed gives the same speech with any build) both use it.
 
 /// SplitMix64 (Steele, Lea, Flood 2014), as in `java.util.SplittableRandom`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,6 +25,11 @@ impl SplitMix64 {
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^ (z >> 31)
+    }
+
+    /// Uniform in `[0, 1)`: the top 53 bits of the next output.
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
     }
 
     /// Uniform in `0..n` (`n > 0`), without modulo bias (Lemire's multiply-shift with rejection).
@@ -53,10 +59,16 @@ mod tests {
 
     #[test]
     fn known_values_and_resumable_state() {
-        // Reference values of SplitMix64 seeded with 1234567.
+        // The published reference values of SplitMix64 seeded with 1234567.
         let mut r = SplitMix64::new(1234567);
         assert_eq!(r.next_u64(), 6457827717110365317);
         assert_eq!(r.next_u64(), 3203168211198807973);
+        assert_eq!(r.next_u64(), 9817491932198370423);
+        let mut f = SplitMix64::new(1234567);
+        assert_eq!(
+            f.next_f64(),
+            (6457827717110365317u64 >> 11) as f64 / 2f64.powi(53)
+        );
         let mut again = SplitMix64::new(r.state());
         assert_eq!(again.next_u64(), r.next_u64());
     }

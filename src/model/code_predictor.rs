@@ -93,10 +93,6 @@ impl CodePredictor {
         self.num_code_groups
     }
 
-    pub fn set_numerics(&mut self, numerics: Numerics) {
-        self.decoder.set_numerics(numerics);
-    }
-
     /// A cache for [`Self::generate`], sized for one frame; reuse it across frames.
     pub fn new_cache(&self) -> DecoderCache {
         self.decoder.new_cache(self.num_code_groups)
@@ -105,7 +101,7 @@ impl CodePredictor {
     /// `small_to_mtp_projection`, applied to every predictor input (spec §5.1).
     pub fn project(&self, x: &Tensor) -> Result<Tensor> {
         match &self.projection {
-            Some((w, b)) => linear(x, w, Some(b)),
+            Some((w, b)) => linear(x, w, Some(b), self.decoder.numerics()),
             None => Ok(x.clone()),
         }
     }
@@ -172,11 +168,8 @@ impl CodePredictor {
         }
         let x = self.project(&Tensor::cat(&inputs, 1)?)?;
         let out = self.decoder.forward(&x, None, None)?; // (N, G, Hc)
-        let trains = out.track_op() || self.lm_head.iter().any(Tensor::track_op);
-        let logits = if trains
-            && grad_kernels::supported(&out)
-            && self.lm_head.iter().all(grad_kernels::supported)
-        {
+        let numerics = self.decoder.numerics();
+        let logits = if numerics == Numerics::CpuKernels {
             grad_kernels::shifted_heads(&out, &Tensor::stack(&self.lm_head, 0)?)?
         } else {
             let logits = (0..g - 1)
@@ -185,6 +178,7 @@ impl CodePredictor {
                         &out.narrow(1, j + 1, 1)?.squeeze(1)?,
                         &self.lm_head[j],
                         None,
+                        numerics,
                     )
                 })
                 .collect::<Result<Vec<_>>>()?;
@@ -211,7 +205,8 @@ impl CodePredictor {
         for j in 0..g - 1 {
             let out = self.decoder.forward(&x, None, Some(cache))?;
             let last = out.narrow(1, out.dim(1)? - 1, 1)?.squeeze(1)?; // (B, Hc)
-            let logits = linear(&last, &self.lm_head[j], None)?.to_dtype(DType::F32)?;
+            let logits = linear(&last, &self.lm_head[j], None, self.decoder.numerics())?
+                .to_dtype(DType::F32)?;
             let code = pick(j + 1, &logits)?.to_dtype(DType::U32)?; // (B,)
             if j + 1 < g - 1 {
                 x = self.project(&embedding(&self.codec_embedding[j], &code)?.unsqueeze(1)?)?;

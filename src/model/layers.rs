@@ -4,7 +4,7 @@
 //! Blocks are pure functions of (weights, input): weights are plain [`Tensor`]s, so the same code
 //! runs on loaded checkpoint tensors, on gathered FSDP shards, or on `Var`s during training.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Mutex;
 
 use anyhow::{bail, Context};
@@ -19,9 +19,9 @@ use super::weights::Weights;
 // Where weights come from
 // ---------------------------------------------------------------------------------------------
 
-/// A named, shape-checked tensor provider: a loaded checkpoint ([`Weights`]) or a set of
-/// trainable [`Var`]s ([`VarStore`]). Models are built through this trait only, so inference and
-/// training share one construction path.
+/// A named, shape-checked tensor provider: a loaded checkpoint ([`Weights`]) or the trainer's
+/// parameter store (trainable [`Var`]s and frozen tensors). Models are built through this trait
+/// only, so inference and training share one construction path.
 pub trait TensorSource {
     /// The tensor `name`, which must have `shape`.
     fn tensor(&self, name: &str, shape: &[usize]) -> anyhow::Result<Tensor>;
@@ -34,39 +34,6 @@ impl TensorSource for Weights {
     }
     fn contains(&self, name: &str) -> bool {
         Weights::contains(self, name)
-    }
-}
-
-/// Every tensor of a checkpoint, with the ones selected as trainable turned into [`Var`]s
-/// (copies); a model built from it back-propagates into those vars.
-pub struct VarStore {
-    vars: BTreeMap<String, Var>,
-    frozen: BTreeMap<String, Tensor>,
-}
-
-impl VarStore {
-    /// Makes a `Var` of every tensor of `weights` whose name passes `trainable`; the others are
-    /// shared with `weights` as plain tensors.
-    pub fn from_weights(
-        weights: &Weights,
-        trainable: impl Fn(&str) -> bool,
-    ) -> anyhow::Result<Self> {
-        let mut vars = BTreeMap::new();
-        let mut frozen = BTreeMap::new();
-        for name in weights.names_with_prefix("") {
-            let t = weights.get_any(&name)?;
-            if trainable(&name) {
-                vars.insert(name, Var::from_tensor(&t)?);
-            } else {
-                frozen.insert(name, t);
-            }
-        }
-        Ok(Self { vars, frozen })
-    }
-
-    /// The trainable parameters by checkpoint name.
-    pub fn vars(&self) -> &BTreeMap<String, Var> {
-        &self.vars
     }
 }
 
@@ -90,15 +57,6 @@ pub fn trainable_or_frozen(
         );
     }
     Ok(t)
-}
-
-impl TensorSource for VarStore {
-    fn tensor(&self, name: &str, shape: &[usize]) -> anyhow::Result<Tensor> {
-        trainable_or_frozen(name, shape, self.vars.get(name), self.frozen.get(name))
-    }
-    fn contains(&self, name: &str) -> bool {
-        self.vars.contains_key(name) || self.frozen.contains_key(name)
-    }
 }
 
 /// Wraps a source and records which names were read (to check that a model uses every tensor).
@@ -507,16 +465,17 @@ impl DecoderLayer {
         let h = rms_norm(x, &self.input_layernorm, eps, self.numerics)?;
         let x = (x + self.attention(&h, step, cache)?)?;
         let h = rms_norm(&x, &self.post_attention_layernorm, eps, self.numerics)?;
+        let n = self.numerics;
         let (gate, up) = (
-            linear(&h, &self.gate_proj, None)?,
-            linear(&h, &self.up_proj, None)?,
+            linear(&h, &self.gate_proj, None, n)?,
+            linear(&h, &self.up_proj, None, n)?,
         );
-        let mlp = if self.numerics == Numerics::Differentiable && grad_kernels::supported(&gate) {
+        let mlp = if n == Numerics::CpuKernels {
             grad_kernels::swiglu(&gate, &up)?
         } else {
             (gate.silu()? * up)?
         };
-        x + linear(&mlp, &self.down_proj, None)?
+        x + linear(&mlp, &self.down_proj, None, n)?
     }
 
     fn attention(
@@ -525,12 +484,9 @@ impl DecoderLayer {
         step: &StepContext,
         cache: Option<&mut KvCache>,
     ) -> Result<Tensor> {
-        if let (Numerics::Differentiable, None, Some(rope)) =
-            (self.numerics, &cache, step.rope.token_major())
-        {
-            if grad_kernels::supported(x) {
-                return self.attention_cpu_grad(x, step, rope);
-            }
+        if let (None, Some(rope)) = (&cache, step.rope.token_major()) {
+            // Only built for Numerics::CpuKernels.
+            return self.attention_cpu_grad(x, step, rope);
         }
         let c = &self.cfg;
         let (b, s, _) = x.dims3()?;
@@ -538,7 +494,7 @@ impl DecoderLayer {
         let n = self.numerics;
         // (B, S, heads, hd) -> per-head RMSNorm -> (B, heads, S, hd) -> RoPE.
         let heads = |w: &Tensor, norm: Option<&Tensor>, count: usize| -> Result<Tensor> {
-            let t = linear(x, w, None)?.reshape((b, s, count, hd))?;
+            let t = linear(x, w, None, n)?.reshape((b, s, count, hd))?;
             let t = match norm {
                 Some(w) => rms_norm(&t, w, c.rms_norm_eps, n)?,
                 None => t,
@@ -572,7 +528,7 @@ impl DecoderLayer {
             .to_dtype(v.dtype())?
             .reshape((b, nkv, rep * s, t))?;
         let out = probs.matmul(&v)?.reshape((b, nh, s, hd))?.transpose(1, 2)?;
-        linear(&out.reshape((b, s, nh * hd))?, &self.o_proj, None)
+        linear(&out.reshape((b, s, nh * hd))?, &self.o_proj, None, n)
     }
 
     /// The same attention through the CPU kernels with hand-written backward passes
@@ -586,12 +542,13 @@ impl DecoderLayer {
         let c = &self.cfg;
         let hd = c.head_dim;
         let eps = c.rms_norm_eps;
-        let q = rope.norm_rope(&linear(x, &self.q_proj, None)?, &self.q_norm, eps)?;
-        let k = rope.norm_rope(&linear(x, &self.k_proj, None)?, &self.k_norm, eps)?;
-        let v = linear(x, &self.v_proj, None)?;
+        let n = Numerics::CpuKernels;
+        let q = rope.norm_rope(&linear(x, &self.q_proj, None, n)?, &self.q_norm, eps)?;
+        let k = rope.norm_rope(&linear(x, &self.k_proj, None, n)?, &self.k_norm, eps)?;
+        let v = linear(x, &self.v_proj, None, n)?;
         let scale = 1.0 / (hd as f64).sqrt();
         let out = grad_kernels::attention(&q, &k, &v, hd, scale, step.bias.as_ref())?;
-        linear(&out, &self.o_proj, None)
+        linear(&out, &self.o_proj, None, n)
     }
 }
 
@@ -613,7 +570,7 @@ impl Decoder {
         cfg: DecoderConfig,
         numerics: Numerics,
     ) -> anyhow::Result<Self> {
-        if cfg.num_kv_heads == 0 || cfg.num_heads % cfg.num_kv_heads != 0 {
+        if cfg.num_kv_heads == 0 || !cfg.num_heads.is_multiple_of(cfg.num_kv_heads) {
             bail!(
                 "{prefix}: {} attention heads is not a multiple of {} kv heads",
                 cfg.num_heads,

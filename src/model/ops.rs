@@ -1,26 +1,49 @@
-//! Numeric primitives shared by the talker and the code predictor, in two modes.
+//! Numeric primitives shared by the talker and the code predictor, in three modes chosen once
+//! when a model is built ([`Numerics`]):
 //!
-//! [`Numerics::Fused`] uses candle's fused kernels (fast, inference only).
-//! [`Numerics::Differentiable`] builds the same functions from plain tensor ops, or on the CPU
-//! (f32) from the custom ops with hand-written backward passes in [`super::grad_kernels`]. In
-//! candle 0.11 `candle_nn::ops::{rms_norm, softmax_last_dim}` and `candle_nn::rotary_emb::rope`
-//! record **no backward op**: gradients silently stop there, so training must use the
-//! differentiable mode.
-//! Both modes follow the official numerics (spec §4.1, §12): RMSNorm statistics in f32, softmax
-//! in f32, RoPE tables computed in f32 and cast to the activation dtype.
+//! - [`Numerics::Fused`]: inference. candle's fused kernels, and our bf16 matmul for
+//!   bf16-stored weights; no gradients.
+//! - [`Numerics::Autograd`]: training on any device and dtype through candle's autograd over
+//!   plain tensor ops. In candle 0.11 `candle_nn::ops::{rms_norm, softmax_last_dim}` and
+//!   `candle_nn::rotary_emb::rope` record **no backward op** (gradients silently stop there),
+//!   so this mode builds the same functions from plain ops. It is what CUDA runs.
+//! - [`Numerics::CpuKernels`]: training on the CPU in f32 through the kernels with hand-written
+//!   backward passes in [`super::grad_kernels`] (one autograd node per layer function).
+//!
+//! All modes follow the official numerics (docs/model.md §4.1, §12): RMSNorm statistics in
+//! f32, softmax in f32, RoPE tables computed in f32 and cast to the activation dtype.
 
-use candle_core::{DType, Result, Tensor, D};
+use candle_core::{DType, Device, Result, Tensor, D};
 
 use super::grad_kernels::RopeHalfTables;
 
-/// Which implementation of RMSNorm / softmax / RoPE the blocks use.
+/// How the blocks compute (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Numerics {
     /// candle's fused kernels; no gradients flow through them.
     #[default]
     Fused,
-    /// Operations that record their backward: plain tensor ops, or the CPU training kernels.
-    Differentiable,
+    /// Plain tensor ops under candle's autograd, on any device.
+    Autograd,
+    /// The CPU f32 training kernels with hand-written backward passes.
+    CpuKernels,
+}
+
+impl Numerics {
+    /// Whether gradients flow (the training modes).
+    pub fn differentiable(self) -> bool {
+        self != Numerics::Fused
+    }
+
+    /// Checks that this mode can run on `device` with activations in `dtype`.
+    pub fn check(self, device: &Device, dtype: DType) -> Result<()> {
+        if self == Numerics::CpuKernels && !(device.is_cpu() && dtype == DType::F32) {
+            candle_core::bail!(
+                "the CPU training kernels need f32 tensors on the CPU, not {dtype:?} on {device:?}"
+            );
+        }
+        Ok(())
+    }
 }
 
 /// `x @ w^T (+ b)` for `x` of shape `(..., in)` and `w` of shape `(out, in)` (PyTorch layout).
@@ -28,14 +51,8 @@ pub enum Numerics {
 /// A weight stored narrower than the activations (bf16 matrices with f32 activations, the
 /// CPU inference mode) is widened in the product only: products and sums stay in the
 /// activation dtype (see [`super::bf16_matmul`]).
-pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
-    // Training on the CPU: one autograd node per product (see `grad_kernels`).
-    let tracked = x.track_op() || w.track_op() || b.is_some_and(|b| b.track_op());
-    if tracked
-        && super::grad_kernels::supported(x)
-        && super::grad_kernels::supported(w)
-        && b.is_none_or(super::grad_kernels::supported)
-    {
+pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>, numerics: Numerics) -> Result<Tensor> {
+    if numerics == Numerics::CpuKernels {
         return super::grad_kernels::linear(x, w, b);
     }
     let dims = x.dims();
@@ -73,12 +90,8 @@ pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64, numerics: Numerics) -> Re
         // The fused kernel also accumulates in f32 but multiplies by the weight before the cast
         // back; the difference only shows in bf16 and is below bf16 resolution.
         Numerics::Fused => candle_nn::ops::rms_norm(&x.contiguous()?, weight, eps as f32),
-        Numerics::Differentiable
-            if super::grad_kernels::supported(x) && super::grad_kernels::supported(weight) =>
-        {
-            super::grad_kernels::rms_norm(x, weight, eps)
-        }
-        Numerics::Differentiable => {
+        Numerics::CpuKernels => super::grad_kernels::rms_norm(x, weight, eps),
+        Numerics::Autograd => {
             let dtype = x.dtype();
             let xf = x.to_dtype(DType::F32)?;
             let inv_rms = (xf.sqr()?.mean_keepdim(D::Minus1)? + eps)?
@@ -96,7 +109,7 @@ pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64, numerics: Numerics) -> Re
 pub fn softmax_last_dim(x: &Tensor, numerics: Numerics) -> Result<Tensor> {
     match numerics {
         Numerics::Fused => candle_nn::ops::softmax_last_dim(&x.contiguous()?),
-        Numerics::Differentiable => {
+        Numerics::Autograd | Numerics::CpuKernels => {
             // The max only stabilises the exponent; its gradient cancels, so it is detached.
             let max = x.max_keepdim(D::Minus1)?.detach();
             let e = x.broadcast_sub(&max)?.exp()?;
@@ -116,7 +129,7 @@ pub struct Rope {
 
 impl Rope {
     pub fn new(head_dim: usize, theta: f64, device: &candle_core::Device) -> Result<Self> {
-        if head_dim % 2 != 0 {
+        if !head_dim.is_multiple_of(2) {
             candle_core::bail!("RoPE needs an even head_dim, got {head_dim}");
         }
         let half = head_dim / 2;
@@ -146,10 +159,7 @@ impl Rope {
             .broadcast_mul(&self.inv_freq)?; // (B, S, half)
         let (cos, sin) = (freqs.cos()?, freqs.sin()?);
         // The CPU training kernels rotate token-major `(B, S, heads·head_dim)` tensors directly.
-        let token_major = if numerics == Numerics::Differentiable
-            && dtype == DType::F32
-            && positions.device().is_cpu()
-        {
+        let token_major = if numerics == Numerics::CpuKernels {
             Some(RopeHalfTables::new(&cos, &sin)?)
         } else {
             None
@@ -169,7 +179,7 @@ impl Rope {
                 )
             }
             // Full width `cat(freqs, freqs)`, shaped (B, 1, S, head_dim) to broadcast over heads.
-            Numerics::Differentiable => {
+            Numerics::Autograd | Numerics::CpuKernels => {
                 let full = |t: &Tensor| -> Result<Tensor> {
                     Tensor::cat(&[t, t], D::Minus1)?
                         .to_dtype(dtype)?
@@ -197,7 +207,7 @@ pub struct RopeTables {
 }
 
 impl RopeTables {
-    /// The differentiable CPU kernel's tables, when this pass can use it (f32 on the CPU).
+    /// The CPU training kernels' tables ([`Numerics::CpuKernels`] only).
     pub fn token_major(&self) -> Option<&RopeHalfTables> {
         self.token_major.as_ref()
     }
@@ -206,7 +216,7 @@ impl RopeTables {
     pub fn apply(&self, x: &Tensor) -> Result<Tensor> {
         match self.numerics {
             Numerics::Fused => candle_nn::rotary_emb::rope(&x.contiguous()?, &self.cos, &self.sin),
-            Numerics::Differentiable => {
+            Numerics::Autograd | Numerics::CpuKernels => {
                 x.broadcast_mul(&self.cos)? + rotate_half(x)?.broadcast_mul(&self.sin)?
             }
         }
@@ -261,7 +271,7 @@ mod tests {
         let x = randn(&[2, 3, 5, 8], 1);
         let w = randn(&[8], 2);
         let a = rms_norm(&x, &w, 1e-6, Numerics::Fused).unwrap();
-        let b = rms_norm(&x, &w, 1e-6, Numerics::Differentiable).unwrap();
+        let b = rms_norm(&x, &w, 1e-6, Numerics::Autograd).unwrap();
         assert!(max_diff(&a, &b) < 1e-5);
 
         let mut s = randn(&[2, 3, 5, 7], 3);
@@ -273,7 +283,7 @@ mod tests {
             .broadcast_add(&Tensor::new(mask.as_slice(), &Device::Cpu).unwrap())
             .unwrap();
         let a = softmax_last_dim(&s, Numerics::Fused).unwrap();
-        let b = softmax_last_dim(&s, Numerics::Differentiable).unwrap();
+        let b = softmax_last_dim(&s, Numerics::Autograd).unwrap();
         assert!(max_diff(&a, &b) < 1e-6);
         let masked = b
             .narrow(3, 2, 1)
@@ -299,7 +309,7 @@ mod tests {
                 .apply(&x)
                 .unwrap();
             let b = rope
-                .tables(&pos, DType::F32, Numerics::Differentiable)
+                .tables(&pos, DType::F32, Numerics::Autograd)
                 .unwrap()
                 .apply(&x)
                 .unwrap();
@@ -314,7 +324,7 @@ mod tests {
         let x = Tensor::new(&[[[[1f32, 2., 3., 4.]]]], &Device::Cpu).unwrap();
         let pos = Tensor::new(&[[7f32]], &Device::Cpu).unwrap();
         let y = rope
-            .tables(&pos, DType::F32, Numerics::Differentiable)
+            .tables(&pos, DType::F32, Numerics::Autograd)
             .unwrap()
             .apply(&x)
             .unwrap();
@@ -335,7 +345,11 @@ mod tests {
     fn differentiable_mode_has_gradients_fused_does_not() {
         let x = Var::from_tensor(&randn(&[2, 4, 8], 5)).unwrap();
         let w = Var::from_tensor(&randn(&[8], 6)).unwrap();
-        for (numerics, expect) in [(Numerics::Differentiable, true), (Numerics::Fused, false)] {
+        for (numerics, expect) in [
+            (Numerics::Autograd, true),
+            (Numerics::CpuKernels, true),
+            (Numerics::Fused, false),
+        ] {
             let y = rms_norm(x.as_tensor(), w.as_tensor(), 1e-6, numerics).unwrap();
             let y = softmax_last_dim(&y, numerics).unwrap();
             let loss = (y * randn(&[2, 4, 8], 7)).unwrap().sum_all().unwrap();
@@ -350,14 +364,20 @@ mod tests {
         let x = randn(&[2, 3, 4], 8);
         let w = randn(&[5, 4], 9);
         let b = randn(&[5], 10);
-        let y = linear(&x, &w, Some(&b)).unwrap();
-        assert_eq!(y.dims(), &[2, 3, 5]);
         let manual = x
             .broadcast_matmul(&w.t().unwrap())
             .unwrap()
             .broadcast_add(&b)
             .unwrap();
-        assert!(max_diff(&y, &manual) < 1e-6);
+        for numerics in [Numerics::Fused, Numerics::Autograd, Numerics::CpuKernels] {
+            let y = linear(&x, &w, Some(&b), numerics).unwrap();
+            assert_eq!(y.dims(), &[2, 3, 5]);
+            assert!(max_diff(&y, &manual) < 1e-5, "{numerics:?}");
+        }
+        assert!(Numerics::CpuKernels
+            .check(&Device::Cpu, DType::BF16)
+            .is_err());
+        assert!(Numerics::Autograd.check(&Device::Cpu, DType::BF16).is_ok());
         let ids = Tensor::new(&[[1u32, 0], [4, 4]], &Device::Cpu).unwrap();
         let e = embedding(&w, &ids).unwrap();
         assert_eq!(e.dims(), &[2, 2, 4]);

@@ -19,12 +19,14 @@ pub struct TextProjection {
     pub fc1_bias: Tensor,
     pub fc2_weight: Tensor,
     pub fc2_bias: Tensor,
+    pub numerics: Numerics,
 }
 
 impl TextProjection {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let h = linear(x, &self.fc1_weight, Some(&self.fc1_bias))?.silu()?;
-        linear(&h, &self.fc2_weight, Some(&self.fc2_bias))
+        let n = self.numerics;
+        let h = linear(x, &self.fc1_weight, Some(&self.fc1_bias), n)?.silu()?;
+        linear(&h, &self.fc2_weight, Some(&self.fc2_bias), n)
     }
 }
 
@@ -52,7 +54,8 @@ impl Talker {
         Self::from_source(weights, cfg, numerics)
     }
 
-    /// Builds from any tensor source (a checkpoint, or [`super::layers::VarStore`] for training).
+    /// Builds from any tensor source (a checkpoint, or the trainer's parameter store). The
+    /// tensors must suit `numerics` (see [`Numerics::check`]).
     pub fn from_source(
         src: &dyn TensorSource,
         cfg: &Qwen3TtsConfig,
@@ -66,7 +69,10 @@ impl Talker {
             fc1_bias: get("text_projection.linear_fc1.bias", &[th])?,
             fc2_weight: get("text_projection.linear_fc2.weight", &[h, th])?,
             fc2_bias: get("text_projection.linear_fc2.bias", &[h])?,
+            numerics,
         };
+        let fc1 = &text_projection.fc1_bias;
+        numerics.check(fc1.device(), fc1.dtype())?;
         Ok(Self {
             text_embedding: get("model.text_embedding.weight", &[t.text_vocab_size, th])?,
             text_projection,
@@ -89,12 +95,6 @@ impl Talker {
 
     pub fn numerics(&self) -> Numerics {
         self.decoder.numerics()
-    }
-
-    /// Switches the talker and the code predictor between fused and differentiable ops.
-    pub fn set_numerics(&mut self, numerics: Numerics) {
-        self.decoder.set_numerics(numerics);
-        self.code_predictor.set_numerics(numerics);
     }
 
     /// `text_projection(text_embedding(ids))` (spec §3.3): `ids` of any shape -> `(..., hidden)`.
@@ -137,7 +137,7 @@ impl Talker {
 
     /// `codec_head(hidden)`: code-0 logits `(..., codec_vocab)` in the activation dtype.
     pub fn codec_logits(&self, hidden: &Tensor) -> Result<Tensor> {
-        linear(hidden, &self.codec_head, None)
+        linear(hidden, &self.codec_head, None, self.numerics())
     }
 
     /// Teacher-forced code-predictor logits `(N, 15, 2048)` for frames `codes` `(N, 16)` given the

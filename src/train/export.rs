@@ -19,14 +19,13 @@ use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 use memmap2::Mmap;
 use safetensors::{Dtype as StDtype, SafeTensors};
 use serde_json::{json, Value};
 
 use super::checkpoint::{self, ModelIdentity};
 use super::stwrite::{self, Entry};
-use super::{CHECKPOINT_SPEAKER, SPEAKER_TENSOR};
 use crate::hub::ModelSource;
 use crate::model::files::{self as mf, ModelFiles};
 
@@ -216,13 +215,7 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
 }
 
 fn read_checkpoint_speaker(dir: &Path) -> Result<Vec<f32>> {
-    let path = dir.join(CHECKPOINT_SPEAKER);
-    let t = candle_core::safetensors::load(&path, &Device::Cpu)
-        .with_context(|| format!("cannot read {}", path.display()))?;
-    let t = t
-        .get(SPEAKER_TENSOR)
-        .with_context(|| format!("{} has no {SPEAKER_TENSOR}", path.display()))?;
-    Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?)
+    crate::artifacts::speaker::read(&checkpoint::speaker_file(dir))
 }
 
 /// Copies what the official recipe's `copytree` would, minus the weights and config.json

@@ -11,6 +11,7 @@ use candle_core::{DType, Result, Tensor, D};
 
 use super::batch::BatchTensors;
 use super::cpu_ops;
+use crate::model::ops::Numerics;
 use crate::model::talker::Talker;
 
 /// Weight of the sub-talker loss (official commit `680d4e9`).
@@ -90,8 +91,9 @@ pub fn sft_loss_with(
     let h = hidden.dim(D::Minus1)?;
     let hidden = hidden.reshape((b.rows * (n - 1), h))?;
 
+    let kernels = talker.numerics() == Numerics::CpuKernels;
     let logits = talker.codec_logits(&hidden.index_select(&b.label_rows, 0)?)?;
-    let l_talker = cross_entropy(&logits, &b.labels)?;
+    let l_talker = cross_entropy(&logits, &b.labels, kernels)?;
 
     let frame_hidden = hidden.index_select(&b.frame_rows, 0)?;
     // Codebook-major logits (15, F, V) against the targets in the same order; the mean over all
@@ -105,7 +107,7 @@ pub fn sft_loss_with(
         .t()?
         .contiguous()?
         .flatten_all()?;
-    let l_sub = cross_entropy(&sub_logits.reshape(((), vocab))?, &sub_targets)?;
+    let l_sub = cross_entropy(&sub_logits.reshape(((), vocab))?, &sub_targets, kernels)?;
 
     let total = (&l_talker + (&l_sub * SUB_LOSS_WEIGHT)?)?;
     Ok(Loss {
@@ -116,11 +118,12 @@ pub fn sft_loss_with(
 }
 
 /// Mean cross-entropy of `logits` `(M, V)` (any float dtype; computed in f32) against `targets`
-/// `(M,)`: fused on the CPU ([`cpu_ops::CrossEntropy`]), plain differentiable ops elsewhere.
-pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+/// `(M,)`: the fused CPU kernel ([`cpu_ops::CrossEntropy`]) with `kernels`, plain
+/// differentiable ops otherwise.
+pub fn cross_entropy(logits: &Tensor, targets: &Tensor, kernels: bool) -> Result<Tensor> {
     let logits = logits.to_dtype(DType::F32)?.contiguous()?;
     let targets = targets.to_dtype(DType::U32)?.contiguous()?;
-    if cpu_ops::supported(&logits) {
+    if kernels {
         return logits.apply_op2(&targets, cpu_ops::CrossEntropy::default());
     }
     let max = logits.max_keepdim(D::Minus1)?.detach();

@@ -13,12 +13,12 @@ pub mod checkpoint;
 pub mod cpu_ops;
 pub mod data;
 pub mod export;
+pub mod hooks;
 pub mod lock;
 pub mod loss;
 pub mod metrics;
 pub mod optim;
 pub mod params;
-pub mod rng;
 pub mod sampler;
 pub mod signal;
 pub mod sparse;
@@ -26,7 +26,8 @@ pub mod stwrite;
 pub mod units;
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor, Var};
@@ -35,9 +36,10 @@ use sha2::{Digest, Sha256};
 use self::batch::{Batch, LayoutIds};
 use self::checkpoint::{Identity, Index, ModelIdentity, OptimizerInfo, RngInfo, State};
 use self::data::Dataset;
+use self::hooks::TrainHooks;
 use self::metrics::{MetricsLog, StepMetrics};
-use self::optim::{AdamState, AdamW, Schedule};
-use self::params::ParamSet;
+use self::optim::{AdamState, AdamW, Grad, Schedule};
+use self::params::{Masters, ParamStore};
 use self::sampler::Sampler;
 use self::sparse::RowGrad;
 use crate::config::TrainConfig;
@@ -47,16 +49,50 @@ use crate::model::ops::Numerics;
 use crate::model::talker::Talker;
 use crate::progress::Progress;
 
-/// Test hook: after this optimizer step, wait (up to 10 minutes) for a stop signal.
-pub const PAUSE_AFTER_STEP_ENV: &str = "VOICECLONE_TEST_PAUSE_AFTER_STEP";
-/// Test hook: pretend the loss of this optimizer step is NaN.
-pub const NAN_AT_STEP_ENV: &str = "VOICECLONE_TEST_NAN_AT_STEP";
-/// Name of the speaker embedding copy kept in every checkpoint (what the export uses).
-pub const CHECKPOINT_SPEAKER: &str = "speaker.safetensors";
 /// The text embedding table, whose gradient the CPU trainer keeps row-sparse.
 pub const TEXT_EMBEDDING: &str = "talker.model.text_embedding.weight";
-/// Tensor name of the speaker embedding (as written by `voiceclone embed`).
-pub const SPEAKER_TENSOR: &str = "speaker_embedding";
+
+/// How a trainer computes; chosen once when it is built (docs/training.md §3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// CPU, f32: the kernels with hand-written backward passes, the trained `Var`s are their
+    /// own masters and are updated in place, the text embedding's gradient is row-sparse.
+    CpuKernels,
+    /// Any device: candle's autograd over plain tensor ops, `Var`s in the compute dtype (bf16
+    /// on CUDA) copied from separate fp32 masters, dense gradients, AdamW in tensor ops. What
+    /// CUDA runs; on the CPU (f32) it checks the kernels against plain ops.
+    Autograd,
+}
+
+impl Backend {
+    /// The backend for `device`: the kernels on the CPU, autograd elsewhere.
+    pub fn auto(device: &Device) -> Self {
+        if device.is_cpu() {
+            Backend::CpuKernels
+        } else {
+            Backend::Autograd
+        }
+    }
+
+    pub fn numerics(self) -> Numerics {
+        match self {
+            Backend::CpuKernels => Numerics::CpuKernels,
+            Backend::Autograd => Numerics::Autograd,
+        }
+    }
+
+    /// Whether the optimizer and gradient sums run as in-place CPU kernels.
+    pub fn in_place(self) -> bool {
+        self == Backend::CpuKernels
+    }
+
+    fn masters(self) -> Masters {
+        match self {
+            Backend::CpuKernels => Masters::Shared,
+            Backend::Autograd => Masters::Separate,
+        }
+    }
+}
 
 /// Everything a training run needs, resolved by the command layer.
 pub struct TrainOptions {
@@ -72,6 +108,9 @@ pub struct TrainOptions {
     pub checkpoints: PathBuf,
     pub config: TrainConfig,
     pub device: Device,
+    pub backend: Backend,
+    /// Test seams ([`hooks::NoHooks`] in production).
+    pub hooks: Arc<dyn TrainHooks>,
 }
 
 /// How a run ended.
@@ -89,29 +128,14 @@ pub struct Outcome {
     pub frames_per_second: Option<f64>,
 }
 
-/// Reads the x-vector `(H,)` written by `voiceclone embed`.
+/// Reads the x-vector `(H,)` written by `voiceclone embed`, as an f32 tensor on `device`.
 pub fn load_speaker(path: &Path, hidden: usize, device: &Device) -> Result<Tensor> {
-    let tensors = candle_core::safetensors::load(path, &Device::Cpu)
-        .with_context(|| format!("cannot read the speaker embedding {}", path.display()))?;
-    let t = tensors.get(SPEAKER_TENSOR).with_context(|| {
-        format!(
-            "{} has no tensor {SPEAKER_TENSOR} (was it written by `voiceclone embed`?)",
-            path.display()
-        )
-    })?;
-    if t.dims() != [hidden] {
-        bail!(
-            "the speaker embedding in {} has shape {:?}, but the model needs ({hidden},): it was \
-             computed with another model; run `voiceclone embed` again with this model",
-            path.display(),
-            t.dims()
-        );
-    }
-    Ok(t.to_dtype(DType::F32)?.to_device(device)?)
+    let x = crate::artifacts::speaker::read_for_model(path, hidden)?;
+    Ok(Tensor::from_vec(x, hidden, device)?)
 }
 
-/// The compute dtype on `device`: f32 on the CPU (no bf16 matmul there), bf16 on CUDA with
-/// fp32 masters.
+/// The compute dtype on `device`: f32 on the CPU (candle has no bf16 matmul there), bf16 on
+/// CUDA from fp32 masters.
 pub fn compute_dtype(device: &Device) -> DType {
     if device.is_cpu() {
         DType::F32
@@ -124,7 +148,7 @@ pub fn compute_dtype(device: &Device) -> DType {
 pub struct Trainer {
     pub cfg: Qwen3TtsConfig,
     pub talker: Talker,
-    pub params: ParamSet,
+    pub params: ParamStore,
     pub adam: AdamState,
     pub adamw: AdamW,
     pub dataset: Dataset,
@@ -136,8 +160,9 @@ pub struct Trainer {
     /// The learning-rate schedule (public so that tests can pin a constant rate).
     pub schedule: Schedule,
     /// Index of the text embedding among the parameters when its gradient is kept row-sparse
-    /// (trained, f32 master updated in place on the CPU; see [`sparse`]).
+    /// (the CPU kernels; see [`sparse`]).
     sparse_text: Option<usize>,
+    backend: Backend,
     opts: TrainOptions,
     /// Checkpoint the run resumed from.
     pub resumed_from: Option<PathBuf>,
@@ -151,6 +176,10 @@ impl Trainer {
     pub fn new(opts: TrainOptions, fresh: bool) -> Result<Self> {
         let cfg = opts.files.config.clone();
         let c = &opts.config;
+        let backend = opts.backend;
+        if backend == Backend::CpuKernels && !opts.device.is_cpu() {
+            bail!("the CPU training kernels cannot run on {:?}", opts.device);
+        }
         let tokenizer = opts.files.text_tokenizer()?;
         let codebook = cfg.talker_config.code_predictor_config.vocab_size as u32;
         let dataset = data::load(&opts.manifest, &opts.base_dir, &tokenizer, codebook)?;
@@ -165,9 +194,14 @@ impl Trainer {
         let names = weights.names_with_prefix(params::TRAINABLE_PREFIX);
         let (trained, _frozen) =
             params::select_trainable(names.iter().map(String::as_str), &c.freeze)?;
-        let mut params = ParamSet::new(&weights, &trained, compute_dtype(&opts.device))?;
+        let mut params = ParamStore::new(
+            &weights,
+            &trained,
+            compute_dtype(&opts.device),
+            backend.masters(),
+        )?;
         drop(weights);
-        let talker = Talker::from_source(&params, &cfg, Numerics::Differentiable)?;
+        let talker = Talker::from_source(&params, &cfg, backend.numerics())?;
 
         let identity = Identity {
             model: ModelIdentity::compute(
@@ -202,7 +236,7 @@ impl Trainer {
         let mut data_changed = false;
         let mut last_loss = None;
 
-        checkpoint::clean_partial(&opts.checkpoints)?;
+        checkpoint::recover(&opts.checkpoints)?;
         if !fresh {
             if let Some(dir) = checkpoint::find_latest(&opts.checkpoints)? {
                 let index = checkpoint::read_index(&dir)?;
@@ -243,11 +277,13 @@ impl Trainer {
                 resumed_from = Some(dir);
             }
         }
-        let sparse_text = params.params.iter().position(|p| {
-            p.name == TEXT_EMBEDDING && p.master_in_place().is_some_and(cpu_ops::supported)
-        });
+        let sparse_text = match backend {
+            Backend::CpuKernels => params.params.iter().position(|p| p.name == TEXT_EMBEDDING),
+            Backend::Autograd => None,
+        };
         let mut trainer = Self {
             sparse_text,
+            backend,
             layout: LayoutIds::from_config(&cfg),
             schedule: Schedule {
                 peak: c.lr,
@@ -325,26 +361,23 @@ impl Trainer {
     }
 
     /// One optimizer step over `micro` micro-batches: averaged gradients, clipping, AdamW.
+    /// Nothing changes when it fails (a non-finite loss or gradient norm, or any error).
     pub fn step(&mut self, micro: &[Vec<usize>]) -> Result<StepMetrics> {
         let t0 = Instant::now();
         let epoch = self.sampler.cursor().epoch;
         let n = micro.len() as f64;
+        let in_place = self.backend.in_place();
+        self.opts.hooks.step_start(self.step + 1, 0);
         let mut acc: Vec<Option<Tensor>> = vec![None; self.params.params.len()];
         let (mut sum, mut sum_talker, mut sum_sub, mut frames) = (0.0, 0.0, 0.0, 0);
-        let poison = std::env::var(NAN_AT_STEP_ENV)
-            .ok()
-            .and_then(|v| v.trim().parse::<usize>().ok())
-            == Some(self.step + 1);
         let mut text_rows = self.sparse_text.map(|i| {
             let shape = self.params.params[i].shape();
             RowGrad::new(shape[0], shape[1])
         });
         for indices in micro {
             let (l, f, rows) = self.micro_loss(indices)?;
-            let mut value = l.total.to_scalar::<f32>()? as f64;
-            if poison {
-                value = f64::NAN;
-            }
+            let value = l.total.to_scalar::<f32>()? as f64;
+            let value = self.opts.hooks.loss(self.step + 1, 0, value);
             if !value.is_finite() {
                 let lines: Vec<String> = indices
                     .iter()
@@ -375,28 +408,29 @@ impl Trainer {
                 };
                 let g = g.to_dtype(DType::F32)?;
                 *a = Some(match a.take() {
-                    Some(prev) => optim::accumulate(prev, &g)?,
+                    Some(prev) => optim::accumulate(prev, &g, in_place)?,
                     None => g,
                 });
             }
         }
         let sparse = self.sparse_text;
-        let grads: Vec<Tensor> = acc
+        let dense: Vec<Option<Tensor>> = acc
             .into_iter()
             .zip(&self.params.params)
             .enumerate()
             .map(|(i, (g, p))| match g {
-                Some(g) => Ok(g),
-                // The row-sparse text embedding has no dense gradient: a placeholder.
-                None if Some(i) == sparse => Tensor::zeros(0, DType::F32, &self.opts.device),
-                None => Tensor::zeros(p.shape(), DType::F32, &self.opts.device),
+                Some(g) => Ok(Some(g)),
+                // The row-sparse text embedding has no dense gradient.
+                None if Some(i) == sparse => Ok(None),
+                None => Tensor::zeros(p.shape(), DType::F32, &self.opts.device).map(Some),
             })
             .collect::<candle_core::Result<_>>()?;
         let mut sum_sq = 0f64;
-        for (i, g) in grads.iter().enumerate() {
-            sum_sq += match &text_rows {
-                Some(rows) if Some(i) == sparse => rows.sum_squares(),
-                _ => optim::sum_squares(g)?,
+        for (i, g) in dense.iter().enumerate() {
+            sum_sq += match (g, &text_rows) {
+                (Some(g), _) => optim::sum_squares(g, in_place)?,
+                (None, Some(rows)) if Some(i) == sparse => rows.sum_squares(),
+                (None, _) => 0.0,
             };
         }
         let grad_norm = sum_sq.sqrt();
@@ -409,30 +443,21 @@ impl Trainer {
         }
         let clip = optim::clip_factor(grad_norm, self.opts.config.clip_norm);
         let lr = self.schedule.lr(self.step + 1);
-        self.adam.step += 1;
-        for (i, (p, g)) in self.params.params.iter_mut().zip(&grads).enumerate() {
-            if let Some(rows) = text_rows.as_ref().filter(|_| Some(i) == sparse) {
-                self.adamw.apply_rows(
-                    self.adam.step,
-                    lr,
-                    clip,
-                    p,
-                    rows,
-                    &self.adam.m[i],
-                    &self.adam.v[i],
-                )?;
-                continue;
-            }
-            self.adamw.apply(
-                self.adam.step,
-                lr,
-                clip,
-                p,
-                g,
-                &mut self.adam.m[i],
-                &mut self.adam.v[i],
-            )?;
-        }
+        let grads: Vec<Grad> = dense
+            .into_iter()
+            .map(|g| match g {
+                Some(g) => Grad::Dense(g),
+                None => Grad::Rows(text_rows.as_ref().expect("sparse rows")),
+            })
+            .collect();
+        self.adamw.step(
+            &mut self.adam,
+            &mut self.params.params,
+            &grads,
+            lr,
+            clip,
+            in_place,
+        )?;
         self.step += 1;
         let loss = sum / n;
         self.last_loss = Some(loss);
@@ -483,11 +508,19 @@ impl Trainer {
             adam: &self.adam,
         };
         let speaker: Vec<f32> = self.speaker.to_dtype(DType::F32)?.to_vec1()?;
-        let speaker_bytes = crate::commands::embed::serialize_embedding(&speaker, None)?;
-        checkpoint::save(&self.opts.checkpoints, &index, &state, c.keep, |dir| {
-            std::fs::write(dir.join(CHECKPOINT_SPEAKER), &speaker_bytes)?;
-            Ok(())
-        })
+        let speaker_bytes = crate::artifacts::speaker::to_bytes(&speaker, None)?;
+        let hooks = self.opts.hooks.as_ref();
+        checkpoint::save(
+            &self.opts.checkpoints,
+            &index,
+            &state,
+            c.keep,
+            hooks,
+            |dir| {
+                std::fs::write(checkpoint::speaker_file(dir), &speaker_bytes)?;
+                Ok(())
+            },
+        )
     }
 
     /// Trains until the total step count (or a stop signal); saves checkpoints on the way and
@@ -514,9 +547,6 @@ impl Trainer {
         progress.set_position(self.step as u64);
         let c = self.opts.config.clone();
         let (mut frames, mut seconds) = (0usize, 0f64);
-        let pause_after = std::env::var(PAUSE_AFTER_STEP_ENV)
-            .ok()
-            .and_then(|v| v.trim().parse::<usize>().ok());
         while self.step < total {
             let micro = self.sampler.next_step(c.grad_accum);
             let m = match self.step(&micro) {
@@ -559,15 +589,9 @@ impl Trainer {
                 m.lr,
                 fps
             ));
-            if pause_after == Some(self.step) {
-                progress.println(format!("test hook: paused after step {}", self.step));
-                let until = Instant::now() + Duration::from_secs(600);
-                while !signal::stop_requested() && Instant::now() < until {
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-            }
+            self.opts.hooks.after_step(self.step);
             let stop = signal::stop_requested();
-            let due = c.save_every > 0 && self.step % c.save_every == 0;
+            let due = c.save_every > 0 && self.step.is_multiple_of(c.save_every);
             if due || stop || self.step == total {
                 let dir = self.save()?;
                 log.plot()?;

@@ -54,62 +54,152 @@ impl AdamW {
         Ok((p, m, v))
     }
 
-    /// One update of `param` with gradient `g` scaled by `clip`: in place with the CPU kernels
-    /// when the master, moments and gradient are contiguous f32 CPU tensors, else through
-    /// [`Self::update`]. Same formula either way.
+    /// One optimizer step over every parameter, all or nothing: every gradient is checked
+    /// against its parameter first, then all parameters are updated (gradients scaled by
+    /// `clip`), and only then is the step counted. `in_place` selects the CPU kernels, which
+    /// update f32 masters that are their own `Var`s in place; otherwise the update is computed
+    /// with tensor ops ([`Self::update`]) and the masters (and their compute copies) replaced.
+    pub fn step(
+        &self,
+        state: &mut AdamState,
+        params: &mut [Param],
+        grads: &[Grad],
+        lr: f64,
+        clip: f64,
+        in_place: bool,
+    ) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            grads.len() == params.len() && state.m.len() == params.len(),
+            "optimizer: {} gradients and {} moment pairs for {} parameters",
+            grads.len(),
+            state.m.len(),
+            params.len()
+        );
+        let mut dense = Vec::with_capacity(params.len());
+        for (i, (p, g)) in params.iter().zip(grads).enumerate() {
+            let shape = p.shape();
+            for (what, t) in [("exp_avg", &state.m[i]), ("exp_avg_sq", &state.v[i])] {
+                anyhow::ensure!(
+                    t.dims() == shape && t.dtype() == DType::F32,
+                    "optimizer: {what} of {} has shape {:?} ({:?}), expected {shape:?} (f32)",
+                    p.name,
+                    t.dims(),
+                    t.dtype()
+                );
+            }
+            dense.push(match g {
+                Grad::Dense(g) => {
+                    anyhow::ensure!(
+                        g.dims() == shape,
+                        "optimizer: the gradient of {} has shape {:?}, expected {shape:?}",
+                        p.name,
+                        g.dims()
+                    );
+                    let g = g.to_dtype(DType::F32)?.contiguous()?;
+                    if in_place {
+                        anyhow::ensure!(
+                            p.master_in_place().is_some() && cpu_ops::supported(&g),
+                            "optimizer: {} cannot be updated in place",
+                            p.name
+                        );
+                    }
+                    Some(g)
+                }
+                Grad::Rows(rows) => {
+                    anyhow::ensure!(
+                        in_place && p.master_in_place().is_some(),
+                        "optimizer: {}: row-sparse gradients need the in-place CPU update",
+                        p.name
+                    );
+                    anyhow::ensure!(
+                        [rows.rows(), rows.width()] == shape,
+                        "optimizer: the row gradient of {} is {}×{}, expected {shape:?}",
+                        p.name,
+                        rows.rows(),
+                        rows.width()
+                    );
+                    None
+                }
+            });
+        }
+        let t = state.step + 1;
+        for (i, (p, g)) in params.iter_mut().zip(grads).enumerate() {
+            match (g, &dense[i]) {
+                (Grad::Rows(rows), _) => {
+                    self.apply_rows(t, lr, clip, p, rows, &state.m[i], &state.v[i])?
+                }
+                (Grad::Dense(_), Some(g)) if in_place => {
+                    self.apply_in_place(t, lr, clip, p, g, &state.m[i], &state.v[i])?
+                }
+                (Grad::Dense(_), Some(g)) => {
+                    let g = if clip < 1.0 {
+                        g.affine(clip, 0.0)?
+                    } else {
+                        g.clone()
+                    };
+                    let (np, nm, nv) =
+                        self.update(t, lr, &p.master(), &g, &state.m[i], &state.v[i])?;
+                    p.set_master(np)?;
+                    state.m[i] = nm;
+                    state.v[i] = nv;
+                }
+                (Grad::Dense(_), None) => unreachable!("dense gradients are prepared above"),
+            }
+        }
+        state.step = t;
+        Ok(())
+    }
+
+    /// One in-place update of an f32 master with the CPU kernels (the formula of
+    /// [`Self::update`]).
     #[allow(clippy::too_many_arguments)]
-    pub fn apply(
+    fn apply_in_place(
         &self,
         t: u64,
         lr: f64,
         clip: f64,
-        param: &mut Param,
+        param: &Param,
         g: &Tensor,
-        m: &mut Tensor,
-        v: &mut Tensor,
+        m: &Tensor,
+        v: &Tensor,
     ) -> Result<()> {
+        let Some(p) = param.master_in_place() else {
+            candle_core::bail!("{}: in-place updates need an f32 master", param.name)
+        };
         let bc1 = 1.0 - self.beta1.powi(t as i32);
         let bc2 = 1.0 - self.beta2.powi(t as i32);
-        if let Some(p) = param.master_in_place() {
-            if [p, g, &*m, &*v].iter().all(|x| cpu_ops::supported(x)) {
-                m.inplace_op2(
-                    g,
-                    &cpu_ops::FirstMoment {
-                        weight: (1.0 - self.beta1) as f32,
-                        clip: clip as f32,
-                    },
-                )?;
-                v.inplace_op2(
-                    g,
-                    &cpu_ops::SecondMoment {
-                        beta2: self.beta2 as f32,
-                        clip: clip as f32,
-                    },
-                )?;
-                p.inplace_op3(
-                    m,
-                    v,
-                    &cpu_ops::ParamUpdate {
-                        decay: (1.0 - lr * self.weight_decay) as f32,
-                        step_size: (lr / bc1) as f32,
-                        bc2_sqrt: bc2.sqrt() as f32,
-                        eps: self.eps as f32,
-                    },
-                )?;
-                return Ok(());
-            }
-        }
-        let g = if clip < 1.0 {
-            g.affine(clip, 0.0)?
-        } else {
-            g.clone()
-        };
-        let (np, nm, nv) = self.update(t, lr, &param.master(), &g, m, v)?;
-        param.set_master(np)?;
-        *m = nm;
-        *v = nv;
-        Ok(())
+        m.inplace_op2(
+            g,
+            &cpu_ops::FirstMoment {
+                weight: (1.0 - self.beta1) as f32,
+                clip: clip as f32,
+            },
+        )?;
+        v.inplace_op2(
+            g,
+            &cpu_ops::SecondMoment {
+                beta2: self.beta2 as f32,
+                clip: clip as f32,
+            },
+        )?;
+        p.inplace_op3(
+            m,
+            v,
+            &cpu_ops::ParamUpdate {
+                decay: (1.0 - lr * self.weight_decay) as f32,
+                step_size: (lr / bc1) as f32,
+                bc2_sqrt: bc2.sqrt() as f32,
+                eps: self.eps as f32,
+            },
+        )
     }
+}
+
+/// The gradient of one parameter for [`AdamW::step`].
+pub enum Grad<'a> {
+    Dense(Tensor),
+    /// Row-sparse (the text embedding on the CPU, see [`super::sparse`]).
+    Rows(&'a RowGrad),
 }
 
 impl AdamW {
@@ -154,9 +244,10 @@ impl AdamW {
     }
 }
 
-/// `acc += g` (in place on the CPU).
-pub fn accumulate(acc: Tensor, g: &Tensor) -> Result<Tensor> {
-    if cpu_ops::supported(&acc) && cpu_ops::supported(g) {
+/// `acc += g`: in place with the CPU kernels (`in_place`, contiguous f32 CPU tensors), else a
+/// tensor add.
+pub fn accumulate(acc: Tensor, g: &Tensor, in_place: bool) -> Result<Tensor> {
+    if in_place && cpu_ops::supported(&acc) && cpu_ops::supported(g) {
         acc.inplace_op2(g, &cpu_ops::AddAssign)?;
         Ok(acc)
     } else {
@@ -191,19 +282,19 @@ impl AdamState {
     }
 }
 
-/// Global L2 norm of `grads`: per-tensor sums of squares (f64 on the CPU, f32 elsewhere) added
-/// up in f64 in the given order.
-pub fn global_norm(grads: &[Tensor]) -> Result<f64> {
+/// Global L2 norm of `grads`: per-tensor sums of squares added up in f64 in the given order.
+pub fn global_norm(grads: &[Tensor], kernels: bool) -> Result<f64> {
     let mut total = 0f64;
     for g in grads {
-        total += sum_squares(g)?;
+        total += sum_squares(g, kernels)?;
     }
     Ok(total.sqrt())
 }
 
-/// Σ g² of one gradient (in f64 without temporaries on the CPU, f32 sums elsewhere).
-pub fn sum_squares(g: &Tensor) -> Result<f64> {
-    Ok(if cpu_ops::supported(g) {
+/// Σ g² of one gradient: in f64 without temporaries with the CPU kernels (`kernels`, a
+/// contiguous f32 CPU tensor), else an f32 tensor reduction.
+pub fn sum_squares(g: &Tensor, kernels: bool) -> Result<f64> {
+    Ok(if kernels && cpu_ops::supported(g) {
         g.apply_op1_no_bwd(&cpu_ops::SumSquares)?
             .to_scalar::<f64>()?
     } else {
@@ -278,6 +369,78 @@ mod tests {
         );
     }
 
+    /// A step whose second gradient is wrong fails before anything is updated: no parameter,
+    /// moment or step count is half-applied (in both update paths).
+    #[test]
+    fn a_failed_step_changes_nothing() {
+        use super::super::params::{Masters, ParamStore};
+        use crate::model::weights::Weights;
+        let dev = Device::Cpu;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.safetensors");
+        let tensors = std::collections::HashMap::from([
+            (
+                "talker.codec_head.weight".to_string(),
+                Tensor::new(&[[1.0f32, 2.0], [3.0, 4.0]], &dev).unwrap(),
+            ),
+            (
+                "talker.model.norm.weight".to_string(),
+                Tensor::new(&[1.0f32, -1.0], &dev).unwrap(),
+            ),
+        ]);
+        candle_core::safetensors::save(&tensors, &path).unwrap();
+        let weights = Weights::load(&[path], DType::F32, &dev, |_| true).unwrap();
+        let names: Vec<String> = tensors.keys().cloned().collect();
+        let opt = AdamW::new(0.1);
+        for (masters, in_place) in [(Masters::Shared, true), (Masters::Separate, false)] {
+            let mut store = ParamStore::new(&weights, &names, DType::F32, masters).unwrap();
+            let before: Vec<Vec<f32>> = store
+                .params
+                .iter()
+                .map(|p| p.master().flatten_all().unwrap().to_vec1().unwrap())
+                .collect();
+            let ms: Vec<Tensor> = store.params.iter().map(|p| p.master()).collect();
+            let mut state = AdamState::zeros(&ms).unwrap();
+            assert_eq!(store.params[0].name, "talker.codec_head.weight");
+            let good = Tensor::ones((2, 2), DType::F32, &dev).unwrap();
+            let wrong = Tensor::ones(3, DType::F32, &dev).unwrap();
+            let grads = [Grad::Dense(good.clone()), Grad::Dense(wrong)];
+            let e = opt
+                .step(&mut state, &mut store.params, &grads, 0.1, 1.0, in_place)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("talker.model.norm.weight"), "{e}");
+            assert_eq!(state.step, 0, "{masters:?}");
+            for (p, b) in store.params.iter().zip(&before) {
+                let now: Vec<f32> = p.master().flatten_all().unwrap().to_vec1().unwrap();
+                assert_eq!(&now, b, "{masters:?}: {} was updated", p.name);
+            }
+            for m in state.m.iter().chain(&state.v) {
+                assert_eq!(
+                    m.abs()
+                        .unwrap()
+                        .sum_all()
+                        .unwrap()
+                        .to_scalar::<f32>()
+                        .unwrap(),
+                    0.0
+                );
+            }
+            // A correct step afterwards is step 1.
+            let ok = [
+                Grad::Dense(good),
+                Grad::Dense(Tensor::ones(2, DType::F32, &dev).unwrap()),
+            ];
+            opt.step(&mut state, &mut store.params, &ok, 0.1, 1.0, in_place)
+                .unwrap();
+            assert_eq!(state.step, 1);
+            assert_ne!(
+                store.params[1].master().to_vec1::<f32>().unwrap(),
+                before[1]
+            );
+        }
+    }
+
     #[test]
     fn clipping_and_schedule() {
         let dev = Device::Cpu;
@@ -285,7 +448,8 @@ mod tests {
             Tensor::new(&[3.0f32], &dev).unwrap(),
             Tensor::new(&[[4.0f32]], &dev).unwrap(),
         ];
-        assert_eq!(global_norm(&g).unwrap(), 5.0);
+        assert_eq!(global_norm(&g, true).unwrap(), 5.0);
+        assert_eq!(global_norm(&g, false).unwrap(), 5.0);
         assert!((clip_factor(5.0, 1.0) - 1.0 / (5.0 + 1e-6)).abs() < 1e-12);
         assert_eq!(clip_factor(0.5, 1.0), 1.0);
         assert_eq!(clip_factor(50.0, 0.0), 1.0);

@@ -1,10 +1,12 @@
-//! The trainable parameter set: which talker tensors are trained (everything the official recipe
-//! updates plus `text_projection`, minus the user's `train.freeze` globs), as `Var`s in the
-//! compute dtype with fp32 master copies, and the frozen rest.
+//! The parameter store of a training run: which talker tensors are trained (everything the
+//! official recipe updates plus `text_projection`, minus the user's `train.freeze` globs), as
+//! `Var`s in the compute dtype with their fp32 masters, and the frozen rest. Models are built
+//! from it through [`TensorSource`], so gradients flow into its `Var`s.
 //!
-//! On the CPU the compute dtype is f32 and the `Var` *is* the master. On CUDA the `Var`s are
-//! bf16 copies of fp32 masters (DESIGN §5, mixed precision); the optimizer updates the masters
-//! and refreshes the `Var`s.
+//! Masters ([`Masters`]): with the CPU kernels the compute dtype is f32 and the `Var` *is* the
+//! master, updated in place. Otherwise (the autograd backend, and CUDA's mixed precision) the
+//! `Var`s are copies in the compute dtype (bf16 on CUDA) of separate fp32 masters; the
+//! optimizer updates the masters and refreshes the `Var`s (docs/training.md §3).
 
 use std::collections::BTreeMap;
 
@@ -128,28 +130,49 @@ impl Param {
     }
 }
 
+/// Whether the trained `Var`s are their own fp32 masters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Masters {
+    /// The `Var` is the master (f32 compute; updated in place).
+    Shared,
+    /// A separate fp32 master; the `Var` is a copy in the compute dtype.
+    Separate,
+}
+
 /// The trained parameters (ordered by unit, then name) and the frozen talker tensors; builds
 /// the model through [`TensorSource`].
-pub struct ParamSet {
+pub struct ParamStore {
     pub params: Vec<Param>,
     frozen: BTreeMap<String, Tensor>,
     index: BTreeMap<String, usize>,
 }
 
-impl ParamSet {
+impl ParamStore {
     /// `weights` holds the talker in f32 (the masters); `trained` names the trained tensors;
-    /// the model will compute in `compute` (f32 on CPU, bf16 on CUDA).
-    pub fn new(weights: &Weights, trained: &[String], compute: DType) -> Result<Self> {
+    /// the model will compute in `compute` (f32 on CPU, bf16 on CUDA). `Masters::Shared` needs
+    /// f32 compute.
+    pub fn new(
+        weights: &Weights,
+        trained: &[String],
+        compute: DType,
+        masters: Masters,
+    ) -> Result<Self> {
         if weights.dtype() != DType::F32 {
             bail!("training needs the checkpoint loaded in f32 (the master weights)");
+        }
+        if masters == Masters::Shared && compute != DType::F32 {
+            bail!("the trained tensors can only be their own masters in f32");
         }
         let mut params = Vec::with_capacity(trained.len());
         for name in trained {
             let t = weights.get_any(name)?;
-            let (var, master) = if compute == DType::F32 {
-                (Var::from_tensor(&t)?, None)
-            } else {
-                (Var::from_tensor(&t.to_dtype(compute)?)?, Some(t.copy()?))
+            let (var, master) = match masters {
+                Masters::Shared => (Var::from_tensor(&t)?, None),
+                // `copy` so that the master and the var never share storage.
+                Masters::Separate => (
+                    Var::from_tensor(&t.to_dtype(compute)?.copy()?)?,
+                    Some(t.copy()?),
+                ),
             };
             params.push(Param {
                 name: name.clone(),
@@ -177,6 +200,23 @@ impl ParamSet {
         })
     }
 
+    /// Every talker tensor of `weights` (f32) passing `trainable` becomes a trained parameter
+    /// that is its own master; the rest is frozen (for tests and tools that need gradients of
+    /// a model).
+    pub fn from_weights(weights: &Weights, trainable: impl Fn(&str) -> bool) -> Result<Self> {
+        let trained: Vec<String> = weights
+            .names_with_prefix(TRAINABLE_PREFIX)
+            .into_iter()
+            .filter(|n| trainable(n))
+            .collect();
+        Self::new(weights, &trained, DType::F32, Masters::Shared)
+    }
+
+    /// The trained `Var` named `name`.
+    pub fn var(&self, name: &str) -> Option<&Var> {
+        self.get(name).map(|p| &p.var)
+    }
+
     pub fn get(&self, name: &str) -> Option<&Param> {
         self.index.get(name).map(|&i| &self.params[i])
     }
@@ -195,7 +235,7 @@ impl ParamSet {
     }
 }
 
-impl TensorSource for ParamSet {
+impl TensorSource for ParamStore {
     fn tensor(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
         trainable_or_frozen(
             name,

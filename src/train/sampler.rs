@@ -10,7 +10,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::rng::SplitMix64;
+use crate::rng::SplitMix64;
 
 /// Batches per length-sorting pool.
 pub const POOL_BATCHES: usize = 32;

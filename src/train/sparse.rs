@@ -67,6 +67,15 @@ impl RowGrad {
         Ok(())
     }
 
+    /// Rows of the table the gradient is for.
+    pub fn rows(&self) -> usize {
+        self.slot.len()
+    }
+
+    pub fn width(&self) -> usize {
+        self.width
+    }
+
     /// Σ g² in f64 (rows in the order they were first added).
     pub fn sum_squares(&self) -> f64 {
         self.data.iter().map(|&v| (v as f64) * (v as f64)).sum()

@@ -3,8 +3,8 @@
 //! `tests/fixtures/README.md`). Every check runs for both fixture models (`tiny-0b6` without
 //! and `tiny-1b7` with `small_to_mtp_projection`) and both numerics modes.
 
+use crate::common::fixtures;
 use std::collections::{BTreeSet, HashMap};
-use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, IndexOp, Tensor};
 use voiceclone::model::code_predictor::greedy;
@@ -15,16 +15,12 @@ use voiceclone::model::talker::Talker;
 use voiceclone::model::weights::Weights;
 
 const MODELS: [&str; 2] = ["tiny-0b6", "tiny-1b7"];
-const MODES: [Numerics; 2] = [Numerics::Fused, Numerics::Differentiable];
+const MODES: [Numerics; 3] = [Numerics::Fused, Numerics::Autograd, Numerics::CpuKernels];
 
 /// Spec §14: f32 logits of the official ops are within ~1.6e-5 of f64; allow ~100x.
 const LOGITS_TOL: f32 = 2e-3;
 const HIDDEN_TOL: f32 = 5e-4;
 const EMBED_TOL: f32 = 1e-5;
-
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
-}
 
 struct Fixture {
     name: &'static str,

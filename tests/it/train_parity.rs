@@ -4,18 +4,17 @@
 //! gradient norm within 1e-4 relative, per-parameter gradients, and (when recorded) a short
 //! AdamW trajectory — for both fixture models.
 
-mod train_support;
-
 use std::collections::BTreeMap;
 
+use crate::train_support::*;
 use candle_core::{DType, Device, IndexOp, Tensor};
 use serde_json::Value;
-use train_support::*;
 use voiceclone::hub::ModelSource;
 use voiceclone::model::files::ModelFiles;
 use voiceclone::train::batch::Batch;
+use voiceclone::train::hooks::NoHooks;
 use voiceclone::train::optim::Schedule;
-use voiceclone::train::{loss, TrainOptions, Trainer};
+use voiceclone::train::{loss, Backend, TrainOptions, Trainer};
 
 struct Refs {
     json: Value,
@@ -52,7 +51,7 @@ fn i64_rows(t: &Tensor) -> Vec<Vec<i64>> {
 }
 
 /// A trainer on a workspace holding exactly the reference rows, in one unshuffled batch.
-fn trainer(model: &str, r: &Refs, dir: &std::path::Path) -> Trainer {
+fn trainer(model: &str, r: &Refs, dir: &std::path::Path, backend: Backend) -> Trainer {
     let rows: Vec<Value> = r.json["rows"].as_array().unwrap().clone();
     let xvec: Vec<f32> = r.t["batch.xvector"].i(0).unwrap().to_vec1().unwrap();
     make_workspace(dir, model, &rows, &xvec, "");
@@ -82,6 +81,8 @@ fn trainer(model: &str, r: &Refs, dir: &std::path::Path) -> Trainer {
         checkpoints: dir.join("checkpoints"),
         config,
         device: Device::Cpu,
+        backend,
+        hooks: std::sync::Arc::new(NoHooks),
     };
     let mut t = Trainer::new(opts, false).unwrap();
     // A constant learning rate, as in the reference trajectory.
@@ -95,10 +96,17 @@ fn trainer(model: &str, r: &Refs, dir: &std::path::Path) -> Trainer {
 
 #[test]
 fn loss_gradients_and_batch_match_the_official_modules() {
-    for model in ["tiny-0b6", "tiny-1b7"] {
+    for (model, backend) in [
+        ("tiny-0b6", Backend::CpuKernels),
+        ("tiny-1b7", Backend::CpuKernels),
+        ("tiny-0b6", Backend::Autograd),
+        ("tiny-1b7", Backend::Autograd),
+    ] {
         let r = refs(model);
         let dir = tempfile::tempdir().unwrap();
-        let mut tr = trainer(model, &r, dir.path());
+        let mut tr = trainer(model, &r, dir.path(), backend);
+        let model = format!("{model} {backend:?}");
+        let model = model.as_str();
 
         // Tokenization and the batch layout, exactly.
         let want_ids: Vec<Vec<u32>> = serde_json::from_value(r.json["text_ids"].clone()).unwrap();
@@ -339,6 +347,74 @@ fn loss_gradients_and_batch_match_the_official_modules() {
             worst.1,
             worst.0
         );
+    }
+}
+
+/// The path CUDA takes (autograd over plain ops, compute `Var`s copied from separate fp32
+/// masters, a dense text-embedding gradient, AdamW in tensor ops) and the CPU kernels' path
+/// train the same: equal losses, gradient norms and master weights over three AdamW steps.
+#[test]
+fn the_autograd_path_trains_like_the_cpu_kernels() {
+    for model in ["tiny-0b6", "tiny-1b7"] {
+        let r = refs(model);
+        let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let mut kernels = trainer(model, &r, da.path(), Backend::CpuKernels);
+        let mut autograd = trainer(model, &r, db.path(), Backend::Autograd);
+        for step in 1..=3 {
+            let a = kernels.step(&[vec![0, 1]]).unwrap();
+            let b = autograd.step(&[vec![0, 1]]).unwrap();
+            let (el, en) = (rel(b.loss, a.loss), rel(b.grad_norm, a.grad_norm));
+            eprintln!("{model}: step {step}: loss rel {el:.1e}, grad norm rel {en:.1e}");
+            assert!(
+                el <= 1e-5,
+                "{model}: step {step}: loss {} vs {}",
+                b.loss,
+                a.loss
+            );
+            assert!(
+                en <= 1e-5,
+                "{model}: step {step}: grad norm {} vs {}",
+                b.grad_norm,
+                a.grad_norm
+            );
+        }
+        let mut worst = (0f64, String::new());
+        for (p, q) in kernels.params.params.iter().zip(&autograd.params.params) {
+            assert_eq!(p.name, q.name);
+            let (pm, qm) = (p.master(), q.master());
+            let d = max_abs(&pm, &qm) as f64;
+            let norm = pm
+                .sqr()
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap()
+                .sqrt();
+            let e = d / (norm as f64).max(1e-30);
+            if e > worst.0 {
+                worst = (e, p.name.clone());
+            }
+            // The compute copy follows the master on the autograd path.
+            assert_eq!(
+                max_abs(q.var.as_tensor(), &qm),
+                0.0,
+                "{model}: {} var",
+                q.name
+            );
+        }
+        eprintln!(
+            "{model}: masters after 3 steps: worst max|diff|/norm {:.1e} ({})",
+            worst.0, worst.1
+        );
+        assert!(
+            worst.0 <= 1e-5,
+            "{model}: {} differs by {:.1e}",
+            worst.1,
+            worst.0
+        );
+        assert_eq!(kernels.adam.step, 3);
+        assert_eq!(autograd.adam.step, 3);
     }
 }
 
