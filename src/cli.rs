@@ -438,6 +438,7 @@ impl SpeakArgs {
                 self.max_chunk_chars,
             )
             .seed("speak.seed", "--seed", self.seed)
+            .set("speak.precision", "--precision", self.precision.clone())
             .into()
     }
 }

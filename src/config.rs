@@ -15,9 +15,6 @@ use toml::{Table, Value};
 /// The built-in defaults, with a comment on every key.
 pub const DEFAULT_TOML: &str = include_str!("../configs/default.toml");
 
-/// Name of the per-workspace config file.
-pub const WORKSPACE_CONFIG: &str = "voiceclone.toml";
-
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
@@ -82,7 +79,7 @@ pub struct TrainConfig {
 pub struct SpeakConfig {
     pub model: String,
     pub language: String,
-    pub non_streaming: String,
+    pub non_streaming: NonStreaming,
     pub greedy: bool,
     pub temperature: f64,
     pub top_k: usize,
@@ -95,8 +92,44 @@ pub struct SpeakConfig {
     pub seed: i64,
     pub batch_size: usize,
     pub max_chunk_chars: usize,
-    pub precision: String,
+    pub precision: Precision,
 }
+
+/// `speak.precision`: the number format of inference.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Precision {
+    /// The checkpoint's own precision on a CPU, bf16 on a GPU.
+    Auto,
+    F32,
+    Bf16Weights,
+    Bf16,
+}
+
+impl Precision {
+    pub const NAMES: &'static [&'static str] = &["auto", "f32", "bf16-weights", "bf16"];
+}
+
+/// `speak.non_streaming`: the whole text before the first frame (the official
+/// `non_streaming_mode`); `auto` follows the official default for the voice.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum NonStreaming {
+    Auto,
+    True,
+    False,
+}
+
+impl NonStreaming {
+    pub const NAMES: &'static [&'static str] = &["auto", "true", "false"];
+}
+
+/// Keys whose string values name one of a fixed set (checked in every layer, so a typo is an
+/// error naming the key, where it was set and the allowed values).
+const CHOICES: &[(&str, &[&str])] = &[
+    ("speak.precision", Precision::NAMES),
+    ("speak.non_streaming", NonStreaming::NAMES),
+];
 
 /// Where a configuration value came from, for error messages and `voiceclone config`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -142,15 +175,14 @@ impl Override {
     }
 }
 
-/// Builds the configuration from the defaults, the workspace file (if present), an explicit
-/// `--config` file (which must exist), and flag overrides, in that order.
+/// Builds the configuration from the defaults, the workspace's config file (if present), an
+/// explicit `--config` file (which must exist), and flag overrides, in that order.
 pub fn resolve(
-    workdir: &Path,
+    workspace_file: PathBuf,
     explicit: Option<&Path>,
     overrides: &[Override],
 ) -> Result<Resolved> {
     let mut layers: Vec<(Table, Source)> = Vec::new();
-    let workspace_file = workdir.join(WORKSPACE_CONFIG);
     if workspace_file.is_file() {
         layers.push((read_table(&workspace_file)?, Source::File(workspace_file)));
     }
@@ -384,21 +416,6 @@ impl Resolved {
                 format!("{} is not -1 (random) or a non-negative seed", s.seed),
             ));
         }
-        if !["auto", "f32", "bf16-weights", "bf16"].contains(&s.precision.as_str()) {
-            return Err(bad(
-                "speak.precision",
-                format!(
-                    "{:?} is not one of auto, f32, bf16-weights, bf16",
-                    s.precision
-                ),
-            ));
-        }
-        if !["auto", "true", "false"].contains(&s.non_streaming.as_str()) {
-            return Err(bad(
-                "speak.non_streaming",
-                format!("{:?} is not one of auto, true, false", s.non_streaming),
-            ));
-        }
         if s.language.trim().is_empty() {
             return Err(bad(
                 "speak.language",
@@ -491,6 +508,16 @@ fn check_against_schema(
                 type_name(v)
             );
         }
+        if let (Some((_, names)), Value::String(value)) =
+            (CHOICES.iter().find(|(k, _)| *k == key), v)
+        {
+            if !names.contains(&value.as_str()) {
+                bail!(
+                    "invalid value for `{key}` (set in {source}): {value:?} is not one of {}",
+                    names.join(", ")
+                );
+            }
+        }
         if let (Value::Integer(i), Value::Integer(_)) = (expected, v) {
             // All integer settings are counts: reject negatives here, where the key is known.
             if *i >= 0 && v.as_integer().is_some_and(|n| n < 0) {
@@ -556,6 +583,56 @@ mod tests {
         assert_eq!(r.sources["prep.jobs"], Source::File("b.toml".into()));
         assert_eq!(r.sources["prep.max_seconds"], Source::File("a.toml".into()));
         assert!(r.to_annotated_toml().contains("jobs = 1  # from b.toml"));
+    }
+
+    #[test]
+    fn enum_keys_are_typed_and_typos_name_the_key_and_the_choices() {
+        let r = resolve_layers(vec![layer(
+            "[speak]\nprecision = \"bf16-weights\"\nnon_streaming = \"false\"",
+            "a.toml",
+        )])
+        .unwrap();
+        assert_eq!(r.config.speak.precision, Precision::Bf16Weights);
+        assert_eq!(r.config.speak.non_streaming, NonStreaming::False);
+        let err = resolve_layers(vec![layer("[speak]\nprecision = \"bf17\"", "a.toml")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("`speak.precision`")
+                && err.contains("a.toml")
+                && err.contains("\"bf17\" is not one of auto, f32, bf16-weights, bf16"),
+            "{err}"
+        );
+        let err = resolve_layers(vec![(
+            dotted_table("speak.non_streaming", Value::from("yes")),
+            Source::Flag("--x".into()),
+        )])
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("flag --x") && err.contains("auto, true, false"),
+            "{err}"
+        );
+        // Every listed name is a variant, and every variant is listed.
+        for (key, names) in CHOICES {
+            for name in *names {
+                let t = dotted_table(key, Value::from(*name));
+                assert!(
+                    resolve_layers(vec![(t, Source::Default)]).is_ok(),
+                    "{key} = {name}"
+                );
+            }
+        }
+        let all = [
+            Precision::Auto,
+            Precision::F32,
+            Precision::Bf16Weights,
+            Precision::Bf16,
+        ];
+        assert_eq!(all.len(), Precision::NAMES.len());
+        for (p, name) in all.iter().zip(Precision::NAMES) {
+            assert_eq!(toml::Value::try_from(p).unwrap().as_str(), Some(*name));
+        }
     }
 
     #[test]

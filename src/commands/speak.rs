@@ -5,21 +5,16 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, ensure, Context, Result};
-use candle_core::{DType, Device};
+use candle_core::Device;
 use serde_json::Value;
 
-use super::embed::{SPEAKER_FILE, TENSOR_NAME};
-use super::model_source;
+use crate::artifacts::{codes::write_codes_file, speaker};
 use crate::cli::SpeakArgs;
-use crate::codes::codes_to_json;
-use crate::config::{Config, SpeakConfig};
+use crate::config::{self, Config, NonStreaming, SpeakConfig};
 use crate::generate::sampling::Sampling;
 use crate::generate::{DecodeOptions, Precision, Request, Synthesizer, Voice};
 use crate::hub::ModelSource;
 use crate::workspace::Workspace;
-
-/// Where the fine-tuned model is exported inside the workspace.
-pub const MODEL_DIR: &str = "model";
 
 pub fn run(ws: &Workspace, config: &Config, args: &SpeakArgs) -> Result<()> {
     let s = &config.speak;
@@ -28,7 +23,7 @@ pub fn run(ws: &Workspace, config: &Config, args: &SpeakArgs) -> Result<()> {
     let outputs = plan_outputs(&jobs, args, batch_mode)?;
 
     let source = speak_model(ws, config)?;
-    let (device, precision) = compute_device(&s.precision)?;
+    let (device, precision) = compute_device(s.precision)?;
     eprintln!("loading {}", source.describe());
     let mut synth = Synthesizer::load(&source, precision, &device)
         .with_context(|| format!("cannot load the model {}", source.describe()))?;
@@ -57,12 +52,12 @@ pub fn run(ws: &Workspace, config: &Config, args: &SpeakArgs) -> Result<()> {
         } else {
             voice.with_context(|| job.context.clone())?
         };
-        let non_streaming = job.non_streaming.unwrap_or(match s.non_streaming.as_str() {
-            "true" => true,
-            "false" => false,
+        let non_streaming = job.non_streaming.unwrap_or(match s.non_streaming {
+            NonStreaming::True => true,
+            NonStreaming::False => false,
             // The official defaults: generate_custom_voice non-streaming,
             // generate_voice_clone streaming.
-            _ => matches!(voice, Voice::Speaker(_)),
+            NonStreaming::Auto => matches!(voice, Voice::Speaker(_)),
         });
         requests.push(Request {
             text: job.text.clone(),
@@ -94,9 +89,7 @@ pub fn run(ws: &Workspace, config: &Config, args: &SpeakArgs) -> Result<()> {
     for (sp, out) in speech.iter().zip(&outputs) {
         crate::audio::wav::write_pcm16(&out.wav, &sp.wav, rate)?;
         if let Some(path) = &out.codes {
-            let json = serde_json::json!({ "codes": codes_to_json(&sp.frames) });
-            crate::fsutil::write_atomic(path, format!("{json}\n").as_bytes())
-                .with_context(|| format!("cannot write {}", path.display()))?;
+            write_codes_file(path, &sp.frames)?;
         }
         let stopped = if sp.eos_steps.iter().all(Option::is_some) {
             ""
@@ -126,23 +119,24 @@ pub fn run(ws: &Workspace, config: &Config, args: &SpeakArgs) -> Result<()> {
 /// `speak.model`, else the workspace's exported model, else `model.base`.
 fn speak_model(ws: &Workspace, config: &Config) -> Result<ModelSource> {
     if !config.speak.model.is_empty() {
-        return model_source(ws, &config.speak.model);
+        return ws.model_source(&config.speak.model);
     }
-    let exported = ws.root().join(MODEL_DIR);
+    let exported = ws.model_dir();
     if exported.join("config.json").is_file() {
         return Ok(ModelSource::Local(exported));
     }
-    model_source(ws, &config.model.base)
+    ws.model_source(&config.model.base)
 }
 
 /// A CUDA device when built with `cuda` and one is present, else the CPU; `auto` precision is
 /// bf16 on a GPU and bf16-stored matrices with f32 arithmetic on a CPU.
-fn compute_device(precision: &str) -> Result<(Device, Precision)> {
+fn compute_device(precision: config::Precision) -> Result<(Device, Precision)> {
+    use config::Precision as P;
     let device = Device::cuda_if_available(0)?;
     let p = match (precision, device.is_cuda()) {
-        ("f32", _) => Precision::F32,
-        ("bf16", _) | ("auto", true) => Precision::Bf16,
-        _ => Precision::Bf16Weights,
+        (P::F32, _) => Precision::F32,
+        (P::Bf16, _) | (P::Auto, true) => Precision::Bf16,
+        (P::Bf16Weights, _) | (P::Auto, false) => Precision::Bf16Weights,
     };
     Ok((device, p))
 }
@@ -434,18 +428,10 @@ fn resolve_voice(ws: &Workspace, synth: &mut Synthesizer, spec: &VoiceSpec) -> R
         );
         return clone_from_file(synth, &ref_wav, ref_text);
     }
-    let embedding = ws.data_dir().join(SPEAKER_FILE);
+    let embedding = ws.speaker_file();
     if embedding.is_file() {
-        let x = read_embedding(&embedding)?;
         let h = synth.config().talker_config.hidden_size;
-        ensure!(
-            x.len() == h,
-            "{} holds a {}-value embedding but this model expects {h}; run `voiceclone embed` again \
-             with this model",
-            embedding.display(),
-            x.len()
-        );
-        return Ok(Voice::XVector(x));
+        return Ok(Voice::XVector(speaker::read_for_model(&embedding, h)?));
     }
     if ref_wav.is_file() {
         return clone_from_file(synth, &ref_wav, None);
@@ -487,13 +473,4 @@ fn clone_from_file(synth: &mut Synthesizer, path: &Path, ref_text: Option<&str>)
     synth
         .clone_voice(&wav, ref_text)
         .with_context(|| format!("cannot clone the voice of {}", path.display()))
-}
-
-fn read_embedding(path: &Path) -> Result<Vec<f32>> {
-    let tensors = candle_core::safetensors::load(path, &Device::Cpu)
-        .with_context(|| format!("cannot read {}", path.display()))?;
-    let t = tensors
-        .get(TENSOR_NAME)
-        .with_context(|| format!("{} has no tensor {TENSOR_NAME:?}", path.display()))?;
-    Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?)
 }

@@ -3,45 +3,34 @@
 //! checkpoint), and exports the result to `model/`.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use candle_core::Device;
 
-use super::{codes, embed, model_source};
+use super::{codes, embed};
 use crate::cli::{CodesArgs, EmbedArgs, TokenizerArgs, TrainArgs};
 use crate::config::Config;
-use crate::hub::ModelSource;
 use crate::model::files::ModelFiles;
+use crate::train::hooks::TrainHooks;
 use crate::train::{self, checkpoint, data, export, TrainOptions, Trainer};
 use crate::workspace::Workspace;
-
-/// Held while `voiceclone train` runs in a workspace.
-pub const LOCK_FILE: &str = ".voiceclone-train.lock";
-
-/// `checkpoints/` of the workspace.
-pub fn checkpoints_dir(ws: &Workspace) -> PathBuf {
-    ws.root().join("checkpoints")
-}
-
-/// `model/` of the workspace: where the finished model is exported.
-pub fn export_dir(ws: &Workspace) -> PathBuf {
-    ws.root().join("model")
-}
-
-/// A stable description of a model for checkpoints: absolute directory or hub repo id.
-pub fn model_spec(source: &ModelSource) -> String {
-    match source {
-        ModelSource::Local(p) => std::path::absolute(p)
-            .unwrap_or_else(|_| p.clone())
-            .display()
-            .to_string(),
-        ModelSource::Hub { repo } => repo.clone(),
-    }
-}
 
 /// The device training runs on: the first CUDA GPU when built with `cuda`, else the CPU.
 pub fn train_device() -> Result<Device> {
     Ok(Device::cuda_if_available(0)?)
+}
+
+/// The training loop's test seams: environment-driven in a `test-hooks` build, none otherwise.
+pub fn hooks() -> Arc<dyn TrainHooks> {
+    #[cfg(feature = "test-hooks")]
+    {
+        Arc::new(train::hooks::EnvHooks::from_env())
+    }
+    #[cfg(not(feature = "test-hooks"))]
+    {
+        Arc::new(train::hooks::NoHooks)
+    }
 }
 
 pub fn run(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<()> {
@@ -54,15 +43,15 @@ pub fn run(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<()> {
             ws.root().display()
         );
     }
-    let _lock = train::lock::RunLock::acquire(&ws.root().join(LOCK_FILE))?;
+    let _lock = train::lock::RunLock::acquire(&ws.train_lock())?;
     train::alloc::keep_freed_memory();
     ensure_codes(ws, config, &manifest)?;
     let speaker = ensure_speaker(ws, config, &manifest)?;
 
-    let source = model_source(ws, &config.model.base)?;
+    let source = ws.model_source(&config.model.base)?;
     let files = ModelFiles::resolve(&source)
         .with_context(|| format!("cannot use the base model {}", source.describe()))?;
-    let checkpoints = checkpoints_dir(ws);
+    let checkpoints = ws.checkpoints_dir();
     if args.fresh {
         if let Some(moved) = move_aside(&checkpoints)? {
             println!(
@@ -72,15 +61,18 @@ pub fn run(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<()> {
             );
         }
     }
+    let device = train_device()?;
     let opts = TrainOptions {
         files,
-        model_spec: model_spec(&source),
+        model_spec: source.stable_spec(),
         manifest,
         base_dir: ws.root().to_path_buf(),
         speaker,
         checkpoints: checkpoints.clone(),
         config: config.train.clone(),
-        device: train_device()?,
+        device: device.clone(),
+        backend: train::Backend::auto(&device),
+        hooks: hooks(),
     };
     let mut trainer = Trainer::new(opts, false)?;
     let total = trainer.total_steps();
@@ -159,7 +151,7 @@ pub fn run(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<()> {
         .output
         .as_ref()
         .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.clone()))
-        .unwrap_or_else(|| export_dir(ws));
+        .unwrap_or_else(|| ws.model_dir());
     if export::is_current(&output, &ckpt, &c.speaker_name) {
         println!(
             "{} is up to date (export of {})",
@@ -210,7 +202,7 @@ fn ensure_codes(ws: &Workspace, config: &Config, manifest: &Path) -> Result<()> 
 /// `data/speaker.safetensors`, computed by `voiceclone embed` when missing (from `data/ref.wav`,
 /// else from the first line's `ref_audio`, which is what the official recipe uses).
 fn ensure_speaker(ws: &Workspace, config: &Config, manifest: &Path) -> Result<PathBuf> {
-    let path = ws.data_dir().join(embed::SPEAKER_FILE);
+    let path = ws.speaker_file();
     if path.is_file() {
         return Ok(path);
     }

@@ -24,8 +24,9 @@ use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use super::hooks::{CheckpointPhase, TrainHooks};
 use super::optim::AdamState;
-use super::params::ParamSet;
+use super::params::ParamStore;
 use super::sampler::Cursor;
 use super::stwrite::{self, Entry};
 use crate::model::weights::Weights;
@@ -36,8 +37,11 @@ pub const FORMAT: &str = "voiceclone-train-checkpoint";
 pub const VERSION: u32 = 1;
 /// Version of the batch layout + objective; part of the identity of a run.
 pub const OBJECTIVE: &str = "qwen3-tts-12hz sft layout §10.2 + corrected objective §10.3, v1";
-/// Test hook: pause (before `index.json` is written) while saving the checkpoint of this step.
-pub const PAUSE_ENV: &str = "VOICECLONE_TEST_PAUSE_IN_CHECKPOINT_WRITE";
+
+/// The copy of the speaker file kept in every checkpoint (what the export uses).
+pub fn speaker_file(dir: &Path) -> PathBuf {
+    dir.join("speaker.safetensors")
+}
 
 pub fn step_dir_name(step: usize) -> String {
     format!("step-{step:07}")
@@ -232,7 +236,7 @@ pub struct RngInfo {
 
 impl Index {
     /// Describes the parameter set of a single-device run (every row on rank 0).
-    pub fn describe_params(params: &ParamSet) -> BTreeMap<String, ParamInfo> {
+    pub fn describe_params(params: &ParamStore) -> BTreeMap<String, ParamInfo> {
         params
             .params
             .iter()
@@ -256,58 +260,123 @@ impl Index {
 
 /// Everything a checkpoint saves besides the index.
 pub struct State<'a> {
-    pub params: &'a ParamSet,
+    pub params: &'a ParamStore,
     pub adam: &'a AdamState,
 }
 
-/// Writes checkpoint `index.step` under `root` (see the module docs) and prunes old ones;
-/// `extra` may add files to the (temporary) checkpoint directory. Returns the checkpoint
-/// directory.
+/// A checkpoint being written: a temporary directory next to the finished ones, which only
+/// becomes a checkpoint when [`PendingCheckpoint::commit`] renames it into place.
+pub struct PendingCheckpoint {
+    root: PathBuf,
+    pub dir: PathBuf,
+    step: usize,
+}
+
+impl PendingCheckpoint {
+    /// Creates `root/.tmp-step-N-TAG` (empty). `tag` makes the name unique to the run (a
+    /// process id, or a tag every rank of a distributed run agreed on).
+    pub fn begin(root: &Path, step: usize, tag: &str) -> Result<Self> {
+        fs::create_dir_all(root).with_context(|| format!("cannot create {}", root.display()))?;
+        let dir = root.join(format!(".tmp-{}-{tag}", step_dir_name(step)));
+        if dir.exists() {
+            fs::remove_dir_all(&dir)?;
+        }
+        fs::create_dir(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        Ok(Self {
+            root: root.to_path_buf(),
+            dir,
+            step,
+        })
+    }
+
+    /// The directory of a pending checkpoint another process (rank 0) created.
+    pub fn join(root: &Path, step: usize, tag: &str) -> Self {
+        Self {
+            root: root.to_path_buf(),
+            dir: root.join(format!(".tmp-{}-{tag}", step_dir_name(step))),
+            step,
+        }
+    }
+
+    /// Writes `index.json`, renames the directory into place (replacing an earlier checkpoint
+    /// of the same step), points `latest` at it and prunes all but the newest `keep`. A crash at
+    /// any point leaves the previous checkpoint loadable: before the rename only a temporary
+    /// directory exists; while an old directory of the same step is moved aside, [`recover`]
+    /// puts it back; `latest` is written atomically after the rename.
+    pub fn commit(self, index: &Index, keep: usize, hooks: &dyn TrainHooks) -> Result<PathBuf> {
+        let step = self.step;
+        hooks.checkpoint(step, CheckpointPhase::RankFilesWritten);
+        let written = (|| -> Result<()> {
+            let json = serde_json::to_string_pretty(index)?;
+            let mut f = fs::File::create(self.dir.join(INDEX))?;
+            f.write_all(json.as_bytes())?;
+            f.write_all(b"\n")?;
+            f.sync_all()?;
+            sync_dir(&self.dir);
+            Ok(())
+        })();
+        if let Err(e) = written {
+            let _ = fs::remove_dir_all(&self.dir);
+            return Err(e.context(format!("cannot write checkpoint {}", self.dir.display())));
+        }
+        hooks.checkpoint(step, CheckpointPhase::IndexWritten);
+        let name = step_dir_name(step);
+        let dest = self.root.join(&name);
+        if dest.exists() {
+            // The same step saved again (e.g. after a crash before `latest` was written).
+            let old = self
+                .root
+                .join(format!(".old-{name}-{}", std::process::id()));
+            fs::rename(&dest, &old)
+                .with_context(|| format!("cannot move {} aside", dest.display()))?;
+            sync_dir(&self.root);
+            hooks.checkpoint(step, CheckpointPhase::OldMovedAside);
+            fs::rename(&self.dir, &dest).with_context(|| {
+                format!("cannot move {} to {}", self.dir.display(), dest.display())
+            })?;
+            sync_dir(&self.root);
+            fs::remove_dir_all(&old).with_context(|| format!("cannot delete {}", old.display()))?;
+        } else {
+            fs::rename(&self.dir, &dest).with_context(|| {
+                format!("cannot move {} to {}", self.dir.display(), dest.display())
+            })?;
+            sync_dir(&self.root);
+        }
+        hooks.checkpoint(step, CheckpointPhase::InPlace);
+        crate::fsutil::write_atomic(&self.root.join(LATEST), format!("{name}\n").as_bytes())?;
+        hooks.checkpoint(step, CheckpointPhase::LatestWritten);
+        prune(&self.root, keep, &name)?;
+        Ok(dest)
+    }
+
+    /// Removes the temporary directory (after an error elsewhere).
+    pub fn abandon(self) {
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Writes checkpoint `index.step` of a single-device run under `root` (see the module docs)
+/// and prunes old ones; `extra` may add files to the (temporary) checkpoint directory. Returns
+/// the checkpoint directory.
 pub fn save(
     root: &Path,
     index: &Index,
     state: &State,
     keep: usize,
+    hooks: &dyn TrainHooks,
     extra: impl FnOnce(&Path) -> Result<()>,
 ) -> Result<PathBuf> {
-    fs::create_dir_all(root).with_context(|| format!("cannot create {}", root.display()))?;
-    let name = step_dir_name(index.step);
-    let tmp = root.join(format!(".tmp-{name}-{}", std::process::id()));
-    if tmp.exists() {
-        fs::remove_dir_all(&tmp)?;
-    }
-    fs::create_dir(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
-    let result = (|| -> Result<()> {
-        write_rank_file(&tmp.join(rank_file(0)), state)?;
-        extra(&tmp)?;
-        test_pause(index.step);
-        let json = serde_json::to_string_pretty(index)?;
-        let mut f = fs::File::create(tmp.join(INDEX))?;
-        f.write_all(json.as_bytes())?;
-        f.write_all(b"\n")?;
-        f.sync_all()?;
-        sync_dir(&tmp);
-        Ok(())
+    let pending = PendingCheckpoint::begin(root, index.step, &std::process::id().to_string())?;
+    let written = (|| -> Result<()> {
+        write_rank_file(&pending.dir.join(rank_file(0)), state)?;
+        extra(&pending.dir)
     })();
-    if let Err(e) = result {
-        let _ = fs::remove_dir_all(&tmp);
-        return Err(e.context(format!("cannot write checkpoint {}", tmp.display())));
+    if let Err(e) = written {
+        let dir = pending.dir.clone();
+        pending.abandon();
+        return Err(e.context(format!("cannot write checkpoint {}", dir.display())));
     }
-    let dest = root.join(&name);
-    if dest.exists() {
-        // The same step saved again (e.g. stopped right after resuming): replace it.
-        let old = root.join(format!(".old-{name}-{}", std::process::id()));
-        fs::rename(&dest, &old)?;
-        fs::rename(&tmp, &dest)?;
-        fs::remove_dir_all(&old)?;
-    } else {
-        fs::rename(&tmp, &dest)
-            .with_context(|| format!("cannot move {} to {}", tmp.display(), dest.display()))?;
-    }
-    sync_dir(root);
-    crate::fsutil::write_atomic(&root.join(LATEST), format!("{name}\n").as_bytes())?;
-    prune(root, keep, &name)?;
-    Ok(dest)
+    pending.commit(index, keep, hooks)
 }
 
 fn write_rank_file(path: &Path, state: &State) -> Result<()> {
@@ -327,23 +396,23 @@ fn write_rank_file(path: &Path, state: &State) -> Result<()> {
             sources.push(t);
         }
     }
+    write_tensors(path, &entries, |i| stwrite::f32_bytes(&sources[i]))
+}
+
+/// Writes a rank file: `entries` with their bytes from `bytes(i)`, synced to disk.
+pub fn write_tensors(
+    path: &Path,
+    entries: &[Entry],
+    bytes: impl FnMut(usize) -> Result<Vec<u8>>,
+) -> Result<()> {
     let meta = BTreeMap::from([("format".to_string(), FORMAT.to_string())]);
     let file =
         fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
     let mut w = BufWriter::new(file);
-    stwrite::write(&mut w, &entries, &meta, |i| stwrite::f32_bytes(&sources[i]))?;
+    stwrite::write(&mut w, entries, &meta, bytes)?;
     let file = w.into_inner().map_err(|e| e.into_error())?;
     file.sync_all()?;
     Ok(())
-}
-
-fn test_pause(step: usize) {
-    if let Ok(v) = std::env::var(PAUSE_ENV) {
-        if v.trim().parse::<usize>().ok() == Some(step) {
-            eprintln!("test hook: paused in checkpoint write at step {step}");
-            std::thread::sleep(std::time::Duration::from_secs(600));
-        }
-    }
 }
 
 fn sync_dir(dir: &Path) {
@@ -383,20 +452,46 @@ fn prune(root: &Path, keep: usize, current: &str) -> Result<()> {
     Ok(())
 }
 
-/// Removes temporary directories left by interrupted checkpoint writes.
-pub fn clean_partial(root: &Path) -> Result<Vec<PathBuf>> {
+/// Repairs what an interrupted checkpoint write left: temporary directories are removed, and a
+/// checkpoint moved aside to be replaced by a new one of the same step is put back when the new
+/// one never arrived. Returns the directories removed.
+pub fn recover(root: &Path) -> Result<Vec<PathBuf>> {
     let mut removed = Vec::new();
     let Ok(rd) = fs::read_dir(root) else {
         return Ok(removed);
     };
-    for e in rd {
-        let e = e?;
+    let mut entries: Vec<_> = rd.collect::<std::io::Result<_>>()?;
+    entries.sort_by_key(|e| e.file_name());
+    for e in entries {
         let name = e.file_name().to_string_lossy().into_owned();
-        if (name.starts_with(".tmp-step-") || name.starts_with(".old-step-")) && e.path().is_dir() {
+        if !e.path().is_dir() {
+            continue;
+        }
+        if name.starts_with(".tmp-step-") {
             fs::remove_dir_all(e.path())?;
             removed.push(e.path());
+        } else if let Some(rest) = name.strip_prefix(".old-") {
+            // `.old-step-NNNNNNN-PID`
+            let step_name = rest.rsplit_once('-').map_or(rest, |(s, _)| s);
+            let dest = root.join(step_name);
+            if dest.join(INDEX).is_file() {
+                fs::remove_dir_all(e.path())?;
+                removed.push(e.path());
+            } else {
+                if dest.exists() {
+                    fs::remove_dir_all(&dest)?;
+                }
+                fs::rename(e.path(), &dest).with_context(|| {
+                    format!(
+                        "cannot restore {} to {}",
+                        e.path().display(),
+                        dest.display()
+                    )
+                })?;
+            }
         }
     }
+    sync_dir(root);
     Ok(removed)
 }
 
@@ -487,4 +582,126 @@ pub fn load_tensors(
         out.insert(key, t);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::train::hooks::NoHooks;
+
+    fn index(step: usize) -> Index {
+        let model = ModelIdentity {
+            base: "m".into(),
+            config_sha256: "c".into(),
+            weights_sha256: "w".into(),
+        };
+        let identity = Identity {
+            model,
+            trained_sha256: "t".into(),
+            trained_tensors: 0,
+            objective: OBJECTIVE.into(),
+            batch_size: 1,
+            shuffle: false,
+            seed: 0,
+            speaker_sha256: "s".into(),
+        };
+        Index {
+            format: FORMAT.into(),
+            version: VERSION,
+            world_size: 1,
+            step,
+            epoch: 0,
+            cursor: Cursor {
+                epoch: 0,
+                batch: step,
+                rng_state: 0,
+            },
+            rng: RngInfo {
+                algorithm: "splitmix64".into(),
+                state: 0,
+            },
+            config_digest: identity.digest(),
+            identity,
+            data_sha256: "d".into(),
+            optimizer: OptimizerInfo {
+                name: "adamw".into(),
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                weight_decay: 0.0,
+                step: step as u64,
+            },
+            loss: None,
+            params: BTreeMap::new(),
+        }
+    }
+
+    fn write(root: &Path, step: usize, content: &str, hooks: &dyn TrainHooks) -> Result<PathBuf> {
+        let p = PendingCheckpoint::begin(root, step, "test")?;
+        fs::write(p.dir.join(rank_file(0)), content)?;
+        p.commit(&index(step), 3, hooks)
+    }
+
+    /// Panics (like a crash: no cleanup runs) at one phase.
+    struct CrashAt(CheckpointPhase);
+    impl TrainHooks for CrashAt {
+        fn checkpoint(&self, _step: usize, phase: CheckpointPhase) {
+            if phase == self.0 {
+                panic!("simulated crash at {}", phase.name());
+            }
+        }
+    }
+
+    fn content_of_latest(root: &Path) -> String {
+        let dir = find_latest(root).unwrap().expect("a checkpoint");
+        read_index(&dir).expect("the checkpoint loads");
+        fs::read_to_string(dir.join(rank_file(0))).unwrap()
+    }
+
+    #[test]
+    fn a_crash_at_any_point_of_a_write_leaves_the_last_complete_checkpoint() {
+        for resave in [false, true] {
+            for phase in CheckpointPhase::ALL {
+                let dir = tempfile::tempdir().unwrap();
+                let root = dir.path().join("checkpoints");
+                write(&root, 2, "step 2", &NoHooks).unwrap();
+                if resave {
+                    write(&root, 4, "step 4, first save", &NoHooks).unwrap();
+                }
+                let before = content_of_latest(&root);
+                let crashed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    write(&root, 4, "step 4, new save", &CrashAt(phase))
+                }));
+                let reached = crashed.is_err();
+                // Only a re-save moves an old directory aside.
+                assert_eq!(
+                    reached,
+                    resave || phase != CheckpointPhase::OldMovedAside,
+                    "{phase:?}"
+                );
+                recover(&root).unwrap();
+                let after = content_of_latest(&root);
+                let expected = match phase {
+                    _ if !reached => "step 4, new save",
+                    CheckpointPhase::RankFilesWritten
+                    | CheckpointPhase::IndexWritten
+                    | CheckpointPhase::OldMovedAside => before.as_str(),
+                    // In place but `latest` not yet updated: a fresh step is not committed yet,
+                    // a re-saved one already replaced its directory.
+                    CheckpointPhase::InPlace if !resave => "step 2",
+                    CheckpointPhase::InPlace | CheckpointPhase::LatestWritten => "step 4, new save",
+                };
+                assert_eq!(after, expected, "resave {resave}, crash at {phase:?}");
+                // Nothing temporary is left, and the next save works.
+                let leftovers: Vec<_> = fs::read_dir(&root)
+                    .unwrap()
+                    .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.starts_with('.'))
+                    .collect();
+                assert!(leftovers.is_empty(), "{leftovers:?}");
+                write(&root, 6, "step 6", &NoHooks).unwrap();
+                assert_eq!(content_of_latest(&root), "step 6");
+            }
+        }
+    }
 }

@@ -4,8 +4,8 @@
 //! fixtures README). Codes must match exactly (every nearest-neighbour lookup of the fixture has
 //! a relative gap ≥ 1e-3); audio within 2e-3 (spec §14; the official f32 error is 1.4e-4).
 
+use crate::common::fixtures;
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
 use voiceclone::hub::ModelSource;
@@ -14,10 +14,6 @@ use voiceclone::model::codec::quantizer::SplitRvqEncoder;
 use voiceclone::model::codec::{Codec, Codes};
 use voiceclone::model::files::ModelFiles;
 use voiceclone::model::weights::Weights;
-
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
-}
 
 fn refs() -> &'static HashMap<String, Tensor> {
     static REFS: std::sync::OnceLock<HashMap<String, Tensor>> = std::sync::OnceLock::new();

@@ -1,16 +1,12 @@
 //! `voiceclone embed` end to end: the binary, a temporary workspace, the tiny Base fixture model
 //! and the reference clip in several formats, compared with the official x-vector.
 
-mod common;
+use crate::common::{self, fixtures};
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use candle_core::Device;
 use common::{stderr, stdout, voiceclone};
-
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
-}
 
 fn model() -> String {
     fixtures().join("tiny-0b6").to_string_lossy().into_owned()

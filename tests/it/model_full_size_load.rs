@@ -265,7 +265,7 @@ fn full_size_0b6_checkpoint_loads_within_memory_bound() {
     let out = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "child_load_full_size",
+            "model_full_size_load::child_load_full_size",
             "--include-ignored",
             "--nocapture",
             "--test-threads",

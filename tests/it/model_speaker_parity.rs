@@ -3,17 +3,13 @@
 //! clip that `scripts/make_fixtures.py` committed under `tests/fixtures/` (see its README).
 //! Tolerances: spec §14 (official log-mel f32 error ≈ 2e-4, x-vector ≈ 1e-5).
 
+use crate::common::fixtures;
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
 use voiceclone::hub::ModelSource;
 use voiceclone::model::mel::LogMel;
 use voiceclone::model::speaker::SpeakerEncoder;
-
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
-}
 
 fn refs(name: &str) -> HashMap<String, Tensor> {
     let path = fixtures().join("refs").join(format!("{name}.safetensors"));

@@ -2,9 +2,10 @@
 //! `Qwen3TTSProcessor` (transformers 4.57.3 `Qwen2TokenizerFast`) produced for the cases in
 //! `tests/fixtures/refs/tokenizer_cases.json` (written by `scripts/make_fixtures.py`). The
 //! tokenizer is loaded from the fixture model directories through `ModelSource`, the same path a
-//! hub download takes, and once more from a Hugging Face cache with the hub offline.
+//! hub download takes (`tests/hub_offline.rs` loads it once more from a Hugging Face cache).
 
-use std::path::{Path, PathBuf};
+use crate::common::fixtures;
+use std::path::Path;
 
 use serde::Deserialize;
 use voiceclone::hub::ModelSource;
@@ -21,10 +22,6 @@ struct Case {
     /// present only where it differs from `ids`.
     #[serde(default)]
     ids_mistral_regex_patched: Option<Vec<u32>>,
-}
-
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }
 
 fn cases() -> Vec<Case> {
@@ -231,26 +228,4 @@ fn tokenizer_json_gives_the_same_ids() {
     )
     .unwrap();
     assert_parity(&load(dir.path()), "tokenizer.json");
-}
-
-/// A hub repository id resolves through the Hugging Face cache (offline) to the same tokenizer.
-#[test]
-fn hub_cache_path_gives_the_same_ids() {
-    let home = tempfile::tempdir().unwrap();
-    // hf-hub's cache layout: refs/main names the snapshot holding the files.
-    let repo = home.path().join("hub/models--Qwen--Tiny-TTS-Tokenizer");
-    let commit = "0123456789abcdef0123456789abcdef01234567";
-    let snapshot = repo.join("snapshots").join(commit);
-    std::fs::create_dir_all(&snapshot).unwrap();
-    std::fs::create_dir_all(repo.join("refs")).unwrap();
-    std::fs::write(repo.join("refs/main"), commit).unwrap();
-    for f in ["vocab.json", "merges.txt", "tokenizer_config.json"] {
-        std::fs::copy(fixtures().join("tiny-0b6").join(f), snapshot.join(f)).unwrap();
-    }
-    // Only this test reads these variables (the others load local directories).
-    std::env::set_var("HF_HOME", home.path());
-    std::env::set_var("HF_HUB_OFFLINE", "1");
-    let source = ModelSource::parse("Qwen/Tiny-TTS-Tokenizer").unwrap();
-    assert!(matches!(source, ModelSource::Hub { .. }));
-    assert_parity(&TextTokenizer::from_model(&source).unwrap(), "hub cache");
 }

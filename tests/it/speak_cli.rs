@@ -2,15 +2,11 @@
 //! reproducible, batches give the codes of single runs, the workspace's voice is found,
 //! long texts are split, and bad requests are clear errors that write nothing.
 
-mod common;
+use crate::common::{self, fixtures};
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use common::stderr;
-
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
-}
 
 fn model(name: &str) -> String {
     fixtures().join(name).display().to_string()
@@ -73,6 +69,12 @@ fn seeded_sampling_repeats_and_seeds_differ() {
                 "12",
                 "--save-codes",
                 &format!("{out}.json"),
+                // The fixture's distributions are peaked (logits of magnitude ~100): at the
+                // default 0.9 most draws are the mode whatever the seed, so sample wider.
+                "--temperature",
+                "2",
+                "--sub-temperature",
+                "2",
             ],
         );
         ok(&o);
@@ -84,12 +86,13 @@ fn seeded_sampling_repeats_and_seeds_differ() {
     let (a, ca) = run("7", "a.wav");
     let (b, cb) = run("7", "b.wav");
     let (c, cc) = run("8", "c.wav");
-    assert_eq!(ca.len(), 12);
+    // Sampled, so EOS may come before the frame limit.
+    assert!(!ca.is_empty() && ca.len() <= 12, "{} frames", ca.len());
     assert_eq!(ca, cb, "same seed, same codes");
     assert_eq!(a, b, "same seed, same audio bytes");
     assert_ne!(ca, cc, "another seed samples other codes");
     assert_ne!(a, c);
-    assert_eq!(wav_samples(&ws.path().join("a.wav")).len(), 12 * 1920);
+    assert_eq!(wav_samples(&ws.path().join("a.wav")).len(), ca.len() * 1920);
 }
 
 #[test]

@@ -4,16 +4,14 @@
 //! checkpoint write resume to bit-identical weights, incompatible checkpoints are refused, bad
 //! data is reported by line, and the export has the official CustomVoice layout and loads.
 
-mod train_support;
-
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 
+use crate::train_support::*;
 use candle_core::{DType, Device};
 use serde_json::Value;
-use train_support::*;
 use voiceclone::hub::ModelSource;
 use voiceclone::model::files::ModelFiles;
 use voiceclone::model::ops::Numerics;
@@ -319,6 +317,7 @@ fn masters(ws: &Path, step: usize) -> BTreeMap<String, (String, Vec<usize>, Vec<
 }
 
 #[test]
+#[cfg_attr(not(feature = "test-hooks"), ignore = "needs --features test-hooks")]
 fn stopped_and_killed_runs_resume_bit_identically() {
     let args = ["--max-steps", "8", "--lr", "5e-3", "--warmup-steps", "2"];
     // The uninterrupted reference.
@@ -415,6 +414,52 @@ fn stopped_and_killed_runs_resume_bit_identically() {
     assert!(
         masters(c.path(), 8) == reference,
         "SIGKILL + resume differs from an uninterrupted run"
+    );
+
+    // SIGKILL while step 4 is saved a second time (a crash before `latest` was updated made the
+    // run resume from step 2), in the moment its first copy is moved aside: that copy is put
+    // back, nothing is lost, and the run still ends where an uninterrupted one does.
+    let d = workspace(6);
+    let with_max = |n: &'static str| -> Vec<&str> {
+        let mut v = vec!["--max-steps", n, "--no-export"];
+        v.extend(&every2[2..]);
+        v
+    };
+    assert_eq!(&every2[..2], ["--max-steps", "8"]);
+    let four = with_max("4");
+    ok(&train(d.path(), &four));
+    let first_save = state(d.path(), 4);
+    std::fs::write(d.path().join("checkpoints/latest"), "step-0000002\n").unwrap();
+    let child = spawn_until(
+        d.path(),
+        &every2,
+        ("VOICECLONE_TEST_PAUSE_IN_CHECKPOINT_WRITE", "4:old-aside"),
+        "paused in checkpoint write at step 4 (old-aside)",
+    );
+    signal(&child, libc::SIGKILL);
+    assert!(!child.wait_with_output().unwrap().status.success());
+    let names = || -> Vec<String> {
+        std::fs::read_dir(d.path().join("checkpoints"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect()
+    };
+    assert!(!d.path().join("checkpoints/step-0000004").exists());
+    assert!(
+        names().iter().any(|n| n.starts_with(".old-step-0000004")),
+        "{:?}",
+        names()
+    );
+    ok(&train(d.path(), &with_max("2")));
+    assert!(
+        state(d.path(), 4) == first_save,
+        "the checkpoint moved aside was not restored"
+    );
+    assert!(!names().iter().any(|n| n.starts_with('.')), "{:?}", names());
+    ok(&train(d.path(), &every2));
+    assert!(
+        masters(d.path(), 8) == reference,
+        "a crash while re-saving changed the result"
     );
 }
 
@@ -576,6 +621,7 @@ fn bad_data_is_reported_by_line() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "test-hooks"), ignore = "needs --features test-hooks")]
 fn a_non_finite_loss_stops_without_saving_the_broken_step() {
     let ws = workspace(6);
     let ws = ws.path();

@@ -6,9 +6,7 @@ use std::process::{Command, Output};
 
 use serde_json::{json, Value};
 
-pub fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
-}
+pub use crate::common::fixtures;
 
 pub fn model_dir(name: &str) -> PathBuf {
     fixtures().join(name)
@@ -94,7 +92,7 @@ pub fn make_workspace(dir: &Path, model: &str, rows: &[Value], xvec: &[f32], ext
     std::fs::create_dir_all(dir.join("data")).unwrap();
     let manifest: String = rows.iter().map(|r| format!("{r}\n")).collect();
     std::fs::write(dir.join("data/train.jsonl"), manifest).unwrap();
-    let bytes = voiceclone::commands::embed::serialize_embedding(xvec, None).unwrap();
+    let bytes = voiceclone::artifacts::speaker::to_bytes(xvec, None).unwrap();
     std::fs::write(dir.join("data/speaker.safetensors"), bytes).unwrap();
     let toml = format!(
         "[model]\nbase = {:?}\n{extra_toml}\n",

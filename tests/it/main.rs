@@ -1,0 +1,26 @@
+//! The integration tests, one binary (each test file is a module, so candle and whisper.cpp
+//! are linked once). Tests that need the downloaded assets (`scripts/fetch_test_assets.sh`)
+//! skip with a message when they are absent, unless `VOICECLONE_REQUIRE_ASSETS=1` (set by the
+//! README's test command) makes that a failure. Tests that drive `voiceclone train` through its
+//! test seams need `--features test-hooks` and are ignored without it.
+
+mod audio_decode;
+mod audio_resample;
+mod codec_parity;
+mod codes_cli;
+mod common;
+mod embed_cli;
+mod hub_and_config;
+mod model_full_size_load;
+mod model_gradients;
+mod model_load_errors;
+mod model_speaker_parity;
+mod model_talker_parity;
+mod model_tokenizer_parity;
+mod prep_real_speech;
+mod prep_rerun_and_bad_input;
+mod speak_cli;
+mod speak_parity;
+mod train_cli;
+mod train_parity;
+mod train_support;
