@@ -1,8 +1,27 @@
 //! voiceclone: fine-tune Qwen3-TTS on a folder of recordings and speak with the cloned voice.
 //!
-//! Layout: `audio` (decode, resample, WAV), `prep` (transcription and segmentation),
-//! `hub` (model resolution), `config` and `workspace` (shared by the subcommands), and the
-//! CLI glue in `cli` and `commands`.
+//! The map of the code base, the data flow and where every artifact lives are in
+//! `docs/architecture.md`; the model port in `docs/model.md`, the trainer in `docs/training.md`.
+//!
+//! Modules, one job each:
+//! - [`audio`]: decoding (symphonia), resampling (rubato), 16-bit WAV output, signal measurements.
+//! - [`cli`]: the command-line definitions; flags that mirror config keys become overrides.
+//! - [`codes`]: the `codes` step: adds `audio_codes` to every line of a manifest, resumably.
+//! - [`commands`]: one thin module per subcommand (resolve config, call the library, print);
+//!   the library never imports it.
+//! - [`config`]: the TOML configuration schema and its layering (defaults, workspace file,
+//!   `--config`, flags).
+//! - [`fsutil`]: crash-safe output (temporary name, then rename).
+//! - [`generate`]: speech synthesis: prompt layouts, sampling, the frame loop, text splitting, the
+//!   voice-clone / custom-voice pipelines.
+//! - [`hub`]: model resolution: a local directory or file, or a Hugging Face hub repository.
+//! - [`model`]: the Qwen3-TTS port: config, model files, weights, tokenizer, talker, code
+//!   predictor, speaker encoder, 12 Hz codec, and the CPU kernels they use.
+//! - [`prep`]: the `prep` pipeline: sources, transcription (Whisper), segmentation, the manifest.
+//! - [`progress`]: progress bars and warnings that do not garble each other.
+//! - [`train`]: fine-tuning on one device: data, batches, objective, optimizer, checkpoints,
+//!   export.
+//! - [`workspace`]: the directory shared by the chained subcommands and its paths.
 
 pub mod artifacts;
 pub mod audio;
