@@ -117,7 +117,7 @@ fn main() -> Result<()> {
 }
 
 /// Codes of the same samples must be identical; the decode of the official codes within the
-/// spec's tolerance (2e-3).
+/// tolerance of docs/model.md §14 (2e-3).
 fn check_parity(codec: &Codec, wav: &[f32], dir: &std::path::Path) -> Result<()> {
     let read = |name: &str| {
         std::fs::read(dir.join(name)).with_context(|| format!("{}", dir.join(name).display()))

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Codec speed, Rust vs the official Python package, side by side in one run (DESIGN §6).
+# Codec speed, Rust vs the official Python package, side by side in one run (docs/performance.md §1).
 #
 #   scripts/bench_codec.sh                 # 60 s of real speech, 1 round
 #   ROUNDS=3 SECONDS_OF_AUDIO=90 scripts/bench_codec.sh
 #
-# Both sides load the same full-size random codec (spec §2 shapes, made once by
+# Both sides load the same full-size random codec (docs/model.md §2 shapes, made once by
 # `scripts/bench_codec_official.py --make-full-size`), read the same 24 kHz 16-bit WAV (real
 # speech from .test-assets/speech/bench5, resampled once to 24 kHz with librosa and written to
 # disk, so both get identical samples), loop it to the same length, warm up on 2 s, and time one
@@ -15,7 +15,7 @@
 #
 # First, a parity check at full size on the same speech (PARITY_SECONDS, default 8): the codes of
 # both sides must be identical and the Rust decode of the official codes within 2e-3 of the
-# official decode (spec §14).
+# official decode (docs/model.md §14).
 #
 # Environment: PYTHON (a Python with torch + qwen-tts, default /work/fixtures-venv/bin/python),
 # CODEC_DIR (default .big-fixtures/codec-full), SECONDS_OF_AUDIO (default 60), ROUNDS (default 1),

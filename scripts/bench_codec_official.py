@@ -3,7 +3,7 @@
 
 Two modes (run from the repository root with the fixtures venv, see scripts/make_fixtures.py)::
 
-    # 1. write a randomly initialised codec with the real full-size shapes (spec §2; ~170.6 M
+    # 1. write a randomly initialised codec with the real full-size shapes (docs/model.md §2; ~170.6 M
     #    parameters, f32 model.safetensors ~682 MB) in the official speech_tokenizer/ layout
     /work/fixtures-venv/bin/python scripts/bench_codec_official.py --make-full-size .big-fixtures/codec-full
 
@@ -40,7 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import make_fixtures as mf  # noqa: E402  (config / init / writer helpers shared with the fixtures)
 
-# The shipped speech_tokenizer/config.json values (spec §2), every field of every config class.
+# The shipped speech_tokenizer/config.json values (docs/model.md §2), every field of every config class.
 FULL_CODEC = dict(
     encoder=dict(
         sampling_rate=24000,
@@ -115,7 +115,7 @@ FULL_CODEC = dict(
     encode_downsample_rate=1920,
 )
 FULL_SEED = 1700
-EXPECTED_PARAMS = 170.6e6  # spec §11: encoder 56.2 M + decoder 114.3 M
+EXPECTED_PARAMS = 170.6e6  # docs/model.md §11: encoder 56.2 M + decoder 114.3 M
 
 
 def _err(msg: str) -> None:

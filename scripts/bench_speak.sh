@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Synthesis speed, `voiceclone speak` vs the official Python package, side by side in one run
-# (DESIGN §6, §7).
+# (docs/performance.md §1, §2).
 #
 #   scripts/bench_speak.sh                     # 50 frames, 2 threads, one round
 #   FRAMES=80 ROUNDS=2 scripts/bench_speak.sh
 #
-# Both sides load the same randomly initialised checkpoint with the real 0.6B shapes (spec §2;
+# Both sides load the same randomly initialised checkpoint with the real 0.6B shapes (docs/model.md §2;
 # made once by `scripts/make_fixtures.py --full-size`, ~1.8 GB, ignored by git), clone the same
 # reference clip from its x-vector, speak the same text greedily (so both generate exactly the
 # same number of frames: FRAMES), in the same streaming-text layout with the model's

@@ -20,7 +20,7 @@ What is timed
   `generate_voice_clone(text, language, ref_audio=WAV, x_vector_only_mode=True, do_sample=False,
   subtalker_dosample=False, max_new_tokens=N+1)`, i.e. greedy x-vector cloning with the wrapper's
   defaults otherwise (streaming text, `non_streaming_mode=False`; `repetition_penalty` from
-  `generation_config.json`, 1.05).  `generate(max_new_tokens=N+1)` yields at most N frames (spec §14:
+  `generation_config.json`, 1.05).  `generate(max_new_tokens=N+1)` yields at most N frames (docs/model.md §14:
   the last code-0 pick never gets its sub-codes), so exactly N frames come out unless the talker
   picks EOS earlier (then `stopped_by_eos` is true and `frames` < N).  The call includes, and the
   JSON breaks it down into (each wrapped with a timer, nothing else changed):

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Training benchmark of the official Qwen3-TTS modules (`qwen-tts==0.1.1`, PyTorch) on the corrected
-fine-tuning objective (spec §10.3), the baseline for `voiceclone train`.
+fine-tuning objective (docs/model.md §10.3), the baseline for `voiceclone train`.
 
 The objective, batch layout and x-vector handling are those of `scripts/make_train_refs.py` (imported
 from there): `L = L_talker + 0.3 · L_sub` with `text_projection` applied, a single label shift and the
-hidden that predicted code 0 feeding the code predictor; right-padded batches of spec §10.2.
+hidden that predicted code 0 feeding the code predictor; right-padded batches of docs/model.md §10.2.
 
 Three modes (run from the repository root with the fixtures venv, see scripts/make_fixtures.py)::
 

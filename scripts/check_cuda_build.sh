@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Checks that the GPU build (`--features cuda,nccl`) compiles on a machine without a GPU, following
-# ../shared/cuda-build.md: CUDA 13.0 from PyPI wheels (in $CUDA_PREFIX, default /tmp/cuda13, created
+# docs/architecture.md §9.2: CUDA 13.0 from PyPI wheels (in $CUDA_PREFIX, default /tmp/cuda13, created
 # on first use, ~1.4 GB), a link-time-only libcuda stub, CUDA_COMPUTE_CAP=90 (H100/H200).
 # Extra arguments go to cargo check. A fresh target dir takes ~10-20 min on 2 cores (kernel build).
 #   scripts/check_cuda_build.sh            # cargo check --features cuda,nccl --all-targets

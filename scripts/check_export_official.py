@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Check that the official `qwen-tts==0.1.1` package loads a model directory exported by `voiceclone`
-(CustomVoice layout, spec §10.5) and synthesises with it.
+(CustomVoice layout, docs/model.md §10.5) and synthesises with it.
 
 Usage (from the repository root with the fixtures venv, see scripts/make_fixtures.py)::
 
@@ -26,7 +26,7 @@ What is checked (exit status 1 with a message on the first failure):
   would be silently randomly initialised by transformers), and the file has no tensor the model does not
   use; the model has no speaker encoder.
 * with --xvector FILE (tensor ``speaker_embedding``): the speaker's ``codec_embedding`` row equals that
-  x-vector up to bf16 rounding (what the export must write, spec §10.5).
+  x-vector up to bf16 rounding (what the export must write, docs/model.md §10.5).
 * ``generate_custom_voice(TEXT, speaker=NAME, language=...)`` (default ``non_streaming_mode=True``) runs;
   prints one JSON line: frames, seconds of audio, sample rate, RMS, the speaker row's norm, and writes
   the WAV (16-bit PCM) if --out is given.

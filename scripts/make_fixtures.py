@@ -89,7 +89,7 @@ GGUF_SDIST = "llama-cpp-python==0.3.36"
 GGUF_MEMBER = "vendor/llama.cpp/models/ggml-vocab-qwen2.gguf"
 
 # --------------------------------------------------------------------------------------------
-# Constants of the real checkpoints (spec §2, §3.1)
+# Constants of the real checkpoints (docs/model.md §2, §3.1)
 # --------------------------------------------------------------------------------------------
 
 TEXT_VOCAB_SIZE = 151936
@@ -272,7 +272,7 @@ FULL_0B6_SPEC = dict(
     ),
 )
 
-# Tiny 12 Hz speech tokenizer with the real structure and frame geometry (spec §2, §9): 24 kHz,
+# Tiny 12 Hz speech tokenizer with the real structure and frame geometry (docs/model.md §2, §9): 24 kHz,
 # 1920 samples per frame (encoder SEANet 8*6*5*4 = 960 -> 25 Hz, downsample x2; decoder 2*2 * 8*5*4*3),
 # encoder with all 32 quantizers (1 semantic + 31 acoustic; the wrapper keeps the first 16) x 2048
 # entries, decoder with 16 quantizers x 2048 entries, every layer type of the real codec, tiny widths.
@@ -298,7 +298,7 @@ TINY_CODEC = dict(
         trim_right_ratio=1.0,
         codebook_size=2048,
         codebook_dim=6,  # = vector_quantization_hidden_dimension (both 256 real); 6 keeps 32 codebooks small
-        num_quantizers=32,  # as real: HF Mimi computes all 32, the wrapper keeps 16 (spec §14)
+        num_quantizers=32,  # as real: HF Mimi computes all 32, the wrapper keeps 16 (docs/model.md §14)
         use_conv_shortcut=False,
         vector_quantization_hidden_dimension=6,
         num_semantic_quantizers=1,
@@ -339,7 +339,7 @@ TINY_CODEC = dict(
         num_hidden_layers=2,
         num_quantizers=16,
         num_semantic_quantizers=1,  # unused by the code (as real)
-        semantic_codebook_size=4096,  # unused by the code (as real, spec Q6)
+        semantic_codebook_size=4096,  # unused by the code (as real, docs/model.md §13 Q6)
         vector_quantization_hidden_dimension=4,  # unused by the code
         upsample_rates=[8, 5, 4, 3],
         upsampling_ratios=[2, 2],
@@ -359,7 +359,7 @@ CODEC_DECODER_KWARG_FIELDS = ("codebook_dim", "head_dim")
 
 # Codec references (refs/codec.*): two espeak-ng clips of different lengths (clip1 is not a whole
 # number of 1920-sample frames, clip2 is exactly 40 frames), and a > 300-frame decode crossing the
-# 300-frame chunk boundary (chunk 300, left context 25; spec §9.2).
+# 300-frame chunk boundary (chunk 300, left context 25; docs/model.md §9.2).
 CODEC_SEED = 77
 CODEC_CLIPS = [
     dict(name="clip1", wav="codec-clip1.wav", seconds=1.7, voice="en-gb+f3", speed=165, peak=0.7,
@@ -430,7 +430,7 @@ SPEAK_REPPEN_TEXTS = [
     "The girl at the booth sold fifty bonds.",
     "The small pup gnawed a hole in the sock.",
 ]
-SPEAK_MAX_NEW_TOKENS = 11  # -> at most 10 frames (spec §14); keeps the recorded waveforms small
+SPEAK_MAX_NEW_TOKENS = 11  # -> at most 10 frames (docs/model.md §14); keeps the recorded waveforms small
 SPEAK_CASES = [
     dict(name="xvec_auto", texts=[SPEAK_TEXT], languages=["Auto"], mode="xvec", non_streaming_mode=False,
          repetition_penalty=1.0),
@@ -452,7 +452,7 @@ SPEAK_CASES = [
     dict(name="batch2", texts=[SPEAK_SHORT_TEXT, SPEAK_LONG_TEXT], languages=["English", "Auto"], mode="xvec",
          non_streaming_mode=False, repetition_penalty=1.0),
 ]
-# CustomVoice fixture tests/fixtures/tiny-0b6-custom (spec §10.5): speaker -> (codec id, spk_is_dialect,
+# CustomVoice fixture tests/fixtures/tiny-0b6-custom (docs/model.md §10.5): speaker -> (codec id, spk_is_dialect,
 # clip, sign): talker.model.codec_embedding.weight[id] = sign * x-vector of the clip.  The random
 # speaker encoder gives nearly the same x-vector for every clip (cosine ~0.99), so bob's row is a
 # negated x-vector: a distinct speaker vector that visibly changes the generated codes.
@@ -468,7 +468,7 @@ CUSTOM_CASES = [
     dict(name="alice_auto", texts=[SPEAK_TEXT], languages=["Auto"], speaker="alice", repetition_penalty=1.05),
     dict(name="alice_english", texts=[SPEAK_TEXT], languages=["English"], speaker="alice", repetition_penalty=1.05),
     dict(name="bob_auto", texts=[SPEAK_TEXT], languages=["Auto"], speaker="bob", repetition_penalty=1.05),
-    # dialect rule (spec §6): language auto/chinese + a dialect speaker -> think prefix with the dialect id
+    # dialect rule (docs/model.md §6): language auto/chinese + a dialect speaker -> think prefix with the dialect id
     dict(name="carol_dialect_auto", texts=[SPEAK_TEXT], languages=["Auto"], speaker="carol", repetition_penalty=1.05),
 ]
 # EOS calibration (see `calibrate_eos`): the talker's codec_head row EOS (2150) is replaced by a scaled
@@ -525,7 +525,7 @@ def _log(msg: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# config.json (every field; spec §14: save_pretrained would only write non-defaults)
+# config.json (every field; docs/model.md §14: save_pretrained would only write non-defaults)
 # --------------------------------------------------------------------------------------------
 
 
@@ -1773,7 +1773,7 @@ def _replay_speak_talker(cap: _SpeakCapture, case: dict, eos: int, vocab: int) -
 
 
 def _codec_prefix(tts, language: str, speaker: str | None) -> list[int]:
-    """Spec §6: the think/language codec ids (with the CustomVoice dialect rule)."""
+    """docs/model.md §6: the think/language codec ids (with the CustomVoice dialect rule)."""
     tc = tts.model.config.talker_config
     lang_id = None if language.lower() == "auto" else tc.codec_language_id[language.lower()]
     if language.lower() in ("chinese", "auto") and speaker and tc.spk_is_dialect[speaker.lower()] is not False:
@@ -1786,7 +1786,7 @@ def _codec_prefix(tts, language: str, speaker: str | None) -> list[int]:
 def ref_speak(tts, cases: list[dict]) -> tuple[dict, list[dict], list]:
     """Speak references: every case through the official wrapper; codes, waveforms, prompts and
     trailing texts per row, the ICL reference codes; checks the replayed greedy decisions, the
-    prompt layout (spec §6) and the frame / EOS bookkeeping (spec §7, §14).  Returns (tensors,
+    prompt layout (docs/model.md §6) and the frame / EOS bookkeeping (docs/model.md §7, §14).  Returns (tensors,
     JSON list, per-case replayed rows for `calibrate_eos`)."""
     tcfg = tts.model.config.talker_config
     eos, vocab = tcfg.codec_eos_token_id, tcfg.vocab_size
@@ -1836,7 +1836,7 @@ def ref_speak(tts, cases: list[dict]) -> tuple[dict, list[dict], list]:
             cm_all += cm
             r["cp_margins"] = [min(cm[f * (NUM_CODE_GROUPS - 1):(f + 1) * (NUM_CODE_GROUPS - 1)]) for f in range(frames)]
 
-            # prompt layout (spec §6) and trailing text length
+            # prompt layout (docs/model.md §6) and trailing text length
             prefix = _codec_prefix(tts, case["languages"][b], case["speaker"])
             n_codec = len(prefix) + 1 + 2  # prefix ++ [speaker] ++ [pad, bos]
             lt = int(input_ids[b].numel()) - 8  # text tokens between "<|im_start|>assistant\n" and "<|im_end|>\n<|im_start|>assistant\n"
@@ -2064,7 +2064,7 @@ def custom_speaker_xvectors(tts) -> dict:
 
 
 def make_custom_dir(base_dir: Path, base_cfg: dict, saved: dict, xvecs: dict, copy_shared: bool) -> tuple[Path, dict, dict]:
-    """tests/fixtures/tiny-0b6-custom: what the official SFT writes from tiny-0b6 (spec §10.5):
+    """tests/fixtures/tiny-0b6-custom: what the official SFT writes from tiny-0b6 (docs/model.md §10.5):
     config.json with tts_model_type "custom_voice", talker_config.spk_id / spk_is_dialect (and the
     CustomVoice dialect language ids), bf16 model.safetensors without speaker_encoder.* and with
     talker.model.codec_embedding.weight[spk_id] = the speaker's x-vector; tokenizer vocabulary and

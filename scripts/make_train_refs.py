@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reference values of the corrected fine-tuning objective (spec §10.3) computed with the official modules.
+"""Reference values of the corrected fine-tuning objective (docs/model.md §10.3) computed with the official modules.
 
 What it writes (for each committed fixture model ``tests/fixtures/<model>``, ``<model>`` = ``tiny-0b6``,
 ``tiny-1b7``)::
@@ -21,10 +21,10 @@ How
   official file is not in the wheel; its code is reproduced in ``build_batch`` with the same tensor
   names and values).
 * The corrected objective (``corrected_objective``), i.e. the official ``sft_12hz.py`` forward with its
-  bugs fixed (spec §10.3):
+  bugs fixed (docs/model.md §10.3):
     - ``E = text_projection(text_embedding(text_ids)) * text_mask + codec_embedding(codec_ids) *
       codec_embedding_mask``; ``E[:, 6] += x-vector`` (the codec part of position 6 is masked, so
-      position 6 = ``tts_pad_e + x-vector``, exactly the inference prompt, spec §6);
+      position 6 = ``tts_pad_e + x-vector``, exactly the inference prompt, docs/model.md §6);
       ``E += Σ_{i=1..15} cp.codec_embedding[i-1](codes_i) * codec_mask`` (frame positions);
     - ``talker(inputs_embeds=E[:, :-1], attention_mask=attention_mask[:, :-1])`` (the official
       ``Qwen3TTSTalkerForConditionalGeneration.forward``, prefill path; positions from the mask = 0..n-1),
@@ -39,7 +39,7 @@ How
       ``L_sub`` = mean over all frames of the batch and j = 0..14 of CE(logits_j, c_{j+1});
     - ``L = L_talker + 0.3 * L_sub``; backward; gradients of every ``talker.*`` parameter.
 * Cross-checks (asserted): the embedding prefix equals the prompt the official ``generate`` builds for
-  x-vector-only voice cloning, ``language="Auto"``, ``non_streaming_mode=True`` (layout B, spec §6) up to
+  x-vector-only voice cloning, ``language="Auto"``, ``non_streaming_mode=True`` (layout B, docs/model.md §6) up to
   and including the bos position; the sub-talker logits equal ``forward_sub_talker_finetune``'s.
 * The same objective in float64 (``talker.double()``; RMSNorm and RoPE, which the official code forces to
   float32, patched to run in float64 for that pass only) gives the f32-vs-f64 agreement recorded in the JSON.
@@ -69,10 +69,10 @@ REFS = FIXTURES / "refs"
 REF_WAV = FIXTURES / "audio" / "ref24k.wav"
 MODELS = ["tiny-0b6", "tiny-1b7"]
 
-SUB_LOSS_WEIGHT = 0.3  # spec §10.3 (commit 680d4e9)
+SUB_LOSS_WEIGHT = 0.3  # docs/model.md §10.3 (commit 680d4e9)
 NUM_CODE_GROUPS = 16
 IGNORE_INDEX = -100
-SPEAKER_POS = 6  # position of the x-vector (auto-language prefix, spec §10.2)
+SPEAKER_POS = 6  # position of the x-vector (auto-language prefix, docs/model.md §10.2)
 CODES_SEED = 4242
 
 # The fixture batch: two rows of different text lengths and frame counts; row 0 ends up shorter
@@ -205,7 +205,7 @@ def tokenize_row_text(tts, text: str) -> list[int]:
 
 
 def build_batch(cfg, text_ids: list[list[int]], codes: list) -> dict:
-    """Right-padded batch exactly like the official `collate_fn` (spec §10.2).
+    """Right-padded batch exactly like the official `collate_fn` (docs/model.md §10.2).
 
     text_ids[b]: role + text ids (length L_b = 3 + Lt_b); codes[b]: (T_b, 16) int64 tensor.
     Returns int64 / bool tensors named like the official batch plus `codes` (B, Tmax, 16) and `layout`.
@@ -334,7 +334,7 @@ def _ce(logits, targets, ignore_index=IGNORE_INDEX, reduction="mean"):
 
 
 def corrected_objective(talker, batch: dict, xvec, keep: bool = False) -> dict:
-    """L = L_talker + 0.3 L_sub (spec §10.3, corrected).  Returns the loss tensors (graph attached)."""
+    """L = L_talker + 0.3 L_sub (docs/model.md §10.3, corrected).  Returns the loss tensors (graph attached)."""
     dev = talker.codec_head.weight.device
     b = {k: (v.to(dev) if hasattr(v, "to") else v) for k, v in batch.items()}
     E = embed_inputs(talker, b, xvec.to(dev))
@@ -733,7 +733,7 @@ def ref_model(name: str) -> None:
         attn_implementation=attn_impl,
         torch_threads=1,
         deterministic_algorithms=True,
-        objective="corrected SFT objective, spec §10.3 / DESIGN §5: L = L_talker + 0.3 · L_sub",
+        objective="corrected SFT objective, docs/model.md §10.3 / docs/training.md §2.1: L = L_talker + 0.3 · L_sub",
         sub_loss_weight=SUB_LOSS_WEIGHT,
         reductions=REDUCTIONS,
         xvector=dict(
@@ -773,7 +773,7 @@ def ref_model(name: str) -> None:
         checks=dict(
             prompt_prefix_max_abs_diff=prompt_diffs,
             prompt_prefix_note="E[b, :bos+1] vs the inputs_embeds of the official generate() for x-vector-only cloning, "
-            "language Auto, non_streaming_mode=True (layout B, spec §6)",
+            "language Auto, non_streaming_mode=True (layout B, docs/model.md §6)",
             sub_logits_vs_forward_sub_talker_finetune=d_sub,
             hidden_talker_model_vs_talker_forward=d_h,
         ),

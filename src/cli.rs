@@ -563,7 +563,7 @@ impl TrainArgs {
 
 #[derive(Debug, Args)]
 #[command(
-    after_long_help = "The output is the official layout (spec §10.5): config.json with \
+    after_long_help = "The output is the official layout (docs/model.md §10.5): config.json with \
     tts_model_type \"custom_voice\" and talker_config.spk_id {NAME: 3000}, a bf16 model.safetensors \
     (the base model without speaker_encoder.*, trained tensors replaced, the speaker x-vector in \
     codec_embedding row 3000), and the base model's other files (tokenizer, generation config, \

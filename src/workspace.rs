@@ -1,4 +1,4 @@
-//! The workspace: one directory shared by the chained subcommands (docs/architecture.md §2), and
+//! The workspace: one directory shared by the chained subcommands (docs/architecture.md §1), and
 //! the one place that knows where each artifact lives in it.
 //!
 //! ```text

@@ -1,5 +1,5 @@
 //! The files the pipeline steps exchange, one type and one reader/writer each
-//! (docs/architecture.md §3): manifest rows (`data/train.jsonl`), audio code frames
+//! (docs/architecture.md §4): manifest rows (`data/train.jsonl`), audio code frames
 //! (`audio_codes` in the manifest, `{"codes": …}` files), and the speaker file (an x-vector).
 //! Where each file lives is [`crate::workspace::Workspace`]'s business, not theirs.
 

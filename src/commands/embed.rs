@@ -1,6 +1,6 @@
-//! `voiceclone embed`: the speaker x-vector of the reference clip (spec §7
-//! `create_voice_clone_prompt`, §8) → `data/speaker.safetensors`, tensor `speaker_embedding`,
-//! shape `(enc_dim,)`, f32.
+//! `voiceclone embed`: the speaker x-vector of the reference clip (docs/model.md §7
+//! `create_voice_clone_prompt`, docs/model.md §8) → `data/speaker.safetensors`, tensor
+//! `speaker_embedding`, shape `(enc_dim,)`, f32.
 
 use std::collections::HashMap;
 use std::path::Path;

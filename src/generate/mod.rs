@@ -1,6 +1,6 @@
-//! Speech synthesis with a loaded Qwen3-TTS model: prompt layouts (spec §6), the sampling
-//! rules and frame loop of the official generator (§5.2, §5.4, §7), long-text splitting, and
-//! the voice-clone / custom-voice pipelines that turn frames into 24 kHz audio.
+//! Speech synthesis with a loaded Qwen3-TTS model: prompt layouts (docs/model.md §6), the sampling
+//! rules and frame loop of the official generator (docs/model.md §5.2, §5.4, §7), long-text
+//! splitting, and the voice-clone / custom-voice pipelines that turn frames into 24 kHz audio.
 
 pub mod prompt;
 pub mod sampling;

@@ -1,6 +1,7 @@
-//! The talker's input for one utterance (spec §6, `Qwen3TTSForConditionalGeneration.generate`
-//! and `generate_icl_prompt`): role tokens, the codec tag prefix with the speaker slot, and one
-//! of the four text/codec tails, plus the trailing text fed one vector per generated frame.
+//! The talker's input for one utterance (docs/model.md §6,
+//! `Qwen3TTSForConditionalGeneration.generate` and `generate_icl_prompt`): role tokens, the codec
+//! tag prefix with the speaker slot, and one of the four text/codec tails, plus the trailing text
+//! fed one vector per generated frame.
 
 use anyhow::{bail, ensure, Result};
 use candle_core::{DType, Device, Tensor};
@@ -9,7 +10,7 @@ use crate::model::config::Qwen3TtsConfig;
 use crate::model::talker::Talker;
 use crate::model::text::{AssistantPrompt, RefPrompt};
 
-/// What fills the speaker slot of the codec prefix (spec §6 `S`).
+/// What fills the speaker slot of the codec prefix (docs/model.md §6 `S`).
 #[derive(Debug, Clone)]
 pub enum SpeakerSlot {
     /// A speaker-encoder x-vector `(H,)` entering as a raw vector (Base clone, both modes).
@@ -31,7 +32,7 @@ pub struct IclReference {
 #[derive(Debug, Clone)]
 pub struct PromptSpec {
     pub text: AssistantPrompt,
-    /// `None` = "auto" (the nothink prefix), else the codec language id (spec §6).
+    /// `None` = "auto" (the nothink prefix), else the codec language id (docs/model.md §6).
     pub language_id: Option<u32>,
     pub speaker: SpeakerSlot,
     pub icl: Option<IclReference>,
@@ -42,14 +43,14 @@ pub struct PromptSpec {
 }
 
 /// Prefill embeddings `(L, H)` and trailing text `(K, H)` of one row; frame `k` of the
-/// generation adds `trailing[k]` (or `tts_pad` past the end, spec §5.4).
+/// generation adds `trailing[k]` (or `tts_pad` past the end, docs/model.md §5.4).
 #[derive(Debug, Clone)]
 pub struct TalkerPrompt {
     pub embeds: Tensor,
     pub trailing: Tensor,
 }
 
-/// Which ICL alignment a prompt took (spec §6 tail C, streaming).
+/// Which ICL alignment a prompt took (docs/model.md §6 tail C, streaming).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IclBranch {
     TextLonger,
@@ -81,7 +82,8 @@ impl SpecialEmbeds {
 }
 
 /// The codec language id for a user's language (case-insensitive; "auto" → `None`), with the
-/// dialect rule of spec §6: a dialect speaker under "chinese"/"auto" uses its dialect's id.
+/// dialect rule of docs/model.md §6: a dialect speaker under "chinese"/"auto" uses its dialect's
+/// id.
 pub fn language_id(
     cfg: &Qwen3TtsConfig,
     language: &str,

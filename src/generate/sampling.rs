@@ -1,5 +1,5 @@
-//! Token choice of the official generator (spec §7): transformers' logits processors in their
-//! order — repetition penalty, min-new-tokens, token suppression — then, when sampling,
+//! Token choice of the official generator (docs/model.md §7): transformers' logits processors in
+//! their order — repetition penalty, min-new-tokens, token suppression — then, when sampling,
 //! temperature → top-k → top-p → softmax → one multinomial draw. Rows are processed one at a
 //! time on host memory: the vocabularies are small (3072 / 2048) and this keeps every
 //! decision bit-reproducible across devices.
@@ -49,9 +49,9 @@ impl Sampling {
     }
 }
 
-/// Code-0 processors of the talker (spec §7 steps 1–3, §14): repetition penalty over the ids
-/// generated so far (also when greedy), EOS forbidden before `min_new_tokens`, and the top 1024
-/// ids of the vocabulary (control ids) suppressed except EOS.
+/// Code-0 processors of the talker (docs/model.md §7 steps 1–3, docs/model.md §14): repetition
+/// penalty over the ids generated so far (also when greedy), EOS forbidden before `min_new_tokens`,
+/// and the top 1024 ids of the vocabulary (control ids) suppressed except EOS.
 #[derive(Debug, Clone)]
 pub struct Code0Processors {
     pub repetition_penalty: f64,

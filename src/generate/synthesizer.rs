@@ -1,6 +1,6 @@
 //! Text in, 24 kHz audio out: a loaded model (talker, tokenizer, codec, speaker encoder when
 //! the model has one) and the official `generate_voice_clone` / `generate_custom_voice`
-//! pipelines on top of the prompt builder and the frame loop (spec §6, §7).
+//! pipelines on top of the prompt builder and the frame loop (docs/model.md §6, §7).
 
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::{DType, Device, Tensor};
@@ -61,7 +61,8 @@ pub struct DecodeOptions {
 }
 
 impl DecodeOptions {
-    /// The model's generation defaults (spec §2; `max_new_tokens` N gives N−1 frames, §14).
+    /// The model's generation defaults (docs/model.md §2; `max_new_tokens` N gives N−1 frames,
+    /// docs/model.md §14).
     pub fn from_generation_config(g: &GenerationConfig) -> Self {
         DecodeOptions {
             code0: Sampling {
@@ -306,7 +307,7 @@ impl Synthesizer {
     }
 
     /// Waveform of generated frames; for ICL the reference codes are decoded in front and the
-    /// reference part is cut off exactly as the official wrapper does (spec §7).
+    /// reference part is cut off exactly as the official wrapper does (docs/model.md §7).
     fn decode(&self, frames: &[CodeFrame], icl: Option<&IclReference>) -> Result<Vec<f32>> {
         let Some(icl) = icl else {
             return self.codec.decode(frames);

@@ -1,6 +1,7 @@
-//! The frame loop of spec §7: prefill the prompts, then per step pick code-0, let the code
-//! predictor fill codebooks 1..15 (§5.2), and feed the frame embedding plus the next trailing
-//! text vector back (§5.4) — one talker step per 80 ms frame, with a KV cache.
+//! The frame loop of docs/model.md §7: prefill the prompts, then per step pick code-0, let the code
+//! predictor fill codebooks 1..15 (docs/model.md §5.2), and feed the frame embedding plus the next
+//! trailing text vector back (docs/model.md §5.4) — one talker step per 80 ms frame, with a KV
+//! cache.
 
 use std::collections::BTreeSet;
 
@@ -20,7 +21,7 @@ pub struct LoopOptions {
     /// Codebooks 1..15 (the code predictor).
     pub sub_codes: Sampling,
     pub processors: Code0Processors,
-    /// At most this many frames per row (the official `max_new_tokens` − 1, spec §14).
+    /// At most this many frames per row (the official `max_new_tokens` − 1, docs/model.md §14).
     pub max_frames: usize,
 }
 
@@ -36,8 +37,8 @@ pub struct Generated {
 pub trait StepObserver: FnMut(usize) {}
 impl<F: FnMut(usize)> StepObserver for F {}
 
-/// Generates all rows together (left-padded batch; a row gives the same codes alone, §14).
-/// `rngs[i]` is row i's random stream; `pad` is `tts_pad_embed` `(1, H)`.
+/// Generates all rows together (left-padded batch; a row gives the same codes alone,
+/// docs/model.md §14). `rngs[i]` is row i's random stream; `pad` is `tts_pad_embed` `(1, H)`.
 pub fn generate(
     talker: &Talker,
     prompts: &[TalkerPrompt],

@@ -1,7 +1,7 @@
 //! `x @ w^T` for f32 activations and bf16-stored weights on the CPU.
 //!
-//! Generation is memory-bandwidth bound (DESIGN §7): every frame reads all talker and code
-//! predictor matrices for a handful of input rows. The official checkpoints are bf16, so
+//! Generation is memory-bandwidth bound (docs/performance.md §2): every frame reads all talker and
+//! code predictor matrices for a handful of input rows. The official checkpoints are bf16, so
 //! keeping the matrices in bf16 halves the bytes read per frame without changing a single
 //! weight value; products are accumulated in f32, so results equal the f32 model up to the
 //! summation order. candle's CPU GEMM has no fast bf16 path, hence this kernel: each weight row

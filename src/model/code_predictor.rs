@@ -1,5 +1,5 @@
-//! The code predictor ("sub-talker", spec §5): a 5-layer Qwen3 decoder that turns the talker's
-//! hidden state and code-0 into codebooks 1..15 of a frame.
+//! The code predictor ("sub-talker", docs/model.md §5): a 5-layer Qwen3 decoder that turns the
+//! talker's hidden state and code-0 into codebooks 1..15 of a frame.
 
 use anyhow::bail;
 use candle_core::{DType, Result, Tensor, D};
@@ -98,7 +98,7 @@ impl CodePredictor {
         self.decoder.new_cache(self.num_code_groups)
     }
 
-    /// `small_to_mtp_projection`, applied to every predictor input (spec §5.1).
+    /// `small_to_mtp_projection`, applied to every predictor input (docs/model.md §5.1).
     pub fn project(&self, x: &Tensor) -> Result<Tensor> {
         match &self.projection {
             Some((w, b)) => linear(x, w, Some(b), self.decoder.numerics()),
@@ -107,7 +107,7 @@ impl CodePredictor {
     }
 
     /// `codec_embedding[i-1](codes[..., i])` summed over i = 1..G-1 for codes `(..., G)`:
-    /// the predictor's part of the frame embedding (spec §5.4), talker width.
+    /// the predictor's part of the frame embedding (docs/model.md §5.4), talker width.
     pub fn embed_sub_codes(&self, codes: &Tensor) -> Result<Tensor> {
         let g = codes.dim(D::Minus1)?;
         if g != self.num_code_groups {
@@ -128,12 +128,12 @@ impl CodePredictor {
         Ok(sum)
     }
 
-    /// Teacher-forced logits (the training path, `forward_sub_talker_finetune`, spec §10.3):
-    /// input `[h, talker.codec_embedding(c0), cp_emb[0](c1), …, cp_emb[G-3](c_{G-2})]`
-    /// (`G` positions), projected, through the decoder (causal), and `lm_head[j]` at position
-    /// `j+1`. `hidden` `(N, Ht)` is the talker state that predicted c0, `c0_embed` `(N, Ht)` is
-    /// `talker.codec_embedding(c0)`, `codes` `(N, G)` the frame (its last code is not an
-    /// input). Returns `(N, G-1, vocab)`; row j predicts codebook j+1.
+    /// Teacher-forced logits (the training path, `forward_sub_talker_finetune`,
+    /// docs/model.md §10.3): input `[h, talker.codec_embedding(c0), cp_emb[0](c1), …,
+    /// cp_emb[G-3](c_{G-2})]` (`G` positions), projected, through the decoder (causal), and
+    /// `lm_head[j]` at position `j+1`. `hidden` `(N, Ht)` is the talker state that predicted c0,
+    /// `c0_embed` `(N, Ht)` is `talker.codec_embedding(c0)`, `codes` `(N, G)` the frame (its last
+    /// code is not an input). Returns `(N, G-1, vocab)`; row j predicts codebook j+1.
     pub fn teacher_forced_logits(
         &self,
         hidden: &Tensor,
@@ -188,9 +188,10 @@ impl CodePredictor {
         Ok(logits)
     }
 
-    /// Generates codebooks 1..G-1 of a frame (spec §5.2): prefill `[h, c0_embed]` at positions
-    /// 0, 1 on an emptied `cache`, then one token per step; `lm_head[j]` gives codebook j+1 and
-    /// `pick(j+1, logits_f32)` chooses it. `hidden`, `c0_embed`: `(B, Ht)`. Returns `(B, G-1)` u32.
+    /// Generates codebooks 1..G-1 of a frame (docs/model.md §5.2): prefill `[h, c0_embed]` at
+    /// positions 0, 1 on an emptied `cache`, then one token per step; `lm_head[j]` gives codebook
+    /// j+1 and `pick(j+1, logits_f32)` chooses it. `hidden`, `c0_embed`: `(B, Ht)`. Returns `(B,
+    /// G-1)` u32.
     pub fn generate(
         &self,
         hidden: &Tensor,

@@ -1,6 +1,6 @@
-//! `config.json` of a Qwen3-TTS model directory (spec §2). The class defaults of the official
-//! code differ from the shipped values, so every field the port needs is read from the file;
-//! fields the port does not use are ignored.
+//! `config.json` of a Qwen3-TTS model directory (docs/model.md §2). The class defaults of the
+//! official code differ from the shipped values, so every field the port needs is read from the
+//! file; fields the port does not use are ignored.
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -2,11 +2,11 @@
 //! (local directory or hub repository) and checked before anything heavy is loaded:
 //!
 //! ```text
-//! config.json                       required; parsed (spec §2)
+//! config.json                       required; parsed (docs/model.md §2)
 //! generation_config.json            optional; sampling defaults with the wrapper's fallbacks
 //! tokenizer.json                    optional; else vocab.json + merges.txt + tokenizer_config.json
 //! model.safetensors                 or model.safetensors.index.json + its shards
-//! speech_tokenizer/config.json      the 12 Hz codec (spec §9), resolved only when asked for
+//! speech_tokenizer/config.json      the 12 Hz codec (docs/model.md §9), resolved only when asked for
 //! speech_tokenizer/model.safetensors
 //! ```
 //!
@@ -36,10 +36,10 @@ pub const MERGES: &str = "merges.txt";
 pub const TOKENIZER_CONFIG: &str = "tokenizer_config.json";
 pub const SPEECH_TOKENIZER_CONFIG: &str = "speech_tokenizer/config.json";
 pub const SPEECH_TOKENIZER_WEIGHTS: &str = "speech_tokenizer/model.safetensors";
-/// `model_type` of the 12 Hz speech tokenizer; the 25 Hz one is not supported (spec §0).
+/// `model_type` of the 12 Hz speech tokenizer; the 25 Hz one is not supported (docs/model.md §0).
 const SPEECH_TOKENIZER_TYPE: &str = "qwen3_tts_tokenizer_12hz";
 
-/// Where the text tokenizer of a model comes from (spec §3.1, Q2).
+/// Where the text tokenizer of a model comes from (docs/model.md §3.1, §13 Q2).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TokenizerFiles {
     /// A serialized fast tokenizer; `tokenizer_config.json` adds its added tokens when present
@@ -153,8 +153,9 @@ impl ModelFiles {
     }
 }
 
-/// Token ids index `talker.model.text_embedding` (spec §3.3): a tokenizer from another model
-/// could produce ids past its end, which would only fail (or silently misbehave) mid-synthesis.
+/// Token ids index `talker.model.text_embedding` (docs/model.md §3.3): a tokenizer from another
+/// model could produce ids past its end, which would only fail (or silently misbehave)
+/// mid-synthesis.
 fn check_text_vocab(
     tokenizer: &TextTokenizer,
     config: &Qwen3TtsConfig,

@@ -1,5 +1,6 @@
-//! The Qwen3 decoder block shared by the talker (spec §4.1) and the code predictor (§5.1), its
-//! KV cache, the causal/padding mask and position bookkeeping, and where weights come from.
+//! The Qwen3 decoder block shared by the talker (docs/model.md §4.1) and the code predictor
+//! (docs/model.md §5.1), its KV cache, the causal/padding mask and position bookkeeping, and where
+//! weights come from.
 //!
 //! Blocks are pure functions of (weights, input): weights are plain [`Tensor`]s, so the same code
 //! runs on loaded checkpoint tensors, on gathered FSDP shards, or on `Var`s during training.
@@ -105,8 +106,8 @@ pub struct DecoderConfig {
 }
 
 impl DecoderConfig {
-    /// The talker: its interleaved M-RoPE always sees three identical position rows (spec §4.1),
-    /// which is exactly 1-D RoPE, so only the default rope type is accepted.
+    /// The talker: its interleaved M-RoPE always sees three identical position rows
+    /// (docs/model.md §4.1), which is exactly 1-D RoPE, so only the default rope type is accepted.
     pub fn talker(c: &TalkerConfig) -> anyhow::Result<Self> {
         check_act(&c.hidden_act, "talker_config")?;
         if let Some(scaling) = &c.rope_scaling {
@@ -245,7 +246,8 @@ impl KvCache {
 }
 
 /// Inference state of one decoder stack: per-layer KV caches plus, per batch row, which cached
-/// positions are padding and the next RoPE position (spec §4.1: positions count real tokens).
+/// positions are padding and the next RoPE position (docs/model.md §4.1: positions count real
+/// tokens).
 #[derive(Debug, Clone)]
 pub struct DecoderCache {
     layers: Vec<KvCache>,
@@ -305,10 +307,11 @@ fn mask_rows(mask: &Tensor) -> Result<Vec<Vec<bool>>> {
 }
 
 /// Positions and mask for `s` new tokens of `b` rows, given the `(B, S)` padding mask of the new
-/// tokens (1 = real) and the cache, which is updated (padding, next positions). Spec §4.1/§14:
-/// a row's positions are `cumsum(mask) - 1` continuing from its cached real tokens, padded
-/// positions get position 1. A query may see the causal past except padded keys; a padded query
-/// sees only itself, so rows of pure padding stay finite (zero for zero inputs, as in HF).
+/// tokens (1 = real) and the cache, which is updated (padding, next positions).
+/// docs/model.md §4.1/§14: a row's positions are `cumsum(mask) - 1` continuing from its cached real
+/// tokens, padded positions get position 1. A query may see the causal past except padded keys; a
+/// padded query sees only itself, so rows of pure padding stay finite (zero for zero inputs, as in
+/// HF).
 fn plan_step(
     b: usize,
     s: usize,
@@ -407,8 +410,8 @@ fn plan_step(
 // Decoder layer and stack
 // ---------------------------------------------------------------------------------------------
 
-/// One `Qwen3TTSDecoderLayer` / `Qwen3TTSTalkerDecoderLayer` (spec §4.1): pre-norm attention with
-/// per-head q/k RMSNorm before RoPE, GQA, then a pre-norm SwiGLU MLP. No biases.
+/// One `Qwen3TTSDecoderLayer` / `Qwen3TTSTalkerDecoderLayer` (docs/model.md §4.1): pre-norm
+/// attention with per-head q/k RMSNorm before RoPE, GQA, then a pre-norm SwiGLU MLP. No biases.
 #[derive(Debug, Clone)]
 pub struct DecoderLayer {
     pub input_layernorm: Tensor,
@@ -518,7 +521,7 @@ impl DecoderLayer {
         let rep = nh / nkv;
         let q = q.reshape((b, nkv, rep * s, hd))?;
         let scores = (q.matmul(&k.t()?)? * (1.0 / (hd as f64).sqrt()))?;
-        // Softmax in f32 (spec §12).
+        // Softmax in f32 (docs/model.md §12).
         let scores = scores.to_dtype(DType::F32)?.reshape((b, nh, s, t))?;
         let scores = match &step.bias {
             Some(bias) => scores.broadcast_add(bias)?,
@@ -634,8 +637,9 @@ impl Decoder {
         self.run(inputs_embeds, attention_mask, cache, None)
     }
 
-    /// Like [`Self::forward`], also returning HF's `output_hidden_states` tuple (spec §14):
-    /// the inputs, the outputs of layers `0..L-1` (all but the last), and the final-norm output.
+    /// Like [`Self::forward`], also returning HF's `output_hidden_states` tuple
+    /// (docs/model.md §14): the inputs, the outputs of layers `0..L-1` (all but the last), and the
+    /// final-norm output.
     pub fn forward_hidden_states(
         &self,
         inputs_embeds: &Tensor,

@@ -1,5 +1,5 @@
-//! The log-mel front end of the speaker encoder (spec §8.1, `mel_spectrogram` in the official
-//! `modeling_qwen3_tts.py`, itself the BigVGAN/HiFi-GAN recipe):
+//! The log-mel front end of the speaker encoder (docs/model.md §8.1, `mel_spectrogram` in the
+//! official `modeling_qwen3_tts.py`, itself the BigVGAN/HiFi-GAN recipe):
 //!
 //! ```text
 //! y    = reflect_pad(wav, (n_fft - hop) / 2 each side)
@@ -10,7 +10,7 @@
 //!
 //! Everything is computed in f64 (our own radix-2 FFT) and rounded to f32 at the end, so the
 //! result is closer to the exact value than the official f32 pipeline (whose own f32 error is
-//! about 2e-4 abs, spec §14). The filterbank reproduces librosa bit for bit, including its
+//! about 2e-4 abs, docs/model.md §14). The filterbank reproduces librosa bit for bit, including its
 //! rounding of the weights to f32.
 
 use anyhow::{bail, ensure, Result};
@@ -31,7 +31,7 @@ pub struct MelConfig {
 }
 
 impl MelConfig {
-    /// The features `extract_speaker_embedding` feeds the speaker encoder (spec §8.1).
+    /// The features `extract_speaker_embedding` feeds the speaker encoder (docs/model.md §8.1).
     pub fn speaker_encoder() -> Self {
         MelConfig {
             sample_rate: 24_000,
@@ -169,7 +169,7 @@ impl LogMel {
         })
     }
 
-    /// The extractor `extract_speaker_embedding` uses (spec §8.1).
+    /// The extractor `extract_speaker_embedding` uses (docs/model.md §8.1).
     pub fn speaker_encoder() -> Self {
         Self::new(MelConfig::speaker_encoder()).expect("the built-in mel configuration is valid")
     }

@@ -1,4 +1,4 @@
-//! The Qwen3-TTS port (spec: ../shared/spec/qwen3-tts.md). Model code knows nothing of the CLI,
+//! The Qwen3-TTS port (described in docs/model.md). Model code knows nothing of the CLI,
 //! the workspace or files beyond the model directory it is given.
 
 pub mod bf16_matmul;

@@ -83,8 +83,8 @@ pub fn embedding(table: &Tensor, ids: &Tensor) -> Result<Tensor> {
     table.index_select(&ids.flatten_all()?, 0)?.reshape(shape)
 }
 
-/// `Qwen3TTSRMSNorm` (spec §4.1): `x * rsqrt(mean(x²) + eps)` computed in f32, cast back to the
-/// input dtype, then multiplied by `weight` (over the last dimension).
+/// `Qwen3TTSRMSNorm` (docs/model.md §4.1): `x * rsqrt(mean(x²) + eps)` computed in f32, cast back
+/// to the input dtype, then multiplied by `weight` (over the last dimension).
 pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64, numerics: Numerics) -> Result<Tensor> {
     match numerics {
         // The fused kernel also accumulates in f32 but multiplies by the weight before the cast
@@ -104,8 +104,8 @@ pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64, numerics: Numerics) -> Re
     }
 }
 
-/// Softmax over the last dimension (callers pass f32 scores, spec §12). `-inf` entries give exact
-/// zeros; every row must have at least one finite entry.
+/// Softmax over the last dimension (callers pass f32 scores, docs/model.md §12). `-inf` entries
+/// give exact zeros; every row must have at least one finite entry.
 pub fn softmax_last_dim(x: &Tensor, numerics: Numerics) -> Result<Tensor> {
     match numerics {
         Numerics::Fused => candle_nn::ops::softmax_last_dim(&x.contiguous()?),
@@ -118,8 +118,8 @@ pub fn softmax_last_dim(x: &Tensor, numerics: Numerics) -> Result<Tensor> {
     }
 }
 
-/// 1-D rotary position embedding, NeoX `rotate_half` layout (spec §4.1, §12): channel `i` and
-/// `i + head_dim/2` rotate together with frequency `inv_freq[i] = theta^(-2i/head_dim)`.
+/// 1-D rotary position embedding, NeoX `rotate_half` layout (docs/model.md §4.1, §12): channel `i`
+/// and `i + head_dim/2` rotate together with frequency `inv_freq[i] = theta^(-2i/head_dim)`.
 #[derive(Debug, Clone)]
 pub struct Rope {
     /// `(1, 1, head_dim/2)` f32.

@@ -1,7 +1,7 @@
 //! The speaker encoder of the Base checkpoints: an ECAPA-TDNN variant without BatchNorm that
 //! turns the log-mel of a 24 kHz reference clip into the x-vector the talker takes as a single
-//! codec-stream embedding (spec §8.2, `Qwen3TTSSpeakerEncoder` in `modeling_qwen3_tts.py`;
-//! tensor names §8.3, prefix `speaker_encoder.`).
+//! codec-stream embedding (docs/model.md §8.2, `Qwen3TTSSpeakerEncoder` in `modeling_qwen3_tts.py`;
+//! tensor names docs/model.md §8.3, prefix `speaker_encoder.`).
 //!
 //! ```text
 //! x (B, mel, T) ─ TDNN k5 ─ SE-Res2Net(d2) ─ SE-Res2Net(d3) ─ SE-Res2Net(d4)

@@ -1,5 +1,6 @@
-//! The talker (spec §3.3, §4): text embedding + projection, codec embedding, a 28-layer Qwen3
-//! decoder over `inputs_embeds`, `codec_head` for code-0, and the code predictor (§5) it owns.
+//! The talker (docs/model.md §3.3, §4): text embedding + projection, codec embedding, a 28-layer
+//! Qwen3 decoder over `inputs_embeds`, `codec_head` for code-0, and the code predictor
+//! (docs/model.md §5) it owns.
 
 use candle_core::{Result, Tensor, D};
 
@@ -12,7 +13,7 @@ use super::weights::Weights;
 /// Checkpoint prefix of the talker.
 pub const PREFIX: &str = "talker";
 
-/// `Qwen3TTSTalkerResizeMLP` with biases: `fc2(silu(fc1(x)))` (spec §3.3).
+/// `Qwen3TTSTalkerResizeMLP` with biases: `fc2(silu(fc1(x)))` (docs/model.md §3.3).
 #[derive(Debug, Clone)]
 pub struct TextProjection {
     pub fc1_weight: Tensor,
@@ -97,7 +98,8 @@ impl Talker {
         self.decoder.numerics()
     }
 
-    /// `text_projection(text_embedding(ids))` (spec §3.3): `ids` of any shape -> `(..., hidden)`.
+    /// `text_projection(text_embedding(ids))` (docs/model.md §3.3): `ids` of any shape -> `(...,
+    /// hidden)`.
     pub fn text_embed(&self, ids: &Tensor) -> Result<Tensor> {
         // The table may be stored narrower than the activations (f16 inference weights).
         let rows = embedding(&self.text_embedding, ids)?;
@@ -110,7 +112,7 @@ impl Talker {
         embedding(&self.codec_embedding, ids)
     }
 
-    /// Embedding of whole frames `(..., 16)` (spec §5.4): `codec_embedding(c0) +
+    /// Embedding of whole frames `(..., 16)` (docs/model.md §5.4): `codec_embedding(c0) +
     /// Σ_{i=1..15} code_predictor.codec_embedding[i-1](c_i)`.
     pub fn frame_embed(&self, codes: &Tensor) -> Result<Tensor> {
         let last = codes.rank().saturating_sub(1);
@@ -125,7 +127,7 @@ impl Talker {
 
     /// Final-norm hidden states `(B, S, H)` for `inputs_embeds` `(B, S, H)`. `attention_mask`
     /// `(B, S)` (1 = real, 0 = left padding) covers the new tokens only; the cache remembers
-    /// earlier padding and each row's next position (spec §4.1, §14).
+    /// earlier padding and each row's next position (docs/model.md §4.1, §14).
     pub fn forward(
         &self,
         inputs_embeds: &Tensor,
@@ -141,7 +143,7 @@ impl Talker {
     }
 
     /// Teacher-forced code-predictor logits `(N, 15, 2048)` for frames `codes` `(N, 16)` given the
-    /// talker hidden states `(N, H)` that predicted their code-0 (spec §5, §10.3).
+    /// talker hidden states `(N, H)` that predicted their code-0 (docs/model.md §5, §10.3).
     pub fn sub_code_logits(&self, hidden: &Tensor, codes: &Tensor) -> Result<Tensor> {
         let c0 = codes.narrow(D::Minus1, 0, 1)?.squeeze(D::Minus1)?;
         self.code_predictor
@@ -159,7 +161,7 @@ impl Talker {
     }
 
     /// Generates codebooks 1..15 for code-0 ids `c0` `(B,)` and the hidden states `(B, H)` that
-    /// produced them (spec §5.2); returns `(B, 15)` u32. `cache` comes from
+    /// produced them (docs/model.md §5.2); returns `(B, 15)` u32. `cache` comes from
     /// `code_predictor.new_cache()` and is reset here.
     pub fn predict_sub_codes(
         &self,

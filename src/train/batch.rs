@@ -1,5 +1,5 @@
-//! The training batch layout of the official `collate_fn` (spec §10.2, `lag_num = -1`): per
-//! sample a sequence of `8 + L + T` positions (L = 3 role + Lt text tokens, T frames), right
+//! The training batch layout of the official `collate_fn` (docs/model.md §10.2, `lag_num = -1`):
+//! per sample a sequence of `8 + L + T` positions (L = 3 role + Lt text tokens, T frames), right
 //! padded to the longest sample of the batch.
 //!
 //! ```text
@@ -25,7 +25,7 @@ use crate::model::config::Qwen3TtsConfig;
 
 /// Label value of positions without a target (PyTorch's `ignore_index`).
 pub const IGNORE: i64 = -100;
-/// Position of the speaker x-vector (spec §10.2).
+/// Position of the speaker x-vector (docs/model.md §10.2).
 pub const SPEAKER_POS: usize = 6;
 
 /// The special ids the layout uses, from `config.json`.
@@ -140,7 +140,7 @@ impl Batch {
             let v: Vec<f32> = m.iter().map(|&x| x as f32).collect();
             Tensor::from_vec(v, (b, n, 1), device)
         };
-        // Hidden state p predicts the label of input p + 1 (a single shift, spec §10.3).
+        // Hidden state p predicts the label of input p + 1 (a single shift, docs/model.md §10.3).
         let mut label_rows = Vec::new();
         let mut labels = Vec::new();
         let mut frame_rows = Vec::new();

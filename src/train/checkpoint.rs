@@ -1,4 +1,4 @@
-//! Training checkpoints (DESIGN §5):
+//! Training checkpoints (docs/training.md §7):
 //!
 //! ```text
 //! checkpoints/
@@ -35,7 +35,9 @@ pub const LATEST: &str = "latest";
 pub const INDEX: &str = "index.json";
 pub const FORMAT: &str = "voiceclone-train-checkpoint";
 pub const VERSION: u32 = 1;
-/// Version of the batch layout + objective; part of the identity of a run.
+/// Version of the batch layout (docs/model.md §10.2) and objective (docs/model.md §10.3); part
+/// of the identity of a run, stored in every checkpoint: the string itself must not change.
+/// doc-refs: allow-next-line
 pub const OBJECTIVE: &str = "qwen3-tts-12hz sft layout §10.2 + corrected objective §10.3, v1";
 
 /// The copy of the speaker file kept in every checkpoint (what the export uses).

@@ -1,6 +1,6 @@
-//! The training manifest (`data/train.jsonl`, spec §10.1) as training samples: every line's
-//! transcript tokenized the way the official `TTSDataset` does it and its `audio_codes` checked.
-//! Bad lines are errors that name the file and the line.
+//! The training manifest (`data/train.jsonl`, docs/model.md §10.1) as training samples: every
+//! line's transcript tokenized the way the official `TTSDataset` does it and its `audio_codes`
+//! checked. Bad lines are errors that name the file and the line.
 
 use std::path::{Path, PathBuf};
 
@@ -12,7 +12,7 @@ use crate::artifacts::manifest::{AudioCodes, Manifest, ManifestRow};
 use crate::artifacts::CodeFrame;
 use crate::model::text::TextTokenizer;
 
-/// One utterance, ready for the batch layout (spec §10.2).
+/// One utterance, ready for the batch layout (docs/model.md §10.2).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Sample {
     /// 1-based line number in the manifest.
@@ -33,7 +33,7 @@ impl Sample {
         self.codes.len()
     }
 
-    /// Sequence length of the sample in the batch layout, `8 + L + T` (spec §10.2).
+    /// Sequence length of the sample in the batch layout, `8 + L + T` (docs/model.md §10.2).
     pub fn seq_len(&self) -> usize {
         8 + self.text_ids.len() + self.codes.len()
     }
@@ -152,7 +152,7 @@ fn parse_row(
     let prompt = tokenizer
         .assistant_prompt(transcript)
         .map_err(|e| format!("cannot tokenize the transcript: {e:#}"))?;
-    // `[:, :-5]` of the assistant prompt: role (3 ids) + text ids (spec §10.1).
+    // `[:, :-5]` of the assistant prompt: role (3 ids) + text ids (docs/model.md §10.1).
     let text_ids = prompt.ids[..prompt.ids.len() - 5].to_vec();
     Ok(Sample {
         line,

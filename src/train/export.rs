@@ -1,6 +1,6 @@
-//! Export of a training checkpoint as a model directory in the official layout (spec §10.5),
-//! loadable by the official `qwen-tts` package (`generate_custom_voice(text, speaker=NAME)`) and
-//! by `voiceclone speak --speaker NAME`:
+//! Export of a training checkpoint as a model directory in the official layout
+//! (docs/model.md §10.5), loadable by the official `qwen-tts` package (`generate_custom_voice(text,
+//! speaker=NAME)`) and by `voiceclone speak --speaker NAME`:
 //!
 //! ```text
 //! config.json              the base config with tts_model_type "custom_voice",
@@ -31,7 +31,7 @@ use crate::model::files::{self as mf, ModelFiles};
 
 /// Marker file of an exported directory.
 pub const MARKER: &str = "voiceclone-export.json";
-/// Codec-embedding row that holds the fine-tuned speaker (spec §10.5).
+/// Codec-embedding row that holds the fine-tuned speaker (docs/model.md §10.5).
 pub const SPEAKER_ROW: usize = 3000;
 const CODEC_EMBEDDING: &str = "talker.model.codec_embedding.weight";
 /// Files of a hub model copied next to the weights (the official recipe copies the whole

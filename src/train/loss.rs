@@ -1,6 +1,7 @@
-//! The corrected fine-tuning objective (spec §10.3 "Correct objective", DESIGN §5):
-//! `text_projection` applied to the text channel, a single label shift for code-0, and the code
-//! predictor fed the hidden state that *predicted* code-0 of each frame, as at inference.
+//! The corrected fine-tuning objective (docs/model.md §10.3 "Correct objective",
+//! docs/training.md §2.1): `text_projection` applied to the text channel, a single label shift for
+//! code-0, and the code predictor fed the hidden state that *predicted* code-0 of each frame, as at
+//! inference.
 //!
 //! `L_talker` = mean cross-entropy of `codec_head(H[p])` against the code-0 label of input p+1,
 //! over every labelled position of the batch (the frames and EOS of each sample);
@@ -36,7 +37,7 @@ pub struct TextRows<'a> {
     pub ids: &'a Tensor,
 }
 
-/// The talker input `E` `(B, N, H)` in the talker's dtype (spec §10.2, §10.3):
+/// The talker input `E` `(B, N, H)` in the talker's dtype (docs/model.md §10.2, §10.3):
 /// `text_embed(text ids)·text_mask + codec_embedding(codec ids)·codec_embedding_mask
 /// + x-vector at position 6 + Σ_{i=1..15} cp.codec_embedding[i-1](code_i)·codec_mask`.
 /// `speaker` `(H,)` is data (detached).

@@ -1,6 +1,7 @@
-//! Fine-tuning (DESIGN §5, spec §10): the corrected SFT objective on the official batch layout,
-//! AdamW over fp32 masters, gradient accumulation and clipping, warm-up + cosine schedule,
-//! exactly resumable checkpoints, metrics, and the export to the official model layout.
+//! Fine-tuning (docs/training.md §1, docs/model.md §10): the corrected SFT objective on the
+//! official batch layout, AdamW over fp32 masters, gradient accumulation and clipping, warm-up +
+//! cosine schedule, exactly resumable checkpoints, metrics, and the export to the official model
+//! layout.
 //!
 //! Modules, one job each: [`data`] (manifest → samples), [`sampler`] (epoch order, cursor),
 //! [`batch`] (layout), [`loss`] (objective), [`params`] and [`units`] (trained set),
@@ -52,7 +53,7 @@ use crate::progress::Progress;
 /// The text embedding table, whose gradient the CPU trainer keeps row-sparse.
 pub const TEXT_EMBEDDING: &str = "talker.model.text_embedding.weight";
 
-/// How a trainer computes; chosen once when it is built (docs/training.md §3).
+/// How a trainer computes; chosen once when it is built (docs/training.md §5.5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
     /// CPU, f32: the kernels with hand-written backward passes, the trained `Var`s are their

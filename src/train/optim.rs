@@ -1,4 +1,4 @@
-//! The optimizer step of DESIGN §5: AdamW over fp32 masters with fp32 moments (PyTorch's
+//! The optimizer step of docs/training.md §6: AdamW over fp32 masters with fp32 moments (PyTorch's
 //! decoupled form with bias correction), global-norm gradient clipping, and the learning-rate
 //! schedule (linear warm-up, then cosine decay).
 

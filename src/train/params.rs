@@ -6,7 +6,7 @@
 //! Masters ([`Masters`]): with the CPU kernels the compute dtype is f32 and the `Var` *is* the
 //! master, updated in place. Otherwise (the autograd backend, and CUDA's mixed precision) the
 //! `Var`s are copies in the compute dtype (bf16 on CUDA) of separate fp32 masters; the
-//! optimizer updates the masters and refreshes the `Var`s (docs/training.md §3).
+//! optimizer updates the masters and refreshes the `Var`s (docs/training.md §5.2).
 
 use std::collections::BTreeMap;
 
@@ -18,7 +18,7 @@ use crate::model::layers::{trainable_or_frozen, TensorSource};
 use crate::model::weights::Weights;
 
 /// Tensors of the checkpoint that are ever trainable: the talker (and its code predictor).
-/// The speaker encoder is never trained (its output is detached data, spec §10.4).
+/// The speaker encoder is never trained (its output is detached data, docs/model.md §10.4).
 pub const TRAINABLE_PREFIX: &str = "talker.";
 
 /// A `*`/`?` glob over tensor names (`*` matches any run of characters, dots included).

@@ -1,10 +1,10 @@
-//! The talker's parameters grouped into the units of DESIGN §5, in forward order: the
+//! The talker's parameters grouped into the units of docs/training.md §5.1, in forward order: the
 //! embedding group, each decoder layer, the head group, the code predictor. A unit is what a
 //! sharded (FSDP) step gathers, runs and frees at once; the single-device trainer uses the
 //! grouping to order parameters and to describe them in checkpoints.
 //!
 //! Note for sharding: the code predictor's 15 `codec_embedding` tables also feed the talker
-//! input (the frame embedding of spec §5.4), so the embedding stage needs them as well.
+//! input (the frame embedding of docs/model.md §5.4), so the embedding stage needs them as well.
 
 use std::fmt;
 

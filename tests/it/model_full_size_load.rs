@@ -1,6 +1,6 @@
-//! Loading a checkpoint with the real 0.6B shapes (spec §2, §4.3, §5.3): it must load through
-//! the normal path, and peak memory must stay within 1.3x the f32 size of the loaded weights
-//! (bf16 on disk is converted tensor by tensor and the mapped pages are released as we go).
+//! Loading a checkpoint with the real 0.6B shapes (docs/model.md §2, §4.3, §5.3): it must load
+//! through the normal path, and peak memory must stay within 1.3x the f32 size of the loaded
+//! weights (bf16 on disk is converted tensor by tensor and the mapped pages are released as we go).
 //!
 //! The checkpoint is `.big-fixtures/qwen3-tts-0.6b-random/` when `scripts/make_fixtures.py
 //! --full-size` made one; otherwise this test writes an equivalent random bf16 checkpoint into a
@@ -131,7 +131,7 @@ fn talker_shapes(cfg: &Qwen3TtsConfig) -> Vec<(String, Vec<usize>)> {
     out
 }
 
-/// The real 0.6B config (spec §2), written over the tiny fixture's complete config.json.
+/// The real 0.6B config (docs/model.md §2), written over the tiny fixture's complete config.json.
 fn full_size_config() -> serde_json::Value {
     let text = std::fs::read_to_string(manifest_dir().join("tests/fixtures/tiny-0b6/config.json"))
         .unwrap();

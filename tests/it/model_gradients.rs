@@ -1,6 +1,7 @@
-//! Gradients reach every parameter the fine-tuning recipe trains (spec §10.4 plus
-//! `text_projection`, DESIGN §5) through text embedding, talker and code predictor in the
-//! differentiable numerics mode; the fused mode is shown to stop them (the candle 0.11 pitfall).
+//! Gradients reach every parameter the fine-tuning recipe trains (docs/model.md §10.4 plus
+//! `text_projection`, docs/training.md §2.2) through text embedding, talker and code predictor in
+//! the differentiable numerics mode; the fused mode is shown to stop them (the candle 0.11
+//! pitfall).
 
 use std::path::Path;
 
@@ -40,8 +41,8 @@ fn ids(v: &[u32]) -> Tensor {
     Tensor::new(v, &Device::Cpu).unwrap()
 }
 
-/// The corrected SFT loss of spec §10.3 on one sample in the §10.2 layout (x-vector-only,
-/// auto language, non-streaming): `L = CE(code-0) + 0.3 CE(sub-codes)`.
+/// The corrected SFT loss of docs/model.md §10.3 on one sample in the docs/model.md §10.2 layout
+/// (x-vector-only, auto language, non-streaming): `L = CE(code-0) + 0.3 CE(sub-codes)`.
 fn sft_loss(talker: &Talker, s: &Setup) -> Tensor {
     let t = &s.cfg.talker_config;
     let (pad, bos, eos) = (

@@ -73,7 +73,7 @@ fn intact_fixtures_resolve_and_load() {
         let dir = copy_fixture(name);
         let files = ModelFiles::resolve(&source(dir.path())).unwrap();
         assert_eq!(files.config.tts_model_type, "base");
-        // The fixture's generation_config.json has the shipped values (spec §2).
+        // The fixture's generation_config.json has the shipped values (docs/model.md §2).
         assert_eq!(files.generation.max_new_tokens, 8192);
         assert_eq!(files.generation.top_k, 50);
         assert_eq!(

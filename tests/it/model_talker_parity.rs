@@ -17,7 +17,7 @@ use voiceclone::model::weights::Weights;
 const MODELS: [&str; 2] = ["tiny-0b6", "tiny-1b7"];
 const MODES: [Numerics; 3] = [Numerics::Fused, Numerics::Autograd, Numerics::CpuKernels];
 
-/// Spec §14: f32 logits of the official ops are within ~1.6e-5 of f64; allow ~100x.
+/// docs/model.md §14: f32 logits of the official ops are within ~1.6e-5 of f64; allow ~100x.
 const LOGITS_TOL: f32 = 2e-3;
 const HIDDEN_TOL: f32 = 5e-4;
 const EMBED_TOL: f32 = 1e-5;
@@ -117,7 +117,8 @@ fn talker_prefill_matches_reference() {
                     .forward_hidden_states(embeds, Some(mask), None)
                     .unwrap();
                 let tag = format!("{name} {mode:?} {case}");
-                // HF's output_hidden_states: inputs, layer outputs but the last, final norm (§14).
+                // HF's output_hidden_states: inputs, layer outputs but the last, final norm
+                // (docs/model.md §14).
                 let ref_states = f.r(&format!("{p}.hidden_states"));
                 assert_eq!(states.len(), ref_states.dim(0).unwrap());
                 for (i, s) in states.iter().enumerate() {
@@ -149,8 +150,9 @@ fn talker_prefill_matches_reference() {
     }
 }
 
-/// Rebuilds the recorded prompts (x-vector-only voice clone, streaming text, spec §6 tail A)
-/// from the token ids with `text_embed` / `codec_embed`: checks the text path (§3.3).
+/// Rebuilds the recorded prompts (x-vector-only voice clone, streaming text, docs/model.md §6 tail
+/// A) from the token ids with `text_embed` / `codec_embed`: checks the text path
+/// (docs/model.md §3.3).
 #[test]
 fn prompt_embeddings_from_ids_match_reference() {
     for name in MODELS {
@@ -264,7 +266,7 @@ fn prompt_embeddings_from_ids_match_reference() {
     }
 }
 
-/// Code-0 pick of the official loop (spec §7): repetition penalty over generated ids,
+/// Code-0 pick of the official loop (docs/model.md §7): repetition penalty over generated ids,
 /// min_new_tokens = 2, suppression of the control ids except EOS; greedy.
 fn pick_code0(logits: &[f32], history: &[u32], step: usize, eos: usize) -> u32 {
     let mut s = logits.to_vec();
@@ -467,7 +469,7 @@ fn code_predictor_matches_reference() {
     }
 }
 
-/// The frame embedding (§5.4) on the recorded frames equals the explicit 16-way sum.
+/// The frame embedding (docs/model.md §5.4) on the recorded frames equals the explicit 16-way sum.
 #[test]
 fn frame_embedding_is_the_sixteen_way_sum() {
     let f = Fixture::load("tiny-1b7", Numerics::Fused);

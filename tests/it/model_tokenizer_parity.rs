@@ -1,4 +1,4 @@
-//! Text tokenizer parity (spec §3): our ids must equal, exactly, the ids the official
+//! Text tokenizer parity (docs/model.md §3): our ids must equal, exactly, the ids the official
 //! `Qwen3TTSProcessor` (transformers 4.57.3 `Qwen2TokenizerFast`) produced for the cases in
 //! `tests/fixtures/refs/tokenizer_cases.json` (written by `scripts/make_fixtures.py`). The
 //! tokenizer is loaded from the fixture model directories through `ModelSource`, the same path a
@@ -18,8 +18,8 @@ struct Case {
     name: String,
     text: String,
     ids: Vec<u32>,
-    /// What a local-dir load gives when transformers patches in the Mistral regex (spec Q5);
-    /// present only where it differs from `ids`.
+    /// What a local-dir load gives when transformers patches in the Mistral regex
+    /// (docs/model.md §13 Q5); present only where it differs from `ids`.
     #[serde(default)]
     ids_mistral_regex_patched: Option<Vec<u32>>,
 }
@@ -79,8 +79,9 @@ fn ids_match_the_official_processor() {
     }
 }
 
-/// Decision (spec Q5): we reproduce the standard Qwen2 regex, not the Mistral-patched one. The
-/// fixture records cases where the two differ; matching `ids` there is the discriminating check.
+/// Decision (docs/model.md §13 Q5): we reproduce the standard Qwen2 regex, not the Mistral-patched
+/// one. The fixture records cases where the two differ; matching `ids` there is the discriminating
+/// check.
 #[test]
 fn standard_qwen2_regex_not_the_mistral_patch() {
     let tok = load(&fixtures().join("tiny-0b6"));
@@ -100,7 +101,7 @@ fn standard_qwen2_regex_not_the_mistral_patch() {
 }
 
 /// The prompt builders produce the official strings, and the id slices are `ids[:3]`,
-/// `ids[3:-5]` (target) and `ids[3:-2]` (reference), spec §3.2.
+/// `ids[3:-5]` (target) and `ids[3:-2]` (reference), docs/model.md §3.2.
 #[test]
 fn prompt_builders_and_slices() {
     let tok = load(&fixtures().join("tiny-0b6"));

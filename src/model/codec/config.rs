@@ -1,5 +1,5 @@
-//! `speech_tokenizer/config.json` of the 12 Hz codec (spec §2, §9). Missing fields take the
-//! defaults of the official config classes (`MimiConfig` for the encoder,
+//! `speech_tokenizer/config.json` of the 12 Hz codec (docs/model.md §2, §9). Missing fields take
+//! the defaults of the official config classes (`MimiConfig` for the encoder,
 //! `Qwen3TTSTokenizerV2DecoderConfig` for the decoder), exactly as the official loader fills
 //! them in; the shipped file has every field the port reads.
 
@@ -416,7 +416,7 @@ mod tests {
     use super::*;
 
     fn shipped() -> serde_json::Value {
-        // spec §2 values
+        // docs/model.md §2 values
         serde_json::json!({
             "model_type": "qwen3_tts_tokenizer_12hz",
             "encoder_valid_num_quantizers": 16,

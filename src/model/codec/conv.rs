@@ -10,7 +10,7 @@
 //! tensors stay in cache. A transposed convolution is rewritten as an ordinary causal conv with
 //! `stride·C_out` output channels ([`CausalConvTranspose1d`]).
 //!
-//! Padding follows the official code exactly (spec §9.1, §9.2): causal convs pad
+//! Padding follows the official code exactly (docs/model.md §9.1, §9.2): causal convs pad
 //! `k_eff − stride` on the left and `extra = ceil(L/stride)·stride − L` on the right (zeros, or
 //! copies of the edge rows for `replicate`), so a conv maps L → ceil(L/stride); transposed convs
 //! drop the last `k − stride` outputs, so they map L → L·stride.

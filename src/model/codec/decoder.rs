@@ -1,4 +1,4 @@
-//! The codec decoder `Qwen3TTSTokenizerV2Decoder` (spec §9.2), prefix `decoder.`:
+//! The codec decoder `Qwen3TTSTokenizerV2Decoder` (docs/model.md §9.2), prefix `decoder.`:
 //!
 //! ```text
 //! codes (T, 16) → RVQ decode (Σ entries → output_proj, first + rest)    (T, codebook_dim)
@@ -11,7 +11,7 @@
 //!   → SnakeBeta → CausalConv k7 → 1 channel → clamp(−1, 1)               (T·1920)
 //! ```
 //! [`Decoder::decode`] reproduces the wrapper's `chunked_decode` (300-frame chunks with 25
-//! frames of left context, each chunk an independent forward, spec §9.2/§14).
+//! frames of left context, each chunk an independent forward, docs/model.md §9.2/§14).
 
 use anyhow::{bail, ensure, Result};
 

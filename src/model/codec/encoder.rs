@@ -1,4 +1,4 @@
-//! The codec encoder: HF `MimiModel` minus its decoder (spec §9.1), prefix `encoder.`.
+//! The codec encoder: HF `MimiModel` minus its decoder (docs/model.md §9.1), prefix `encoder.`.
 //!
 //! 24 kHz samples → SEANet (`encoder.encoder.layers.*`, causal convs, ELU, residual blocks,
 //! strided downsampling by `upsampling_ratios` reversed) → 8-layer transformer
@@ -152,7 +152,7 @@ impl Encoder {
                 intermediate: c.intermediate_size,
                 norm_eps: c.norm_eps,
                 rope_theta: c.rope_theta,
-                // The official (sdpa/eager) path builds a full causal mask (spec §9.1).
+                // The official (sdpa/eager) path builds a full causal mask (docs/model.md §9.1).
                 window: None,
             },
             Flavour::Mimi,

@@ -5,7 +5,7 @@
 //!
 //! Accuracy: `expm1` within a few ulp on (−∞, 0], `sin²` within a few ulp for |x| < 2^15·π
 //! (larger arguments fall back to libm per row), which is far below the parity tolerances
-//! (spec §14) and what the official vectorised kernels (SLEEF) differ by from libm anyway.
+//! (docs/model.md §14) and what the official vectorised kernels (SLEEF) differ by from libm anyway.
 
 /// Calls `$f` compiled with AVX2+FMA when the CPU has them, else the baseline build.
 macro_rules! dispatch {

@@ -1,5 +1,5 @@
-//! The 12 Hz speech tokenizer `Qwen3-TTS-Tokenizer-12Hz` (spec §9): 24 kHz audio ↔ frames of 16
-//! codes at 12.5 Hz (1920 samples per frame; code 0 = semantic codebook).
+//! The 12 Hz speech tokenizer `Qwen3-TTS-Tokenizer-12Hz` (docs/model.md §9): 24 kHz audio ↔ frames
+//! of 16 codes at 12.5 Hz (1920 samples per frame; code 0 = semantic codebook).
 //!
 //! Every size comes from `speech_tokenizer/config.json` ([`config`]). Runs on the CPU in f32 with
 //! its own kernels: convolutions as GEMMs over strided views of channels-last activations, tiled

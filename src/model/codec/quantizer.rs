@@ -1,4 +1,4 @@
-//! Residual vector quantizers of the codec (spec §9.1, §9.2).
+//! Residual vector quantizers of the codec (docs/model.md §9.1, §9.2).
 //!
 //! Encoder (`MimiSplitResidualVectorQuantizer`): a semantic RVQ (the first
 //! `num_semantic_quantizers` codebooks) and an acoustic RVQ (the rest) that **both take the same

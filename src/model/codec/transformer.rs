@@ -1,8 +1,8 @@
 //! The two small transformers of the codec, on channels-last rows `(T, hidden)` of one sequence:
-//! - encoder (`MimiTransformerModel`, spec §9.1): pre-LayerNorm (with bias), MHA with
+//! - encoder (`MimiTransformerModel`, docs/model.md §9.1): pre-LayerNorm (with bias), MHA with
 //!   rotate_half RoPE, GELU(erf) MLP `fc1/fc2`, LayerScale; full causal mask (the official sdpa
 //!   path ignores `sliding_window`);
-//! - decoder (`Qwen3TTSTokenizerV2DecoderTransformerModel`, spec §9.2): RMSNorm, the same
+//! - decoder (`Qwen3TTSTokenizerV2DecoderTransformerModel`, docs/model.md §9.2): RMSNorm, the same
 //!   attention with a sliding-window causal mask (key j visible from query i iff
 //!   i − window < j ≤ i), SwiGLU MLP, LayerScale.
 //!

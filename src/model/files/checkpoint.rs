@@ -127,8 +127,9 @@ impl Checkpoint {
     }
 
     /// Checks that the tensors which pin down the architecture have the shapes `config`
-    /// implies (names and shapes: spec §4.3, §5.3, §8.3). The full per-tensor check happens when
-    /// the model loads (`Weights::get`); this one fails fast, before gigabytes are read.
+    /// implies (names and shapes: docs/model.md §4.3, §5.3, §8.3). The full per-tensor check
+    /// happens when the model loads (`Weights::get`); this one fails fast, before gigabytes are
+    /// read.
     pub fn check_matches(&self, config: &Qwen3TtsConfig, config_path: &Path) -> Result<()> {
         for (name, shape) in expected_shapes(config) {
             match self.tensors.get(&name) {
@@ -221,7 +222,8 @@ fn expected_shapes(config: &Qwen3TtsConfig) -> Vec<(String, Vec<usize>)> {
             ));
         }
     }
-    // Codebooks 1..G-1 each have an input embedding (talker width) and an output head (§5.1).
+    // Codebooks 1..G-1 each have an input embedding (talker width) and an output head
+    // (docs/model.md §5.1).
     for j in 0..t.num_code_groups.saturating_sub(1) {
         out.push((
             format!("talker.code_predictor.model.codec_embedding.{j}.weight"),
@@ -239,13 +241,15 @@ fn expected_shapes(config: &Qwen3TtsConfig) -> Vec<(String, Vec<usize>)> {
         ));
     }
     // Only Base models have a speaker encoder (`Qwen3TTSForConditionalGeneration.__init__`); a
-    // fine-tuned export (custom_voice) keeps `speaker_encoder_config` but drops its tensors (§10.5).
+    // fine-tuned export (custom_voice) keeps `speaker_encoder_config` but drops its tensors
+    // (docs/model.md §10.5).
     if let Some(se) = config
         .speaker_encoder_config
         .as_ref()
         .filter(|_| config.tts_model_type == "base")
     {
-        // The x-vector (output of `fc`) is added to the codec embeddings: width enc_dim (§2).
+        // The x-vector (output of `fc`) is added to the codec embeddings: width enc_dim
+        // (docs/model.md §2).
         out.push(("speaker_encoder.fc.bias".into(), vec![se.enc_dim]));
     }
     out

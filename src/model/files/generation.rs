@@ -1,4 +1,4 @@
-//! `generation_config.json`: the sampling defaults of spec §2.
+//! `generation_config.json`: the sampling defaults of docs/model.md §2.
 //!
 //! The official wrapper (`qwen3_tts_model.py::_merge_generate_kwargs`) takes each key from the
 //! model's generation config and falls back to its own hard-coded value when the key is
@@ -28,7 +28,7 @@ pub struct GenerationConfig {
 }
 
 impl Default for GenerationConfig {
-    /// The wrapper's fallbacks (spec §2).
+    /// The wrapper's fallbacks (docs/model.md §2).
     fn default() -> Self {
         GenerationConfig {
             do_sample: true,

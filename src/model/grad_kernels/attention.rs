@@ -35,7 +35,7 @@ fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
 }
 
 /// `softmax(q·kᵀ·scale + bias)·v` per head with grouped-query sharing (q head `g·rep + r` reads
-/// kv head `g`, HF `repeat_kv`), softmax in f32 (spec §12).
+/// kv head `g`, HF `repeat_kv`), softmax in f32 (docs/model.md §12).
 ///
 /// `q` `(B, S, heads·D)`, `k`, `v` `(B, T, kv_heads·D)` (token-major, as the projections make
 /// them); returns `(B, S, heads·D)`. `bias`

@@ -5,9 +5,10 @@ use candle_core::{bail, CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 use super::linear::{gemm_raw, matmuls_new, Mat};
 use super::{cpu_f32, new_tensor, with_values};
 
-/// The teacher-forced code-predictor heads (spec §5.1, §10.3): head `j` reads position `j+1` of
-/// `x` `(N, G, H)` and `heads` is `(G−1, V, H)`; returns logits `(G−1, N, V)`, codebook-major,
-/// without copying the strided positions out (one node instead of 2·(G−1) narrow/stack nodes).
+/// The teacher-forced code-predictor heads (docs/model.md §5.1, §10.3): head `j` reads position
+/// `j+1` of `x` `(N, G, H)` and `heads` is `(G−1, V, H)`; returns logits `(G−1, N, V)`,
+/// codebook-major, without copying the strided positions out (one node instead of 2·(G−1)
+/// narrow/stack nodes).
 pub fn shifted_heads(x: &Tensor, heads: &Tensor) -> Result<Tensor> {
     x.contiguous()?
         .apply_op2(&heads.contiguous()?, ShiftedHeads)

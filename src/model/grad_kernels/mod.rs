@@ -1,6 +1,6 @@
 //! CPU training kernels with hand-written backward passes (f32): linear layers, RMSNorm, the
 //! per-head q/k norm fused with RoPE, attention, SwiGLU and the code predictor's heads
-//! (spec §4.1, §5.1, §12).
+//! (docs/model.md §4.1, §5.1, §12).
 //!
 //! The plain-op formulations in [`super::ops`] are correct but record many small autograd nodes
 //! per call; candle's backward pass gives every node a zero-filled gradient buffer plus an

@@ -7,8 +7,8 @@ use rayon::prelude::*;
 
 use super::{cpu_f32, new_tensor, sum_in_order, with_values, ROW_BLOCK};
 
-/// `x · rsqrt(mean(x²) + eps) · weight` over the last dimension (spec §4.1), with gradients for
-/// `x` and `weight`.
+/// `x · rsqrt(mean(x²) + eps) · weight` over the last dimension (docs/model.md §4.1), with
+/// gradients for `x` and `weight`.
 pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
     x.contiguous()?
         .apply_op2(weight, RmsNorm { eps: eps as f32 })
@@ -168,7 +168,7 @@ impl RopeHalfTables {
         })
     }
 
-    /// Per-head RMSNorm then rotation (`q_norm`/`k_norm` + RoPE, spec §4.1) of `x`
+    /// Per-head RMSNorm then rotation (`q_norm`/`k_norm` + RoPE, docs/model.md §4.1) of `x`
     /// `(B, S, heads·head_dim)`, token-major; returns the same shape.
     pub fn norm_rope(&self, x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
         x.contiguous()?.apply_op2(

@@ -6,7 +6,7 @@ use rayon::prelude::*;
 use super::{cpu_f32, new_tensor, with_values};
 use crate::model::fast_math::{self, with_avx2};
 
-/// `silu(gate) · up` (the MLP's gating, spec §4.1).
+/// `silu(gate) · up` (the MLP's gating, docs/model.md §4.1).
 pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     gate.contiguous()?.apply_op2(&up.contiguous()?, SwiGlu)
 }

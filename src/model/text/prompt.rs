@@ -1,5 +1,5 @@
-//! Prompt strings of the official wrapper (`qwen3_tts_model.py`, spec §3.2) and the fixed slices
-//! of their token ids that the talker input uses (spec §6, §7.1).
+//! Prompt strings of the official wrapper (`qwen3_tts_model.py`, docs/model.md §3.2) and the fixed
+//! slices of their token ids that the talker input uses (docs/model.md §6, §7.1).
 //!
 //! The slices are positional, exactly as in the official code (`input_id[:, :3]`,
 //! `input_id[:, 3:-5]`, `ref_id[:, 3:-2]`); they are not re-derived from the text. A text that
@@ -39,7 +39,7 @@ pub struct AssistantPrompt {
 }
 
 impl AssistantPrompt {
-    /// `ids[:3]`: the role prefix, positions 0..2 of the talker input (spec §6).
+    /// `ids[:3]`: the role prefix, positions 0..2 of the talker input (docs/model.md §6).
     pub fn role(&self) -> &[u32] {
         &self.ids[..ROLE_LEN]
     }

@@ -1,19 +1,20 @@
 //! The Qwen2 byte-level BPE tokenizer, built the way transformers builds `Qwen2TokenizerFast`
-//! (spec §3.1).
+//! (docs/model.md §3.1).
 //!
 //! The official repositories ship `vocab.json` + `merges.txt` + `tokenizer_config.json` and may
-//! not ship a `tokenizer.json` (spec Q2). Without one, transformers converts the slow tokenizer
-//! with its `Qwen2Converter`; [`TextTokenizer`] reproduces that conversion:
+//! not ship a `tokenizer.json` (docs/model.md §13 Q2). Without one, transformers converts the slow
+//! tokenizer with its `Qwen2Converter`; [`TextTokenizer`] reproduces that conversion:
 //! BPE (no unk token, no byte fallback) ← NFC normalizer ← Split(Qwen2 regex, isolated) then
 //! ByteLevel(add_prefix_space from the config, use_regex=false) pre-tokenizers, a ByteLevel
 //! decoder, and the added tokens of `tokenizer_config.json`'s `added_tokens_decoder` (so the
 //! literal text `<|im_start|>` becomes id 151644). Nothing is added around the ids (Qwen2 has no
 //! BOS/EOS template), matching `add_special_tokens` having no effect in the official processor.
 //!
-//! Pre-tokenizer regex (spec §3.1 caveat, Q5): transformers 4.57.3 swaps in a Mistral regex for
-//! *local-directory* loads whose `config.json` says `transformers_version` in (4.57.2, 5.0).
-//! Hub-id loads, the documented way to use the models, keep the standard Qwen2 regex, and so do
-//! we, always. The fixtures record both tokenizations; the parity test pins the standard one.
+//! Pre-tokenizer regex (docs/model.md §3.1 caveat, docs/model.md §13 Q5): transformers 4.57.3 swaps
+//! in a Mistral regex for *local-directory* loads whose `config.json` says `transformers_version`
+//! in (4.57.2, 5.0). Hub-id loads, the documented way to use the models, keep the standard Qwen2
+//! regex, and so do we, always. The fixtures record both tokenizations; the parity test pins the
+//! standard one.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -144,8 +145,8 @@ impl TextTokenizer {
         Ok(TextTokenizer { inner })
     }
 
-    /// Token ids of `text`, no special tokens added (spec §3.1). Literal special-token text
-    /// (`<|im_start|>`, `<tts_pad>`, …) maps to its added-token id.
+    /// Token ids of `text`, no special tokens added (docs/model.md §3.1). Literal special-token
+    /// text (`<|im_start|>`, `<tts_pad>`, …) maps to its added-token id.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         let encoding = self.inner.encode_fast(text, false).map_err(|e| {
             let head: String = text.chars().take(40).collect();
