@@ -42,6 +42,18 @@ impl CodePredictor {
         cfg: &Qwen3TtsConfig,
         numerics: Numerics,
     ) -> anyhow::Result<Self> {
+        Self::load_parts(src, cfg, numerics, true)
+    }
+
+    /// [`Self::load`], without the input embedding tables when `with_embeddings` is false: a
+    /// sharded training step computes the predictor's inputs in its embedding unit and gives
+    /// them to [`Self::logits_from_inputs`] (docs/training.md §5.1).
+    pub fn load_parts(
+        src: &dyn TensorSource,
+        cfg: &Qwen3TtsConfig,
+        numerics: Numerics,
+        with_embeddings: bool,
+    ) -> anyhow::Result<Self> {
         let t = &cfg.talker_config;
         let c = &t.code_predictor_config;
         if c.num_code_groups < 2 {
@@ -54,7 +66,7 @@ impl CodePredictor {
             DecoderConfig::code_predictor(c)?,
             numerics,
         )?;
-        let codec_embedding = (0..n)
+        let codec_embedding = (0..if with_embeddings { n } else { 0 })
             .map(|i| {
                 src.tensor(
                     &format!("{PREFIX}.model.codec_embedding.{i}.weight"),
@@ -152,21 +164,42 @@ impl CodePredictor {
         c0_embed: &Tensor,
         codes: &Tensor,
     ) -> Result<Tensor> {
-        let (n, g) = codes.dims2()?;
+        let sub = self.teacher_forced_embeddings(codes)?;
+        let x = Tensor::cat(&[&hidden.unsqueeze(1)?, &c0_embed.unsqueeze(1)?, &sub], 1)?;
+        self.logits_from_inputs(&x)
+    }
+
+    /// `cp_emb[i-1](codes[:, i])` for i = 1..G-2, `(N, G-2, Ht)`: the teacher-forced inputs after
+    /// `[h, c0_embed]` (the last code of a frame is never an input).
+    pub fn teacher_forced_embeddings(&self, codes: &Tensor) -> Result<Tensor> {
+        let (_, g) = codes.dims2()?;
         if g != self.num_code_groups {
             candle_core::bail!(
                 "frame codes have {g} codebooks, expected {}",
                 self.num_code_groups
             );
         }
-        let mut inputs = Vec::with_capacity(g);
-        inputs.push(hidden.unsqueeze(1)?);
-        inputs.push(c0_embed.unsqueeze(1)?);
-        for i in 1..g - 1 {
-            let ids = codes.narrow(1, i, 1)?; // (N, 1)
-            inputs.push(embedding(&self.codec_embedding[i - 1], &ids)?);
+        if self.codec_embedding.len() + 1 != g {
+            candle_core::bail!("this code predictor was loaded without its input embeddings");
         }
-        let x = self.project(&Tensor::cat(&inputs, 1)?)?;
+        let parts = (1..g - 1)
+            .map(|i| embedding(&self.codec_embedding[i - 1], &codes.narrow(1, i, 1)?))
+            .collect::<Result<Vec<_>>>()?;
+        Tensor::cat(&parts, 1)
+    }
+
+    /// The teacher-forced logits `(G-1, N, vocab)` (codebook-major) of the predictor inputs
+    /// `x` `(N, G, Ht)` = `[h, c0_embed, cp_emb[0](c1), …]`, projected, through the decoder
+    /// (causal) and `lm_head[j]` at position `j+1`.
+    pub fn logits_from_inputs(&self, x: &Tensor) -> Result<Tensor> {
+        let (n, g, _) = x.dims3()?;
+        if g != self.num_code_groups {
+            candle_core::bail!(
+                "predictor inputs have {g} positions, expected {}",
+                self.num_code_groups
+            );
+        }
+        let x = self.project(x)?;
         let out = self.decoder.forward(&x, None, None)?; // (N, G, Hc)
         let numerics = self.decoder.numerics();
         let logits = if numerics == Numerics::CpuKernels {

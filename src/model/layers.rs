@@ -297,6 +297,26 @@ pub struct StepContext {
     pub bias: Option<Tensor>,
 }
 
+impl StepContext {
+    /// The context of a cache-less causal pass over `s` positions of right-padded rows (the
+    /// training layout: causal attention never looks ahead, so the padding needs no mask and
+    /// every row's positions are `0..s`), shared by every layer of the pass.
+    pub fn causal(
+        rope: &Rope,
+        b: usize,
+        s: usize,
+        dtype: DType,
+        numerics: Numerics,
+        device: &Device,
+    ) -> Result<Self> {
+        let (positions, bias) = plan_step(b, s, None, None, device)?;
+        Ok(StepContext {
+            rope: rope.tables(&positions, dtype, numerics)?,
+            bias,
+        })
+    }
+}
+
 /// Reads a `(B, S)` 0/1 attention mask to host booleans.
 fn mask_rows(mask: &Tensor) -> Result<Vec<Vec<bool>>> {
     let rows = mask.to_dtype(DType::F32)?.to_vec2::<f32>()?;
@@ -651,6 +671,20 @@ impl Decoder {
         states.pop(); // the last layer's pre-norm output is not part of HF's tuple
         states.push(out.clone());
         Ok((out, states))
+    }
+
+    /// The layers without the final norm (the training step applies the norm in its head unit).
+    pub fn forward_layers(&self, x: &Tensor, step: &StepContext) -> Result<Tensor> {
+        let mut x = x.clone();
+        for layer in &self.layers {
+            x = layer.forward(&x, step, None)?;
+        }
+        Ok(x)
+    }
+
+    /// The RoPE tables of this stack.
+    pub fn rope(&self) -> &Rope {
+        &self.rope
     }
 
     fn run(

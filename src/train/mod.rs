@@ -23,6 +23,7 @@ pub mod params;
 pub mod sampler;
 pub mod signal;
 pub mod sparse;
+pub mod stages;
 pub mod stwrite;
 pub mod units;
 

@@ -3,8 +3,10 @@
 //! sharded (FSDP) step gathers, runs and frees at once; the single-device trainer uses the
 //! grouping to order parameters and to describe them in checkpoints.
 //!
-//! Note for sharding: the code predictor's 15 `codec_embedding` tables also feed the talker
-//! input (the frame embedding of docs/model.md §5.4), so the embedding stage needs them as well.
+//! The code predictor's 15 input tables (`talker.code_predictor.model.codec_embedding.*`) belong
+//! to the embedding unit: they build the talker's input (the frame embedding of
+//! docs/model.md §5.4), and the same unit computes the predictor's teacher-forced inputs from
+//! them, so no weight is needed by two units.
 
 use std::fmt;
 
@@ -12,13 +14,14 @@ use anyhow::{bail, Result};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Unit {
-    /// `talker.model.text_embedding`, `talker.text_projection.*`, `talker.model.codec_embedding`.
+    /// `talker.model.text_embedding`, `talker.text_projection.*`, `talker.model.codec_embedding`,
+    /// `talker.code_predictor.model.codec_embedding.*`.
     Embeddings,
     /// `talker.model.layers.{i}.*`.
     Layer(usize),
     /// `talker.model.norm`, `talker.codec_head`.
     Head,
-    /// `talker.code_predictor.*`.
+    /// The rest of `talker.code_predictor.*`.
     CodePredictor,
 }
 
@@ -35,6 +38,9 @@ impl fmt::Display for Unit {
 
 /// The unit of a talker tensor name.
 pub fn unit_of(name: &str) -> Result<Unit> {
+    if name.starts_with("talker.code_predictor.model.codec_embedding.") {
+        return Ok(Unit::Embeddings);
+    }
     if name.starts_with("talker.code_predictor.") {
         return Ok(Unit::CodePredictor);
     }
@@ -68,12 +74,14 @@ mod tests {
             "talker.model.layers.2.input_layernorm.weight",
             "talker.text_projection.linear_fc1.bias",
             "talker.model.norm.weight",
+            "talker.code_predictor.model.codec_embedding.4.weight",
         ];
         let mut units: Vec<Unit> = names.iter().map(|n| unit_of(n).unwrap()).collect();
         units.sort();
         assert_eq!(
             units,
             [
+                Unit::Embeddings,
                 Unit::Embeddings,
                 Unit::Layer(2),
                 Unit::Layer(10),
