@@ -4,6 +4,8 @@
 //! `docs/architecture.md`; the model port in `docs/model.md`, the trainer in `docs/training.md`.
 //!
 //! Modules, one job each:
+//! - [`artifacts`]: one type and reader/writer per file the steps exchange: manifest rows, audio
+//!   code frames, the speaker file.
 //! - [`audio`]: decoding (symphonia), resampling (rubato), 16-bit WAV output, signal measurements.
 //! - [`cli`]: the command-line definitions; flags that mirror config keys become overrides.
 //! - [`codes`]: the `codes` step: adds `audio_codes` to every line of a manifest, resumably.
@@ -11,17 +13,20 @@
 //!   the library never imports it.
 //! - [`config`]: the TOML configuration schema and its layering (defaults, workspace file,
 //!   `--config`, flags).
+//! - [`dist`]: distributed training: collectives (TCP, NCCL), rendezvous, the rank launcher,
+//!   row sharding; it knows tensors and ranks, not the model.
 //! - [`fsutil`]: crash-safe output (temporary name, then rename).
 //! - [`generate`]: speech synthesis: prompt layouts, sampling, the frame loop, text splitting, the
 //!   voice-clone / custom-voice pipelines.
 //! - [`hub`]: model resolution: a local directory or file, or a Hugging Face hub repository.
 //! - [`model`]: the Qwen3-TTS port: config, model files, weights, tokenizer, talker, code
 //!   predictor, speaker encoder, 12 Hz codec, and the CPU kernels they use.
-//! - [`prep`]: the `prep` pipeline: sources, transcription (Whisper), segmentation, the manifest.
+//! - [`prep`]: the `prep` pipeline: sources, transcription (Whisper), segmentation, records.
 //! - [`progress`]: progress bars and warnings that do not garble each other.
-//! - [`train`]: fine-tuning on one device: data, batches, objective, optimizer, checkpoints,
-//!   export.
-//! - [`workspace`]: the directory shared by the chained subcommands and its paths.
+//! - [`rng`]: the one random generator (SplitMix64: data order, `speak --seed`).
+//! - [`train`]: fine-tuning: data, batches, the objective's units, optimizer, checkpoints, the
+//!   single-device and the sharded trainer, export.
+//! - [`workspace`]: the directory shared by the chained subcommands; the one owner of its paths.
 
 pub mod artifacts;
 pub mod audio;
@@ -29,6 +34,7 @@ pub mod cli;
 pub mod codes;
 pub mod commands;
 pub mod config;
+pub mod dist;
 pub mod fsutil;
 pub mod generate;
 pub mod hub;

@@ -13,6 +13,10 @@ use candle_core::{DType, Device, Tensor};
 use memmap2::Mmap;
 use safetensors::{Dtype as StDtype, SafeTensors};
 
+/// For a tensor (name, shape on disk): the dtype to load it in and the rows of dimension 0 to load,
+/// or `None` to skip it.
+type Select<'a> = dyn Fn(&str, &[usize]) -> Option<(DType, std::ops::Range<usize>)> + 'a;
+
 /// All tensors of one or more safetensors files, converted to `dtype` on `device`.
 pub struct Weights {
     tensors: HashMap<String, Tensor>,
@@ -43,6 +47,31 @@ impl Weights {
         device: &Device,
         dtype_of: impl Fn(&str) -> Option<DType>,
     ) -> Result<Self> {
+        Self::load_selected(files, dtype, device, |name, shape| {
+            dtype_of(name).map(|d| (d, 0..shape.first().copied().unwrap_or(1)))
+        })
+    }
+
+    /// Loads, of each tensor for which `rows_of(name, shape)` names rows, only those rows of
+    /// dimension 0 (a rank's shard of a sharded run), in `dtype`. Tensors keep the names of the
+    /// checkpoint; a rank that owns no rows of a tensor gets it with 0 rows.
+    pub fn load_rows(
+        files: &[PathBuf],
+        dtype: DType,
+        device: &Device,
+        rows_of: impl Fn(&str, &[usize]) -> Option<std::ops::Range<usize>>,
+    ) -> Result<Self> {
+        Self::load_selected(files, dtype, device, |name, shape| {
+            rows_of(name, shape).map(|r| (dtype, r))
+        })
+    }
+
+    fn load_selected(
+        files: &[PathBuf],
+        dtype: DType,
+        device: &Device,
+        select: impl Fn(&str, &[usize]) -> Option<(DType, std::ops::Range<usize>)>,
+    ) -> Result<Self> {
         let mut w = Weights {
             tensors: HashMap::new(),
             origin: HashMap::new(),
@@ -51,13 +80,17 @@ impl Weights {
             device: device.clone(),
         };
         for file in files {
-            w.load_file(file, &dtype_of)
+            w.load_file(file, &select)
                 .with_context(|| format!("cannot load checkpoint {}", file.display()))?;
         }
         Ok(w)
     }
 
-    fn load_file(&mut self, path: &Path, dtype_of: &dyn Fn(&str) -> Option<DType>) -> Result<()> {
+    fn load_file(
+        &mut self,
+        path: &Path,
+        select: &Select,
+    ) -> Result<()> {
         let file = std::fs::File::open(path)?;
         // SAFETY: the mapping is read-only and private to this function; checkpoint files are
         // not expected to change while they load (as with every mmap-based loader).
@@ -66,10 +99,27 @@ impl Weights {
             .map_err(|e| anyhow::anyhow!("not a valid safetensors file: {e}"))?;
         let base = mmap.as_ptr() as usize;
         for (name, view) in st.iter() {
-            let Some(dtype) = dtype_of(name) else {
+            let Some((dtype, rows)) = select(name, view.shape()) else {
                 continue;
             };
-            let tensor = to_tensor(view.dtype(), view.shape(), view.data(), dtype, &self.device)
+            let mut shape = view.shape().to_vec();
+            let all = shape.first().copied().unwrap_or(1);
+            let (data, shape) = if rows == (0..all) {
+                (view.data(), shape)
+            } else {
+                anyhow::ensure!(
+                    !shape.is_empty() && rows.start <= rows.end && rows.end <= all,
+                    "tensor {name} {:?} has no rows {rows:?}",
+                    view.shape()
+                );
+                let row_bytes = view.data().len() / all.max(1);
+                shape[0] = rows.len();
+                (
+                    &view.data()[rows.start * row_bytes..rows.end * row_bytes],
+                    shape,
+                )
+            };
+            let tensor = to_tensor(view.dtype(), &shape, data, dtype, &self.device)
                 .with_context(|| format!("tensor {name}"))?;
             // Give the mapped pages of this tensor back now that it has been converted.
             let data = view.data();

@@ -586,6 +586,149 @@ pub fn load_tensors(
     Ok(out)
 }
 
+/// Reads row ranges of the tensors of a checkpoint written by any number of ranks (a sharded
+/// run resuming at another world size, docs/distributed.md §6): each rank file is mapped once,
+/// and only the rows asked for are copied.
+pub struct RowReader {
+    dir: PathBuf,
+    pub index: Index,
+    files: BTreeMap<usize, memmap2::Mmap>,
+}
+
+impl RowReader {
+    /// Opens the checkpoint in `dir` and checks that, for every tensor, the saved row ranges
+    /// cover its rows exactly once.
+    pub fn open(dir: &Path) -> Result<Self> {
+        let index = read_index(dir)?;
+        for (name, info) in &index.params {
+            let rows = info.shape.first().copied().unwrap_or(1);
+            let mut ranges: Vec<[usize; 2]> = info.shards.iter().map(|s| s.rows).collect();
+            ranges.sort();
+            let mut next = 0;
+            for r in &ranges {
+                if r[0] != next || r[1] < r[0] {
+                    bail!(
+                        "checkpoint {}: the saved rows of {name} do not cover rows {next}.. of {rows} \
+                         exactly once ({ranges:?})",
+                        dir.display()
+                    );
+                }
+                next = r[1];
+            }
+            if next != rows {
+                bail!(
+                    "checkpoint {}: the saved rows of {name} end at {next}, the tensor has {rows}",
+                    dir.display()
+                );
+            }
+            for s in &info.shards {
+                if s.rank >= index.world_size {
+                    bail!(
+                        "checkpoint {}: {name} names rank {} of {}",
+                        dir.display(),
+                        s.rank,
+                        index.world_size
+                    );
+                }
+            }
+        }
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            index,
+            files: BTreeMap::new(),
+        })
+    }
+
+    fn file(&mut self, rank: usize) -> Result<&memmap2::Mmap> {
+        if !self.files.contains_key(&rank) {
+            let path = self.dir.join(rank_file(rank));
+            let f = fs::File::open(&path).with_context(|| {
+                format!(
+                    "checkpoint {} is incomplete: cannot open {}",
+                    self.dir.display(),
+                    path.display()
+                )
+            })?;
+            // SAFETY: a read-only private mapping of a finished checkpoint file, which nothing
+            // writes to once its directory is in place.
+            let map = unsafe { memmap2::Mmap::map(&f)? };
+            self.files.insert(rank, map);
+        }
+        Ok(&self.files[&rank])
+    }
+
+    /// Rows `rows` of `KIND.NAME` ("master", "exp_avg" or "exp_avg_sq") as an f32 tensor.
+    pub fn rows(
+        &mut self,
+        kind: &str,
+        name: &str,
+        rows: std::ops::Range<usize>,
+        device: &Device,
+    ) -> Result<Tensor> {
+        let info = self
+            .index
+            .params
+            .get(name)
+            .with_context(|| format!("checkpoint {} has no tensor {name}", self.dir.display()))?
+            .clone();
+        let row_len: usize = info.shape.iter().skip(1).product();
+        let mut values: Vec<f32> = Vec::with_capacity(rows.len() * row_len);
+        let mut shards = info.shards.clone();
+        shards.sort_by_key(|s| s.rows[0]);
+        let key = format!("{kind}.{name}");
+        let dir = self.dir.clone();
+        for s in &shards {
+            let have = s.rows[0]..s.rows[1];
+            let want = crate::dist::shard::overlap(&have, &rows);
+            if want.is_empty() {
+                continue;
+            }
+            let map = self.file(s.rank)?;
+            let st = safetensors::SafeTensors::deserialize(map).with_context(|| {
+                format!(
+                    "{} is not a safetensors file",
+                    dir.join(rank_file(s.rank)).display()
+                )
+            })?;
+            let view = st.tensor(&key).map_err(|_| {
+                anyhow::anyhow!(
+                    "{} has no tensor {key}",
+                    dir.join(rank_file(s.rank)).display()
+                )
+            })?;
+            let mut expect = info.shape.clone();
+            if let Some(r) = expect.first_mut() {
+                *r = have.len();
+            }
+            if view.shape() != expect.as_slice() || view.dtype() != safetensors::Dtype::F32 {
+                bail!(
+                    "{}: {key} is {:?} {:?}, the index says f32 {expect:?}",
+                    dir.join(rank_file(s.rank)).display(),
+                    view.dtype(),
+                    view.shape()
+                );
+            }
+            let bytes = &view.data()
+                [(want.start - have.start) * row_len * 4..(want.end - have.start) * row_len * 4];
+            values.extend(
+                bytes
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+            );
+        }
+        let mut shape = info.shape.clone();
+        if let Some(r) = shape.first_mut() {
+            *r = rows.len();
+        }
+        anyhow::ensure!(
+            values.len() == rows.len() * row_len,
+            "checkpoint {}: rows {rows:?} of {name} are not all saved",
+            self.dir.display()
+        );
+        Ok(Tensor::from_vec(values, shape, device)?)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -51,6 +51,11 @@ impl Dataset {
     pub fn frames(&self) -> usize {
         self.samples.iter().map(Sample::frames).sum()
     }
+
+    /// Every sample's sequence length in the batch layout (what the sampler buckets by).
+    pub fn lengths(&self) -> Vec<usize> {
+        self.samples.iter().map(Sample::seq_len).collect()
+    }
 }
 
 /// A manifest row that cannot be trained on.

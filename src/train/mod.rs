@@ -20,6 +20,7 @@ pub mod loss;
 pub mod metrics;
 pub mod optim;
 pub mod params;
+pub mod run;
 pub mod sampler;
 pub mod signal;
 pub mod sparse;
@@ -33,15 +34,15 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor, Var};
-use sha2::{Digest, Sha256};
 
 use self::batch::{Batch, LayoutIds};
-use self::checkpoint::{Identity, Index, ModelIdentity, OptimizerInfo, RngInfo, State};
+use self::checkpoint::{Identity, Index, State};
 use self::data::Dataset;
 use self::hooks::TrainHooks;
 use self::metrics::{MetricsLog, StepMetrics};
 use self::optim::{AdamState, AdamW, Grad, Schedule};
 use self::params::{Masters, ParamStore};
+use self::run::{IndexParts, RunSetup};
 use self::sampler::Sampler;
 use self::sparse::RowGrad;
 use crate::config::TrainConfig;
@@ -176,150 +177,92 @@ pub struct Trainer {
 impl Trainer {
     /// Loads the model and the data, and the newest compatible checkpoint unless `fresh`.
     pub fn new(opts: TrainOptions, fresh: bool) -> Result<Self> {
-        let cfg = opts.files.config.clone();
-        let c = &opts.config;
         let backend = opts.backend;
         if backend == Backend::CpuKernels && !opts.device.is_cpu() {
             bail!("the CPU training kernels cannot run on {:?}", opts.device);
         }
-        let tokenizer = opts.files.text_tokenizer()?;
-        let codebook = cfg.talker_config.code_predictor_config.vocab_size as u32;
-        let dataset = data::load(&opts.manifest, &opts.base_dir, &tokenizer, codebook)?;
-        let speaker = load_speaker(&opts.speaker, cfg.talker_config.hidden_size, &opts.device)?;
-
+        let setup = RunSetup::new(&opts)?;
+        let cfg = setup.cfg.clone();
         let weights = opts
             .files
             .load_weights(DType::F32, &opts.device, |n| {
                 n.starts_with(params::TRAINABLE_PREFIX)
             })
             .context("cannot load the base model")?;
-        let names = weights.names_with_prefix(params::TRAINABLE_PREFIX);
-        let (trained, _frozen) =
-            params::select_trainable(names.iter().map(String::as_str), &c.freeze)?;
         let mut params = ParamStore::new(
             &weights,
-            &trained,
+            &setup.trained,
             compute_dtype(&opts.device),
             backend.masters(),
         )?;
         drop(weights);
         let talker = Talker::from_source(&params, &cfg, backend.numerics())?;
-
-        let identity = Identity {
-            model: ModelIdentity::compute(
-                &opts.model_spec,
-                &opts.files.config_path,
-                &opts.files.checkpoint.shards,
-            )?,
-            trained_sha256: {
-                let mut h = Sha256::new();
-                let mut sorted = trained.clone();
-                sorted.sort();
-                for n in &sorted {
-                    h.update(n.as_bytes());
-                    h.update([0]);
-                }
-                format!("{:x}", h.finalize())
-            },
-            trained_tensors: trained.len(),
-            objective: checkpoint::OBJECTIVE.to_string(),
-            batch_size: c.batch_size,
-            shuffle: c.shuffle,
-            seed: c.seed,
-            speaker_sha256: tensor_sha256(&speaker)?,
-        };
-        let lengths: Vec<usize> = dataset.samples.iter().map(|s| s.seq_len()).collect();
         let masters: Vec<Tensor> = params.params.iter().map(|p| p.master()).collect();
         let mut adam = AdamState::zeros(&masters)?;
         drop(masters);
-        let mut sampler = Sampler::new(lengths.clone(), c.batch_size, c.shuffle, c.seed);
-        let mut step = 0;
-        let mut resumed_from = None;
-        let mut data_changed = false;
-        let mut last_loss = None;
-
-        checkpoint::recover(&opts.checkpoints)?;
-        if !fresh {
-            if let Some(dir) = checkpoint::find_latest(&opts.checkpoints)? {
-                let index = checkpoint::read_index(&dir)?;
-                identity.check_compatible(&index.identity).map_err(|why| {
-                    anyhow::anyhow!(
-                        "checkpoint {} cannot be continued with this configuration: {why}. \
-                         Run `voiceclone train --fresh` to start a new run (the old checkpoints \
-                         are moved aside, not deleted), or restore the previous settings.",
-                        dir.display()
-                    )
-                })?;
-                let tensors = checkpoint::load_tensors(
-                    &dir,
-                    &index,
-                    &["master", "exp_avg", "exp_avg_sq"],
-                    &opts.device,
-                )?;
-                let take = |key: String| {
-                    tensors
-                        .get(&key)
-                        .cloned()
-                        .with_context(|| format!("checkpoint {} has no {key}", dir.display()))
-                };
-                for (i, p) in params.params.iter_mut().enumerate() {
-                    p.set_master(take(format!("master.{}", p.name))?)?;
-                    adam.m[i] = take(format!("exp_avg.{}", p.name))?;
-                    adam.v[i] = take(format!("exp_avg_sq.{}", p.name))?;
-                }
-                adam.step = index.optimizer.step;
-                step = index.step;
-                let mut cursor = index.cursor;
-                if index.data_sha256 != dataset.digest {
-                    data_changed = true;
-                    cursor.batch = 0;
-                }
-                sampler = Sampler::resume(lengths, c.batch_size, c.shuffle, cursor);
-                last_loss = index.loss;
-                resumed_from = Some(dir);
+        let RunSetup {
+            dataset,
+            speaker,
+            identity,
+            mut sampler,
+            ..
+        } = setup;
+        let (mut step, mut last_loss) = (0, None);
+        let resume = run::find_resume(&opts, &identity, &dataset, fresh)?;
+        if let Some(r) = &resume {
+            let tensors = checkpoint::load_tensors(
+                &r.dir,
+                &r.index,
+                &["master", "exp_avg", "exp_avg_sq"],
+                &opts.device,
+            )?;
+            let take = |key: String| {
+                tensors
+                    .get(&key)
+                    .cloned()
+                    .with_context(|| format!("checkpoint {} has no {key}", r.dir.display()))
+            };
+            for (i, p) in params.params.iter_mut().enumerate() {
+                p.set_master(take(format!("master.{}", p.name))?)?;
+                adam.m[i] = take(format!("exp_avg.{}", p.name))?;
+                adam.v[i] = take(format!("exp_avg_sq.{}", p.name))?;
             }
+            adam.step = r.index.optimizer.step;
+            step = r.index.step;
+            let c = &opts.config;
+            sampler = Sampler::resume(dataset.lengths(), c.batch_size, c.shuffle, r.cursor);
+            last_loss = r.index.loss;
         }
         let sparse_text = match backend {
             Backend::CpuKernels => params.params.iter().position(|p| p.name == TEXT_EMBEDDING),
             Backend::Autograd => None,
         };
-        let mut trainer = Self {
+        let total = RunSetup::total_steps(&opts, &sampler);
+        Ok(Self {
             sparse_text,
             backend,
             layout: LayoutIds::from_config(&cfg),
-            schedule: Schedule {
-                peak: c.lr,
-                warmup: c.warmup_steps,
-                total: 0,
-            },
+            schedule: RunSetup::schedule(&opts, total),
             cfg,
             talker,
             params,
             adam,
-            adamw: AdamW::new(c.weight_decay),
+            adamw: AdamW::new(opts.config.weight_decay),
             dataset,
             sampler,
             speaker,
             identity,
             step,
+            resumed_from: resume.as_ref().map(|r| r.dir.clone()),
+            data_changed: resume.as_ref().is_some_and(|r| r.data_changed),
             opts,
-            resumed_from,
-            data_changed,
             last_loss,
-        };
-        trainer.schedule.total = trainer.total_steps();
-        Ok(trainer)
+        })
     }
 
     /// Optimizer steps of the whole run: `epochs` × steps per epoch, capped by `max_steps`.
     pub fn total_steps(&self) -> usize {
-        let c = &self.opts.config;
-        let full = c.epochs * self.sampler.steps_per_epoch(c.grad_accum);
-        if c.max_steps > 0 {
-            full.min(c.max_steps)
-        } else {
-            full
-        }
+        RunSetup::total_steps(&self.opts, &self.sampler)
     }
 
     /// The loss of one micro-batch of samples (indices into the dataset).
@@ -478,46 +421,28 @@ impl Trainer {
 
     /// Saves a checkpoint of the current state (and a copy of the speaker embedding).
     pub fn save(&self) -> Result<PathBuf> {
-        let c = &self.opts.config;
-        let cursor = self.sampler.cursor();
-        let index = Index {
-            format: checkpoint::FORMAT.into(),
-            version: checkpoint::VERSION,
-            world_size: 1,
+        let index = IndexParts {
+            identity: &self.identity,
+            dataset: &self.dataset,
+            cursor: self.sampler.cursor(),
             step: self.step,
-            epoch: cursor.epoch,
-            cursor,
-            rng: RngInfo {
-                algorithm: "splitmix64".into(),
-                state: cursor.rng_state,
-            },
-            config_digest: self.identity.digest(),
-            identity: self.identity.clone(),
-            data_sha256: self.dataset.digest.clone(),
-            optimizer: OptimizerInfo {
-                name: "adamw".into(),
-                beta1: self.adamw.beta1,
-                beta2: self.adamw.beta2,
-                eps: self.adamw.eps,
-                weight_decay: self.adamw.weight_decay,
-                step: self.adam.step,
-            },
+            adamw: &self.adamw,
+            adam_step: self.adam.step,
             loss: self.last_loss,
-            params: Index::describe_params(&self.params),
-        };
+            world_size: 1,
+        }
+        .index(Index::describe_params(&self.params));
         let state = State {
             params: &self.params,
             adam: &self.adam,
         };
-        let speaker: Vec<f32> = self.speaker.to_dtype(DType::F32)?.to_vec1()?;
-        let speaker_bytes = crate::artifacts::speaker::to_bytes(&speaker, None)?;
-        let hooks = self.opts.hooks.as_ref();
+        let speaker_bytes = run::speaker_bytes(&self.speaker)?;
         checkpoint::save(
             &self.opts.checkpoints,
             &index,
             &state,
-            c.keep,
-            hooks,
+            self.opts.config.keep,
+            self.opts.hooks.as_ref(),
             |dir| {
                 std::fs::write(checkpoint::speaker_file(dir), &speaker_bytes)?;
                 Ok(())
@@ -620,9 +545,4 @@ impl Trainer {
     pub fn options(&self) -> &TrainOptions {
         &self.opts
     }
-}
-
-fn tensor_sha256(t: &Tensor) -> Result<String> {
-    let bytes = stwrite::f32_bytes(t)?;
-    Ok(format!("{:x}", Sha256::digest(&bytes)))
 }

@@ -93,6 +93,35 @@ pub struct Param {
 }
 
 impl Param {
+    /// A trained tensor (or a rank's shard of one) from its fp32 master; the compute copy is a
+    /// separate `dtype` copy with [`Masters::Separate`], the master itself with `Shared` (f32).
+    pub fn new(
+        name: String,
+        unit: Unit,
+        master: Tensor,
+        compute: DType,
+        masters: Masters,
+    ) -> Result<Self> {
+        if master.dtype() != DType::F32 {
+            bail!("the master of {name} must be f32, not {:?}", master.dtype());
+        }
+        let (var, master) = match masters {
+            Masters::Shared if compute == DType::F32 => (Var::from_tensor(&master)?, None),
+            Masters::Shared => bail!("the trained tensors can only be their own masters in f32"),
+            // `copy` so that the master and the var never share storage.
+            Masters::Separate => (
+                Var::from_tensor(&master.to_dtype(compute)?.copy()?)?,
+                Some(master.copy()?),
+            ),
+        };
+        Ok(Self {
+            name,
+            unit,
+            var,
+            master,
+        })
+    }
+
     /// The fp32 master weights.
     pub fn master(&self) -> Tensor {
         match &self.master {
@@ -166,20 +195,13 @@ impl ParamStore {
         let mut params = Vec::with_capacity(trained.len());
         for name in trained {
             let t = weights.get_any(name)?;
-            let (var, master) = match masters {
-                Masters::Shared => (Var::from_tensor(&t)?, None),
-                // `copy` so that the master and the var never share storage.
-                Masters::Separate => (
-                    Var::from_tensor(&t.to_dtype(compute)?.copy()?)?,
-                    Some(t.copy()?),
-                ),
-            };
-            params.push(Param {
-                name: name.clone(),
-                unit: unit_of(name)?,
-                var,
-                master,
-            });
+            params.push(Param::new(
+                name.clone(),
+                unit_of(name)?,
+                t,
+                compute,
+                masters,
+            )?);
         }
         params.sort_by(|a, b| (a.unit, &a.name).cmp(&(b.unit, &b.name)));
         let mut frozen = BTreeMap::new();

@@ -1,0 +1,184 @@
+//! Is this process one rank of a distributed run, and which? (docs/distributed.md §5)
+//!
+//! - started by `voiceclone train --gpus N | --cpu-ranks N`: `VOICECLONE_LAUNCHED=1` plus
+//!   `RANK`, `WORLD_SIZE`, `LOCAL_RANK` and `VOICECLONE_RENDEZVOUS` (`host:port`);
+//! - started by torchrun: `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`;
+//! - started by Slurm (`srun`, more than one task): `SLURM_PROCID`, `SLURM_NTASKS`,
+//!   `SLURM_LOCALID`, and `MASTER_ADDR` (+ `MASTER_PORT`, default 29500) set by the job script.
+//!
+//! Under torchrun and Slurm the rendezvous uses `MASTER_PORT + 1` (torchrun's own agent already
+//! listens on `MASTER_PORT`), or `VOICECLONE_RENDEZVOUS_PORT` when set.
+
+use anyhow::{bail, Context, Result};
+
+/// Set in the rank processes our own launcher starts.
+pub const LAUNCHED: &str = "VOICECLONE_LAUNCHED";
+/// `host:port` of rank 0's rendezvous, set by our launcher.
+pub const RENDEZVOUS: &str = "VOICECLONE_RENDEZVOUS";
+/// Overrides the rendezvous port under torchrun or Slurm.
+pub const RENDEZVOUS_PORT: &str = "VOICECLONE_RENDEZVOUS_PORT";
+/// Directory where each rank leaves its error message for our launcher.
+pub const REPORT_DIR: &str = "VOICECLONE_REPORT_DIR";
+
+/// Who started the ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Launcher {
+    Voiceclone,
+    Torchrun,
+    Slurm,
+}
+
+/// This process's place in a distributed run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RankEnv {
+    pub rank: usize,
+    pub world: usize,
+    /// The rank's index on its node (the GPU ordinal).
+    pub local_rank: usize,
+    /// Rank 0's rendezvous address, `host:port`.
+    pub rendezvous: String,
+    pub launcher: Launcher,
+}
+
+impl RankEnv {
+    /// The rank this process is, from its environment; `None` for an ordinary process.
+    pub fn from_env() -> Result<Option<Self>> {
+        Self::from_vars(|k| std::env::var(k).ok().filter(|v| !v.trim().is_empty()))
+    }
+
+    /// [`Self::from_env`] over any variable lookup (for tests).
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Option<Self>> {
+        let num = |k: &str| -> Result<Option<usize>> {
+            var(k)
+                .map(|v| {
+                    v.trim()
+                        .parse::<usize>()
+                        .with_context(|| format!("environment variable {k}={v:?} is not a number"))
+                })
+                .transpose()
+        };
+        let port_after = |master_port: usize| -> Result<usize> {
+            Ok(match num(RENDEZVOUS_PORT)? {
+                Some(p) => p,
+                None => master_port + 1,
+            })
+        };
+        let env = if var(LAUNCHED).as_deref() == Some("1") {
+            let rendezvous =
+                var(RENDEZVOUS).with_context(|| format!("{LAUNCHED} without {RENDEZVOUS}"))?;
+            let rank = num("RANK")?.context("RANK is not set")?;
+            let world = num("WORLD_SIZE")?.context("WORLD_SIZE is not set")?;
+            RankEnv {
+                rank,
+                world,
+                local_rank: num("LOCAL_RANK")?.unwrap_or(rank),
+                rendezvous,
+                launcher: Launcher::Voiceclone,
+            }
+        } else if let (Some(rank), Some(world)) = (num("RANK")?, num("WORLD_SIZE")?) {
+            let addr = var("MASTER_ADDR")
+                .context("RANK and WORLD_SIZE are set (torchrun) but MASTER_ADDR is not")?;
+            let port = num("MASTER_PORT")?
+                .context("RANK and WORLD_SIZE are set (torchrun) but MASTER_PORT is not")?;
+            RankEnv {
+                rank,
+                world,
+                local_rank: num("LOCAL_RANK")?.unwrap_or(0),
+                rendezvous: format!("{addr}:{}", port_after(port)?),
+                launcher: Launcher::Torchrun,
+            }
+        } else if let (Some(rank), Some(world)) = (num("SLURM_PROCID")?, num("SLURM_NTASKS")?) {
+            if world < 2 {
+                // A single task inside an allocation is an ordinary run.
+                return Ok(None);
+            }
+            let addr = var("MASTER_ADDR").context(
+                "running as one of several Slurm tasks, but MASTER_ADDR is not set: export \
+                 MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1) in the \
+                 job script",
+            )?;
+            let port = num("MASTER_PORT")?.unwrap_or(29500);
+            RankEnv {
+                rank,
+                world,
+                local_rank: num("SLURM_LOCALID")?.unwrap_or(0),
+                rendezvous: format!("{addr}:{}", port_after(port)?),
+                launcher: Launcher::Slurm,
+            }
+        } else {
+            return Ok(None);
+        };
+        if env.world == 0 || env.rank >= env.world {
+            bail!("rank {} is not in a world of {} ranks", env.rank, env.world);
+        }
+        Ok(Some(env))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env(pairs: &[(&str, &str)]) -> Result<Option<RankEnv>> {
+        let m: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        RankEnv::from_vars(|k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn launchers_are_recognised() {
+        assert_eq!(env(&[]).unwrap(), None);
+        let t = env(&[
+            ("RANK", "3"),
+            ("WORLD_SIZE", "8"),
+            ("LOCAL_RANK", "1"),
+            ("MASTER_ADDR", "node0"),
+            ("MASTER_PORT", "29500"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!((t.rank, t.world, t.local_rank), (3, 8, 1));
+        assert_eq!(t.rendezvous, "node0:29501");
+        assert_eq!(t.launcher, Launcher::Torchrun);
+        let s = env(&[
+            ("SLURM_PROCID", "5"),
+            ("SLURM_NTASKS", "16"),
+            ("SLURM_LOCALID", "5"),
+            ("MASTER_ADDR", "gpu01"),
+            ("VOICECLONE_RENDEZVOUS_PORT", "40000"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (s.rank, s.world, s.rendezvous.as_str()),
+            (5, 16, "gpu01:40000")
+        );
+        assert_eq!(
+            env(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "1")]).unwrap(),
+            None
+        );
+        let e = env(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2")]).unwrap_err();
+        assert!(e.to_string().contains("MASTER_ADDR"), "{e}");
+        let ours = env(&[
+            ("VOICECLONE_LAUNCHED", "1"),
+            ("RANK", "1"),
+            ("WORLD_SIZE", "2"),
+            ("VOICECLONE_RENDEZVOUS", "127.0.0.1:5000"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(ours.launcher, Launcher::Voiceclone);
+        assert_eq!(ours.rendezvous, "127.0.0.1:5000");
+        assert!(env(&[
+            ("RANK", "2"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "a"),
+            ("MASTER_PORT", "1")
+        ])
+        .is_err());
+        assert!(env(&[("RANK", "x"), ("WORLD_SIZE", "2")]).is_err());
+    }
+}

@@ -1,0 +1,212 @@
+//! What a training run is, set up the same way by the single-device trainer and the sharded one
+//! (docs/training.md §7.3): the data and its order, the speaker, the trained set, the identity
+//! that decides which checkpoints may be continued, and the checkpoint index.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use candle_core::{DType, Tensor};
+use sha2::{Digest, Sha256};
+
+use super::checkpoint::{self, Identity, Index, ModelIdentity, OptimizerInfo, ParamInfo, RngInfo};
+use super::data::{self, Dataset};
+use super::optim::{AdamW, Schedule};
+use super::params;
+use super::sampler::{Cursor, Sampler};
+use super::units::unit_of;
+use super::{load_speaker, stwrite, TrainOptions};
+use crate::model::config::Qwen3TtsConfig;
+
+/// The parts of a run that do not depend on how it is computed.
+pub struct RunSetup {
+    pub cfg: Qwen3TtsConfig,
+    pub dataset: Dataset,
+    /// The x-vector `(H,)`, f32, on the training device.
+    pub speaker: Tensor,
+    /// The trained tensors, in parameter order (unit, then name).
+    pub trained: Vec<String>,
+    pub identity: Identity,
+    pub sampler: Sampler,
+}
+
+impl RunSetup {
+    /// Reads the data, the speaker and the trained set (from the checkpoint headers; no weights
+    /// are loaded).
+    pub fn new(opts: &TrainOptions) -> Result<Self> {
+        let cfg = opts.files.config.clone();
+        let c = &opts.config;
+        let tokenizer = opts.files.text_tokenizer()?;
+        let codebook = cfg.talker_config.code_predictor_config.vocab_size as u32;
+        let dataset = data::load(&opts.manifest, &opts.base_dir, &tokenizer, codebook)?;
+        let speaker = load_speaker(&opts.speaker, cfg.talker_config.hidden_size, &opts.device)?;
+        let mut names: Vec<&str> = opts
+            .files
+            .checkpoint
+            .tensor_names()
+            .filter(|n| n.starts_with(params::TRAINABLE_PREFIX))
+            .collect();
+        names.sort();
+        let (mut trained, _frozen) = params::select_trainable(names, &c.freeze)?;
+        let units = trained
+            .iter()
+            .map(|n| unit_of(n))
+            .collect::<Result<Vec<_>>>()?;
+        let mut order: Vec<usize> = (0..trained.len()).collect();
+        order.sort_by(|&a, &b| (units[a], &trained[a]).cmp(&(units[b], &trained[b])));
+        trained = order.into_iter().map(|i| trained[i].clone()).collect();
+        let identity = Identity {
+            model: ModelIdentity::compute(
+                &opts.model_spec,
+                &opts.files.config_path,
+                &opts.files.checkpoint.shards,
+            )?,
+            trained_sha256: {
+                let mut h = Sha256::new();
+                let mut sorted = trained.clone();
+                sorted.sort();
+                for n in &sorted {
+                    h.update(n.as_bytes());
+                    h.update([0]);
+                }
+                format!("{:x}", h.finalize())
+            },
+            trained_tensors: trained.len(),
+            objective: checkpoint::OBJECTIVE.to_string(),
+            batch_size: c.batch_size,
+            shuffle: c.shuffle,
+            seed: c.seed,
+            speaker_sha256: {
+                let bytes = stwrite::f32_bytes(&speaker)?;
+                format!("{:x}", Sha256::digest(&bytes))
+            },
+        };
+        let sampler = Sampler::new(dataset.lengths(), c.batch_size, c.shuffle, c.seed);
+        Ok(Self {
+            cfg,
+            dataset,
+            speaker,
+            trained,
+            identity,
+            sampler,
+        })
+    }
+
+    /// The learning-rate schedule of `opts` over `total` steps.
+    pub fn schedule(opts: &TrainOptions, total: usize) -> Schedule {
+        Schedule {
+            peak: opts.config.lr,
+            warmup: opts.config.warmup_steps,
+            total,
+        }
+    }
+
+    /// Optimizer steps of the whole run: `epochs` × steps per epoch, capped by `max_steps`.
+    pub fn total_steps(opts: &TrainOptions, sampler: &Sampler) -> usize {
+        let c = &opts.config;
+        let full = c.epochs * sampler.steps_per_epoch(c.grad_accum);
+        if c.max_steps > 0 {
+            full.min(c.max_steps)
+        } else {
+            full
+        }
+    }
+}
+
+/// The checkpoint a run continues from.
+pub struct Resume {
+    pub dir: PathBuf,
+    pub index: Index,
+    /// Where the data order continues (the epoch restarts when the data changed).
+    pub cursor: Cursor,
+    pub data_changed: bool,
+}
+
+/// The newest checkpoint under `opts.checkpoints` that this run may continue (after repairing
+/// an interrupted write), unless `fresh`; a checkpoint of another run is an error that says why.
+pub fn find_resume(
+    opts: &TrainOptions,
+    identity: &Identity,
+    dataset: &Dataset,
+    fresh: bool,
+) -> Result<Option<Resume>> {
+    checkpoint::recover(&opts.checkpoints)?;
+    if fresh {
+        return Ok(None);
+    }
+    let Some(dir) = checkpoint::find_latest(&opts.checkpoints)? else {
+        return Ok(None);
+    };
+    let index = checkpoint::read_index(&dir)?;
+    identity.check_compatible(&index.identity).map_err(|why| {
+        anyhow::anyhow!(
+            "checkpoint {} cannot be continued with this configuration: {why}. Run `voiceclone \
+             train --fresh` to start a new run (the old checkpoints are moved aside, not \
+             deleted), or restore the previous settings.",
+            dir.display()
+        )
+    })?;
+    let mut cursor = index.cursor;
+    let data_changed = index.data_sha256 != dataset.digest;
+    if data_changed {
+        cursor.batch = 0;
+    }
+    Ok(Some(Resume {
+        dir,
+        index,
+        cursor,
+        data_changed,
+    }))
+}
+
+/// What the index of a checkpoint records besides the parameters' layout.
+pub struct IndexParts<'a> {
+    pub identity: &'a Identity,
+    pub dataset: &'a Dataset,
+    pub cursor: Cursor,
+    pub step: usize,
+    pub adamw: &'a AdamW,
+    pub adam_step: u64,
+    pub loss: Option<f64>,
+    pub world_size: usize,
+}
+
+impl IndexParts<'_> {
+    pub fn index(&self, params: BTreeMap<String, ParamInfo>) -> Index {
+        let cursor = self.cursor;
+        Index {
+            format: checkpoint::FORMAT.into(),
+            version: checkpoint::VERSION,
+            world_size: self.world_size,
+            step: self.step,
+            epoch: cursor.epoch,
+            cursor,
+            rng: RngInfo {
+                algorithm: "splitmix64".into(),
+                state: cursor.rng_state,
+            },
+            config_digest: self.identity.digest(),
+            identity: self.identity.clone(),
+            data_sha256: self.dataset.digest.clone(),
+            optimizer: OptimizerInfo {
+                name: "adamw".into(),
+                beta1: self.adamw.beta1,
+                beta2: self.adamw.beta2,
+                eps: self.adamw.eps,
+                weight_decay: self.adamw.weight_decay,
+                step: self.adam_step,
+            },
+            loss: self.loss,
+            params,
+        }
+    }
+}
+
+/// The speaker file's bytes for the copy kept in every checkpoint.
+pub fn speaker_bytes(speaker: &Tensor) -> Result<Vec<u8>> {
+    let x: Vec<f32> = speaker
+        .to_dtype(DType::F32)?
+        .to_vec1()
+        .context("the speaker x-vector")?;
+    crate::artifacts::speaker::to_bytes(&x, None)
+}
