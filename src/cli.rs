@@ -453,7 +453,13 @@ impl SpeakArgs {
     one exactly where it stopped. A checkpoint of another base model or of another trained set, \
     batch size, seed or speaker embedding is refused with the reason. --fresh starts over: the \
     existing checkpoints/ is renamed to checkpoints.N/ (never deleted).\n\n\
-    At the end the model is exported to model/ (see voiceclone export)."
+    At the end the model is exported to model/ (see voiceclone export).\n\n\
+    --gpus N trains on N GPUs and --cpu-ranks N on N CPU processes, sharded (FSDP; train.shard \
+    full or grad-op), with the same results as one device. A process started by torchrun \
+    (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) or as one of several Slurm tasks \
+    (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, MASTER_ADDR) is one rank of such a run and starts \
+    nothing itself: that is how runs span several nodes (the workspace must be on a shared \
+    filesystem). Checkpoints of a sharded run continue at any number of ranks, or on one device."
 )]
 pub struct TrainArgs {
     /// Qwen3-TTS Base model to fine-tune: hub repo id or local directory [model.base].
@@ -516,6 +522,18 @@ pub struct TrainArgs {
     #[arg(long, value_name = "NAME")]
     pub speaker_name: Option<String>,
 
+    /// Train sharded on N GPUs, one process each (builds with --features cuda,nccl) [train.gpus].
+    #[arg(long, value_name = "N")]
+    pub gpus: Option<usize>,
+
+    /// Train sharded on N CPU processes [train.cpu_ranks].
+    #[arg(long, value_name = "N")]
+    pub cpu_ranks: Option<usize>,
+
+    /// What a sharded run shards: full or grad-op [train.shard].
+    #[arg(long, value_name = "MODE")]
+    pub shard: Option<String>,
+
     /// Start a new run: move the existing checkpoints/ aside (to checkpoints.N/) first.
     #[arg(long)]
     pub fresh: bool,
@@ -557,6 +575,9 @@ impl TrainArgs {
                 "--speaker-name",
                 self.speaker_name.clone(),
             )
+            .count("train.gpus", "--gpus", self.gpus)
+            .count("train.cpu_ranks", "--cpu-ranks", self.cpu_ranks)
+            .set("train.shard", "--shard", self.shard.clone())
             .into()
     }
 }

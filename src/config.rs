@@ -70,6 +70,24 @@ pub struct TrainConfig {
     pub keep: usize,
     pub freeze: Vec<String>,
     pub speaker_name: String,
+    pub gpus: usize,
+    pub cpu_ranks: usize,
+    pub shard: Shard,
+    pub dist_timeout: u64,
+}
+
+/// `train.shard`: what a sharded run shards (docs/distributed.md §4).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Shard {
+    /// ZeRO-3 / FSDP FULL_SHARD.
+    Full,
+    /// ZeRO-2 / FSDP SHARD_GRAD_OP.
+    GradOp,
+}
+
+impl Shard {
+    pub const NAMES: &'static [&'static str] = &["full", "grad-op"];
 }
 
 /// `[speak]`: synthesis defaults. Sampling keys at 0 take the model's
@@ -129,6 +147,7 @@ impl NonStreaming {
 const CHOICES: &[(&str, &[&str])] = &[
     ("speak.precision", Precision::NAMES),
     ("speak.non_streaming", NonStreaming::NAMES),
+    ("train.shard", Shard::NAMES),
 ];
 
 /// Where a configuration value came from, for error messages and `voiceclone config`.
@@ -353,6 +372,19 @@ impl Resolved {
             if v == 0 {
                 return Err(bad(key, "must be at least 1".into()));
             }
+        }
+        if t.gpus > 0 && t.cpu_ranks > 0 {
+            return Err(bad(
+                "train.cpu_ranks",
+                format!(
+                    "a run uses GPUs or CPU ranks, not both (train.gpus is {}, set in {})",
+                    t.gpus,
+                    self.source_of("train.gpus")
+                ),
+            ));
+        }
+        if t.dist_timeout == 0 {
+            return Err(bad("train.dist_timeout", "must be at least 1 second".into()));
         }
         if !(t.lr > 0.0 && t.lr.is_finite()) {
             return Err(bad(

@@ -30,6 +30,18 @@ impl Progress {
         }
     }
 
+    /// A bar that never draws (the ranks of a distributed run other than rank 0).
+    pub fn hidden(len: u64) -> Self {
+        Progress {
+            bar: {
+                let b = ProgressBar::hidden();
+                b.set_length(len);
+                b
+            },
+            warnings: Mutex::new(Vec::new()),
+        }
+    }
+
     pub fn inc(&self, n: u64) {
         self.bar.inc(n);
     }

@@ -8,6 +8,7 @@ pub mod export;
 pub mod prep;
 pub mod speak;
 pub mod train;
+pub mod train_ranks;
 
 use anyhow::Result;
 

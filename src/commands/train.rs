@@ -34,6 +34,70 @@ pub fn hooks() -> Arc<dyn TrainHooks> {
 }
 
 pub fn run(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<()> {
+    if let Some(env) = crate::dist::RankEnv::from_env()? {
+        return super::train_ranks::run_rank(ws, config, args, env);
+    }
+    let c = &config.train;
+    if c.gpus > 0 || c.cpu_ranks > 0 {
+        return super::train_ranks::launch(ws, config, args);
+    }
+    require_manifest(ws)?;
+    let _lock = train::lock::RunLock::acquire(&ws.train_lock())?;
+    let run = prepare(ws, config)?;
+    move_aside_if_fresh(ws, args)?;
+    let device = train_device()?;
+    let opts = run.options(ws, config, device.clone(), train::Backend::auto(&device));
+    let mut trainer = Trainer::new(opts, false)?;
+    let total = trainer.total_steps();
+    match &trainer.resumed_from {
+        Some(dir) => print_resumed(ws, dir, trainer.step, total, trainer.data_changed, trainer.sampler.cursor().epoch),
+        None => print_start(
+            config,
+            trainer.params.params.len(),
+            trainer.params.elem_count(),
+            &trainer.dataset,
+            trainer.sampler.steps_per_epoch(c.grad_accum),
+            "",
+        ),
+    }
+    let outcome = trainer.run()?;
+    finish(ws, config, args, &outcome, trainer.options())
+}
+
+/// What every way of training needs ready first: the manifest with codes, the speaker
+/// embedding, the base model's files.
+pub struct Prepared {
+    pub manifest: PathBuf,
+    pub speaker: PathBuf,
+    pub files: ModelFiles,
+    pub model_spec: String,
+}
+
+impl Prepared {
+    pub fn options(
+        self,
+        ws: &Workspace,
+        config: &Config,
+        device: Device,
+        backend: train::Backend,
+    ) -> TrainOptions {
+        TrainOptions {
+            files: self.files,
+            model_spec: self.model_spec,
+            manifest: self.manifest,
+            base_dir: ws.root().to_path_buf(),
+            speaker: self.speaker,
+            checkpoints: ws.checkpoints_dir(),
+            config: config.train.clone(),
+            device,
+            backend,
+            hooks: hooks(),
+        }
+    }
+}
+
+/// The manifest must exist before anything else happens.
+pub fn require_manifest(ws: &Workspace) -> Result<()> {
     let manifest = ws.manifest();
     if !manifest.is_file() {
         bail!(
@@ -43,14 +107,33 @@ pub fn run(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<()> {
             ws.root().display()
         );
     }
-    let _lock = train::lock::RunLock::acquire(&ws.train_lock())?;
+    Ok(())
+}
+
+/// Fills in missing codes and the speaker embedding, and resolves the model.
+pub fn prepare(ws: &Workspace, config: &Config) -> Result<Prepared> {
+    require_manifest(ws)?;
+    let manifest = ws.manifest();
     train::alloc::keep_freed_memory();
     ensure_codes(ws, config, &manifest)?;
     let speaker = ensure_speaker(ws, config, &manifest)?;
+    Ok(Prepared {
+        files: model_files(ws, config)?,
+        model_spec: ws.model_source(&config.model.base)?.stable_spec(),
+        manifest,
+        speaker,
+    })
+}
 
+/// The base model's files (`model.base`).
+pub fn model_files(ws: &Workspace, config: &Config) -> Result<ModelFiles> {
     let source = ws.model_source(&config.model.base)?;
-    let files = ModelFiles::resolve(&source)
-        .with_context(|| format!("cannot use the base model {}", source.describe()))?;
+    ModelFiles::resolve(&source)
+        .with_context(|| format!("cannot use the base model {}", source.describe()))
+}
+
+/// `--fresh`: the previous run's checkpoints move aside (never deleted).
+pub fn move_aside_if_fresh(ws: &Workspace, args: &TrainArgs) -> Result<()> {
     let checkpoints = ws.checkpoints_dir();
     if args.fresh {
         if let Some(moved) = move_aside(&checkpoints)? {
@@ -61,53 +144,61 @@ pub fn run(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<()> {
             );
         }
     }
-    let device = train_device()?;
-    let opts = TrainOptions {
-        files,
-        model_spec: source.stable_spec(),
-        manifest,
-        base_dir: ws.root().to_path_buf(),
-        speaker,
-        checkpoints: checkpoints.clone(),
-        config: config.train.clone(),
-        device: device.clone(),
-        backend: train::Backend::auto(&device),
-        hooks: hooks(),
-    };
-    let mut trainer = Trainer::new(opts, false)?;
-    let total = trainer.total_steps();
-    let c = &config.train;
-    match &trainer.resumed_from {
-        Some(dir) => {
-            println!(
-                "resuming from {} (step {} of {total})",
-                ws.relative(dir),
-                trainer.step
-            );
-            if trainer.data_changed {
-                eprintln!(
-                    "warning: {} changed since that checkpoint; epoch {} restarts from its first \
-                     batch with the new data",
-                    ws.relative(&trainer.dataset.manifest),
-                    trainer.sampler.cursor().epoch + 1
-                );
-            }
-        }
-        None => println!(
-            "training {} tensors ({:.1} M parameters) on {} utterances ({} frames): {} epochs × {} \
-             steps, effective batch {} × {}, lr {:e}",
-            trainer.params.params.len(),
-            trainer.params.elem_count() as f64 / 1e6,
-            trainer.dataset.samples.len(),
-            trainer.dataset.frames(),
-            c.epochs,
-            trainer.sampler.steps_per_epoch(c.grad_accum),
-            c.batch_size,
-            c.grad_accum,
-            c.lr
-        ),
+    Ok(())
+}
+
+pub fn print_resumed(
+    ws: &Workspace,
+    dir: &Path,
+    step: usize,
+    total: usize,
+    data_changed: bool,
+    epoch: usize,
+) {
+    println!("resuming from {} (step {step} of {total})", ws.relative(dir));
+    if data_changed {
+        eprintln!(
+            "warning: {} changed since that checkpoint; epoch {} restarts from its first batch \
+             with the new data",
+            ws.relative(&ws.manifest()),
+            epoch + 1
+        );
     }
-    let outcome = trainer.run()?;
+}
+
+pub fn print_start(
+    config: &Config,
+    tensors: usize,
+    parameters: usize,
+    dataset: &data::Dataset,
+    steps_per_epoch: usize,
+    placement: &str,
+) {
+    let c = &config.train;
+    println!(
+        "training {tensors} tensors ({:.1} M parameters) on {} utterances ({} frames): {} epochs × \
+         {steps_per_epoch} steps, effective batch {} × {}, lr {:e}{placement}",
+        parameters as f64 / 1e6,
+        dataset.samples.len(),
+        dataset.frames(),
+        c.epochs,
+        c.batch_size,
+        c.grad_accum,
+        c.lr
+    );
+}
+
+/// After training: says how it went and exports `model/` (unless `--no-export`).
+pub fn finish(
+    ws: &Workspace,
+    config: &Config,
+    args: &TrainArgs,
+    outcome: &train::Outcome,
+    opts: &TrainOptions,
+) -> Result<()> {
+    let c = &config.train;
+    let total = outcome.total_steps;
+    let checkpoints = ws.checkpoints_dir();
     if outcome.interrupted {
         bail!(
             "training interrupted after step {} of {}; saved {}. Run `voiceclone train` again \
@@ -143,6 +234,7 @@ pub fn run(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<()> {
     }
     let Some(ckpt) = outcome
         .checkpoint
+        .clone()
         .or(checkpoint::find_latest(&checkpoints)?)
     else {
         bail!("no checkpoint to export");
@@ -160,7 +252,6 @@ pub fn run(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<()> {
         );
         return Ok(());
     }
-    let opts = trainer.options();
     let summary = export::export(&export::ExportOptions {
         files: &opts.files,
         model_spec: &opts.model_spec,
@@ -244,7 +335,7 @@ fn ensure_speaker(ws: &Workspace, config: &Config, manifest: &Path) -> Result<Pa
 }
 
 /// Renames `dir` to the first free `dir.N`; `None` when `dir` does not exist.
-fn move_aside(dir: &Path) -> Result<Option<PathBuf>> {
+pub fn move_aside(dir: &Path) -> Result<Option<PathBuf>> {
     if !dir.exists() {
         return Ok(None);
     }

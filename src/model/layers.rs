@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::sync::Mutex;
 
 use anyhow::{bail, Context};
-use candle_core::{DType, Device, Result, Tensor, Var};
+use candle_core::{DType, Device, Result, Tensor};
 
 use super::config::{CodePredictorConfig, TalkerConfig};
 use super::grad_kernels::{self, RopeHalfTables};
@@ -38,16 +38,17 @@ impl TensorSource for Weights {
     }
 }
 
-/// [`TensorSource::tensor`] for a set split into trainable vars and frozen tensors: the var
-/// `name` if there is one, else the frozen tensor, which must have `shape`.
+/// [`TensorSource::tensor`] for a set split into trained tensors (`Var`s, or gathered shards)
+/// and frozen ones: the trained tensor `name` if there is one, else the frozen one, which must
+/// have `shape`.
 pub fn trainable_or_frozen(
     name: &str,
     shape: &[usize],
-    var: Option<&Var>,
+    trained: Option<&Tensor>,
     frozen: Option<&Tensor>,
 ) -> anyhow::Result<Tensor> {
-    let t = match (var, frozen) {
-        (Some(v), _) => v.as_tensor().clone(),
+    let t = match (trained, frozen) {
+        (Some(v), _) => v.clone(),
         (None, Some(t)) => t.clone(),
         (None, None) => bail!("the model has no tensor {name}"),
     };

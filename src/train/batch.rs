@@ -43,6 +43,12 @@ pub struct LayoutIds {
 }
 
 impl LayoutIds {
+    /// The text-channel ids a batch uses besides the samples' own: the padding id 0 and the
+    /// TTS pad, bos and eos tokens.
+    pub fn text_specials(&self) -> [u32; 4] {
+        [0, self.tts_pad, self.tts_bos, self.tts_eos]
+    }
+
     pub fn from_config(cfg: &Qwen3TtsConfig) -> Self {
         let t = &cfg.talker_config;
         Self {

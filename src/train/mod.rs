@@ -22,6 +22,7 @@ pub mod optim;
 pub mod params;
 pub mod run;
 pub mod sampler;
+pub mod sharded;
 pub mod signal;
 pub mod sparse;
 pub mod stages;

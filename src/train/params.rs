@@ -262,7 +262,7 @@ impl TensorSource for ParamStore {
         trainable_or_frozen(
             name,
             shape,
-            self.get(name).map(|p| &p.var),
+            self.get(name).map(|p| p.var.as_tensor()),
             self.frozen.get(name),
         )
     }

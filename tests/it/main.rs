@@ -22,5 +22,6 @@ mod prep_rerun_and_bad_input;
 mod speak_cli;
 mod speak_parity;
 mod train_cli;
+mod train_dist;
 mod train_parity;
 mod train_support;

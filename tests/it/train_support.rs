@@ -109,10 +109,21 @@ pub fn voiceclone(workdir: &Path, args: &[&str]) -> Output {
 
 pub fn command(workdir: &Path, args: &[&str]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_voiceclone"));
-    c.arg("--workdir")
-        .arg(workdir)
-        .args(args)
-        .env_remove("RUST_LOG");
+    c.arg("--workdir").arg(workdir).args(args).env_remove("RUST_LOG");
+    // A test's own processes are never ranks of some outer distributed job.
+    for v in [
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "SLURM_PROCID",
+        "SLURM_NTASKS",
+        "SLURM_LOCALID",
+        "VOICECLONE_LAUNCHED",
+    ] {
+        c.env_remove(v);
+    }
     c
 }
 

@@ -1,0 +1,247 @@
+//! `voiceclone train --gpus N | --cpu-ranks N`, and the rank processes of such a run (ours, or
+//! started by torchrun or Slurm): docs/distributed.md §5.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use candle_core::Device;
+
+use super::train::{finish, move_aside_if_fresh, prepare, print_resumed, print_start};
+use crate::cli::TrainArgs;
+use crate::config::Config;
+use crate::dist::env::Launcher;
+use crate::dist::launch::{self, LaunchSpec};
+use crate::dist::tcp::{Endpoint, TcpCollective};
+use crate::dist::{Collective, RankEnv, ReduceOp};
+use crate::train::sharded::ShardedTrainer;
+use crate::train::{self, Backend};
+use crate::workspace::Workspace;
+
+/// Starts the rank processes of a run on this machine and waits for them. The data steps
+/// (codes, speaker embedding) and `--fresh` happen here, once, before any rank starts; the
+/// workspace stays locked until the last rank has exited.
+pub fn launch(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<()> {
+    let c = &config.train;
+    let world = c.gpus.max(c.cpu_ranks);
+    if c.gpus > 0 && !cfg!(feature = "nccl") {
+        bail!(
+            "--gpus needs a build with GPU support: cargo build --release --features cuda,nccl \
+             (or train on CPU ranks with --cpu-ranks {world})"
+        );
+    }
+    super::train::require_manifest(ws)?;
+    let _lock = train::lock::RunLock::acquire(&ws.train_lock())?;
+    prepare(ws, config)?;
+    move_aside_if_fresh(ws, args)?;
+    let spec = LaunchSpec {
+        world,
+        args: std::env::args_os().skip(1).collect(),
+        env: Vec::new(),
+    };
+    launch::launch(&spec)
+}
+
+/// The device of this rank: its GPU (`LOCAL_RANK`) on a GPU run, else the CPU.
+fn rank_device(config: &Config, env: &RankEnv) -> Result<Device> {
+    let c = &config.train;
+    let gpu = match env.launcher {
+        Launcher::Voiceclone => c.gpus > 0,
+        // Under torchrun or Slurm: a GPU when this build has them, unless --cpu-ranks says CPU.
+        Launcher::Torchrun | Launcher::Slurm => c.cpu_ranks == 0 && cfg!(feature = "cuda"),
+    };
+    if gpu {
+        Device::new_cuda(env.local_rank).with_context(|| {
+            format!(
+                "rank {} cannot open GPU {} (LOCAL_RANK)",
+                env.rank, env.local_rank
+            )
+        })
+    } else {
+        Ok(Device::Cpu)
+    }
+}
+
+fn connect(ep: &Endpoint, device: &Device) -> Result<Arc<dyn Collective>> {
+    if device.is_cuda() {
+        #[cfg(feature = "nccl")]
+        {
+            return Ok(Arc::new(crate::dist::nccl::NcclCollective::connect(
+                ep, device,
+            )?));
+        }
+        #[cfg(not(feature = "nccl"))]
+        bail!("a GPU rank needs a build with --features cuda,nccl");
+    }
+    Ok(Arc::new(TcpCollective::connect(ep, Vec::new())?))
+}
+
+/// One rank of a sharded run: joins the others, trains its shards, and (rank 0) reports and
+/// exports. Any failure is passed to every rank before this one exits.
+pub fn run_rank(ws: &Workspace, config: &Config, args: &TrainArgs, env: RankEnv) -> Result<()> {
+    let rank = env.rank;
+    let result = rank_main(ws, config, args, &env);
+    if let Err(e) = &result {
+        launch::write_report(rank, &format!("{e:#}"));
+    }
+    result.map_err(|e| e.context(format!("rank {rank}")))
+}
+
+fn rank_main(ws: &Workspace, config: &Config, args: &TrainArgs, env: &RankEnv) -> Result<()> {
+    let ours = env.launcher == Launcher::Voiceclone;
+    // Started by torchrun or Slurm, rank 0 does what our launcher does before the ranks start;
+    // the other ranks wait for it in the rendezvous.
+    let _lock = if !ours && env.rank == 0 {
+        super::train::require_manifest(ws)?;
+        let lock = train::lock::RunLock::acquire(&ws.train_lock())?;
+        prepare(ws, config)?;
+        move_aside_if_fresh(ws, args)?;
+        Some(lock)
+    } else {
+        None
+    };
+    let device = rank_device(config, env)?;
+    let ep = Endpoint {
+        rank: env.rank,
+        world: env.world,
+        master: env.rendezvous.clone(),
+        timeout: Duration::from_secs(config.train.dist_timeout),
+    };
+    let coll = connect(&ep, &device)?;
+    install_failure_handlers(coll.clone(), env.rank);
+    let result = train_rank(ws, config, args, env, &device, coll.clone());
+    match &result {
+        Ok(()) => {}
+        Err(e) => coll.abort(&format!("rank {}: {e:#}", env.rank)),
+    }
+    result
+}
+
+fn train_rank(
+    ws: &Workspace,
+    config: &Config,
+    args: &TrainArgs,
+    env: &RankEnv,
+    device: &Device,
+    coll: Arc<dyn Collective>,
+) -> Result<()> {
+    let rank = env.rank;
+    // A tag every rank shares, for the names of temporary checkpoint directories.
+    let mine = if rank == 0 {
+        (std::process::id() as f64) * 1e6
+            + (std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_micros() % 1_000_000) as f64)
+    } else {
+        0.0
+    };
+    let tag = format!("{:x}", coll.all_reduce_host(&[mine], ReduceOp::Sum)?[0] as u64);
+    check_shared_filesystem(ws, coll.as_ref(), &tag)?;
+    let files = super::train::model_files(ws, config)?;
+    let prepared = super::train::Prepared {
+        manifest: ws.manifest(),
+        speaker: ws.speaker_file(),
+        model_spec: ws.model_source(&config.model.base)?.stable_spec(),
+        files,
+    };
+    let backend = Backend::auto(device);
+    let opts = prepared.options(ws, config, device.clone(), backend);
+    let mut trainer = ShardedTrainer::new(opts, coll.clone(), config.train.shard, tag, args.fresh)?;
+    if rank == 0 {
+        let total = trainer.total_steps();
+        match &trainer.resumed_from {
+            Some(dir) => print_resumed(
+                ws,
+                dir,
+                trainer.step,
+                total,
+                trainer.data_changed,
+                trainer.sampler.cursor().epoch,
+            ),
+            None => print_start(
+                config,
+                trainer.params.len(),
+                trainer.full_parameters(),
+                &trainer.dataset,
+                trainer.sampler.steps_per_epoch(config.train.grad_accum),
+                "",
+            ),
+        }
+        println!(
+            "{} ranks ({}), shard {:?}: {:.2} GB of masters, moments and gradients per rank, \
+             largest gathered unit {:.1} MB",
+            trainer.world(),
+            if device.is_cuda() { "GPUs, NCCL" } else { "CPU, TCP" },
+            config.train.shard,
+            trainer.state_bytes() as f64 / 1e9,
+            trainer.largest_unit_bytes() as f64 / 1e6
+        );
+    }
+    let outcome = trainer.run()?;
+    coll.finish()?;
+    if rank == 0 {
+        finish(ws, config, args, &outcome, trainer.options())
+    } else if outcome.interrupted {
+        bail!("stopped on request after step {}", outcome.step)
+    } else {
+        Ok(())
+    }
+}
+
+/// A sharded run writes one checkpoint from every rank: the checkpoint directory must be the
+/// same directory for all of them (one machine, or a filesystem every node shares).
+fn check_shared_filesystem(ws: &Workspace, coll: &dyn Collective, tag: &str) -> Result<()> {
+    let dir = ws.checkpoints_dir();
+    let marker = dir.join(format!(".voiceclone-shared-fs-{tag}"));
+    if coll.rank() == 0 {
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+        crate::fsutil::write_atomic(&marker, tag.as_bytes())?;
+    }
+    coll.barrier()?;
+    let sees = std::fs::read_to_string(&marker).is_ok_and(|t| t == tag);
+    let missing = coll.all_reduce_host(
+        &[if sees { 0.0 } else { 1.0 + coll.rank() as f64 }],
+        ReduceOp::Max,
+    )?[0];
+    coll.barrier()?;
+    if coll.rank() == 0 {
+        let _ = std::fs::remove_file(&marker);
+    }
+    if missing > 0.0 {
+        bail!(
+            "rank {} cannot see {} written by rank 0: the workspace must be on a filesystem \
+             shared by every node of the run (the same path everywhere)",
+            missing as usize - 1,
+            marker.display()
+        );
+    }
+    Ok(())
+}
+
+/// A panic anywhere in this rank stops the whole run at once (the message reaches every rank),
+/// and once the run is aborted this process ends within 20 s even if it is stuck in a
+/// computation or a GPU collective.
+fn install_failure_handlers(coll: Arc<dyn Collective>, rank: usize) {
+    let for_panic = coll.clone();
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let msg = format!("rank {rank} panicked: {info}");
+        launch::write_report(rank, &msg);
+        for_panic.abort(&msg);
+        default(info);
+    }));
+    std::thread::spawn(move || loop {
+        if let Some(why) = coll.aborted() {
+            let since = Instant::now();
+            while since.elapsed() < Duration::from_secs(20) {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let msg = format!("the run was aborted: {why} (rank {rank} did not stop by itself)");
+            launch::write_report(rank, &msg);
+            eprintln!("error: rank {rank}: {msg}");
+            std::process::exit(1);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    });
+}
