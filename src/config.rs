@@ -384,7 +384,10 @@ impl Resolved {
             ));
         }
         if t.dist_timeout == 0 {
-            return Err(bad("train.dist_timeout", "must be at least 1 second".into()));
+            return Err(bad(
+                "train.dist_timeout",
+                "must be at least 1 second".into(),
+            ));
         }
         if !(t.lr > 0.0 && t.lr.is_finite()) {
             return Err(bad(

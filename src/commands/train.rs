@@ -50,7 +50,14 @@ pub fn run(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<()> {
     let mut trainer = Trainer::new(opts, false)?;
     let total = trainer.total_steps();
     match &trainer.resumed_from {
-        Some(dir) => print_resumed(ws, dir, trainer.step, total, trainer.data_changed, trainer.sampler.cursor().epoch),
+        Some(dir) => print_resumed(
+            ws,
+            dir,
+            trainer.step,
+            total,
+            trainer.data_changed,
+            trainer.sampler.cursor().epoch,
+        ),
         None => print_start(
             config,
             trainer.params.params.len(),
@@ -155,7 +162,10 @@ pub fn print_resumed(
     data_changed: bool,
     epoch: usize,
 ) {
-    println!("resuming from {} (step {step} of {total})", ws.relative(dir));
+    println!(
+        "resuming from {} (step {step} of {total})",
+        ws.relative(dir)
+    );
     if data_changed {
         eprintln!(
             "warning: {} changed since that checkpoint; epoch {} restarts from its first batch \

@@ -135,7 +135,10 @@ fn train_rank(
     } else {
         0.0
     };
-    let tag = format!("{:x}", coll.all_reduce_host(&[mine], ReduceOp::Sum)?[0] as u64);
+    let tag = format!(
+        "{:x}",
+        coll.all_reduce_host(&[mine], ReduceOp::Sum)?[0] as u64
+    );
     check_shared_filesystem(ws, coll.as_ref(), &tag)?;
     let files = super::train::model_files(ws, config)?;
     let prepared = super::train::Prepared {
@@ -147,6 +150,9 @@ fn train_rank(
     let backend = Backend::auto(device);
     let opts = prepared.options(ws, config, device.clone(), backend);
     let mut trainer = ShardedTrainer::new(opts, coll.clone(), config.train.shard, tag, args.fresh)?;
+    let state = trainer.state_bytes() as f64;
+    let most = coll.all_reduce_host(&[state], ReduceOp::Max)?[0];
+    let all = coll.all_reduce_host(&[state], ReduceOp::Sum)?[0];
     if rank == 0 {
         let total = trainer.total_steps();
         match &trainer.resumed_from {
@@ -168,13 +174,22 @@ fn train_rank(
             ),
         }
         println!(
-            "{} ranks ({}), shard {:?}: {:.2} GB of masters, moments and gradients per rank, \
-             largest gathered unit {:.1} MB",
+            "{} ranks ({}), shard {}: masters, moments and gradients take at most {} bytes on a \
+             rank ({:.3} GB; {} bytes in all), the largest unit gathered {} bytes",
             trainer.world(),
-            if device.is_cuda() { "GPUs, NCCL" } else { "CPU, TCP" },
-            config.train.shard,
-            trainer.state_bytes() as f64 / 1e9,
-            trainer.largest_unit_bytes() as f64 / 1e6
+            if device.is_cuda() {
+                "GPUs, NCCL"
+            } else {
+                "CPU, TCP"
+            },
+            match config.train.shard {
+                crate::config::Shard::Full => "full",
+                crate::config::Shard::GradOp => "grad-op",
+            },
+            most as u64,
+            most / 1e9,
+            all as u64,
+            trainer.largest_unit_bytes()
         );
     }
     let outcome = trainer.run()?;

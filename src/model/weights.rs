@@ -86,11 +86,7 @@ impl Weights {
         Ok(w)
     }
 
-    fn load_file(
-        &mut self,
-        path: &Path,
-        select: &Select,
-    ) -> Result<()> {
+    fn load_file(&mut self, path: &Path, select: &Select) -> Result<()> {
         let file = std::fs::File::open(path)?;
         // SAFETY: the mapping is read-only and private to this function; checkpoint files are
         // not expected to change while they load (as with every mmap-based loader).

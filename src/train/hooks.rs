@@ -146,7 +146,10 @@ mod env {
                 panic!("test hook: rank {rank} panics at step {step}");
             }
             if self.pause_at == Some((step, rank)) {
-                eprintln!("test hook: rank {rank} paused at step {step}");
+                eprintln!(
+                    "test hook: rank {rank} paused at step {step} (pid {})",
+                    std::process::id()
+                );
                 std::thread::sleep(Duration::from_secs(600));
             }
         }

@@ -320,7 +320,10 @@ impl ShardedTrainer {
 
     /// Trained parameters of the whole run (every rank's rows).
     pub fn full_parameters(&self) -> usize {
-        self.shapes.iter().map(|s| s.iter().product::<usize>()).sum()
+        self.shapes
+            .iter()
+            .map(|s| s.iter().product::<usize>())
+            .sum()
     }
 
     /// The largest unit once gathered, in bytes of the compute dtype.
@@ -371,12 +374,7 @@ impl ShardedTrainer {
 
     /// Sums `acc` (unit `u`'s full f32 gradients from this rank's micro-batches; `None` = zero)
     /// over the ranks into this rank's rows, stored at the parameters' indices in `out`.
-    fn reduce(
-        &self,
-        u: usize,
-        acc: Vec<Option<Tensor>>,
-        out: &mut [Option<Tensor>],
-    ) -> Result<()> {
+    fn reduce(&self, u: usize, acc: Vec<Option<Tensor>>, out: &mut [Option<Tensor>]) -> Result<()> {
         let unit = &self.units[u];
         let fulls = unit
             .members
@@ -492,7 +490,12 @@ impl ShardedTrainer {
 
     /// Agrees on the step's losses (sums over every rank's micro-batches); when any micro-batch's
     /// loss is not finite, every rank fails with the same message naming its manifest lines.
-    fn agree_losses(&self, local: &[Local], micro: &[Vec<usize>], epoch: usize) -> Result<[f64; 4]> {
+    fn agree_losses(
+        &self,
+        local: &[Local],
+        micro: &[Vec<usize>],
+        epoch: usize,
+    ) -> Result<[f64; 4]> {
         let step = self.step + 1;
         let mut sums = [0.0f64; 4];
         let mut bad = f64::NEG_INFINITY;
@@ -548,10 +551,6 @@ impl ShardedTrainer {
             .collect::<Result<_>>()?;
         let layer_name = |l: usize| format!("talker.model.layers.{l}");
         let table = self.text_table(rows)?;
-        let text = |m: &Micro, table: &Tensor| -> Tensor {
-            let _ = m;
-            table.clone()
-        };
 
         // Forward, keeping every unit's inputs.
         let embedded: Vec<Embedded> = {
@@ -559,8 +558,11 @@ impl ShardedTrainer {
             let unit = EmbeddingUnit::load(&src, cfg, numerics)?;
             mine.iter()
                 .map(|m| {
-                    let t = text(m, &table);
-                    unit.forward(&m.batch, &self.speaker, TextRows { table: &t, ids: &m.text_ids })
+                    let text = TextRows {
+                        table: &table,
+                        ids: &m.text_ids,
+                    };
+                    unit.forward(&m.batch, &self.speaker, text)
                 })
                 .collect::<candle_core::Result<_>>()?
         };
@@ -686,8 +688,16 @@ impl ShardedTrainer {
                     Some(v) => v.as_tensor().clone(),
                     None => table.clone(),
                 };
-                let e = unit.forward(&m.batch, &self.speaker, TextRows { table: &t, ids: &m.text_ids })?;
-                let obj = (((e.inputs * &d_x[k])?.sum_all()? + (e.c0_embed * &d_c0[k])?.sum_all()?)?
+                let e = unit.forward(
+                    &m.batch,
+                    &self.speaker,
+                    TextRows {
+                        table: &t,
+                        ids: &m.text_ids,
+                    },
+                )?;
+                let obj = (((e.inputs * &d_x[k])?.sum_all()?
+                    + (e.c0_embed * &d_c0[k])?.sum_all()?)?
                     + (e.sub_embeds * &d_sub[k])?.sum_all()?)?;
                 let g = obj.backward()?;
                 accumulate_vars(&g, &vars, &mut acc, in_place)?;
@@ -715,7 +725,10 @@ impl ShardedTrainer {
         micro: &[Vec<usize>],
         epoch: usize,
     ) -> Result<Pass> {
-        let replica = self.replica.as_ref().context("grad-op mode without a replica")?;
+        let replica = self
+            .replica
+            .as_ref()
+            .context("grad-op mode without a replica")?;
         let in_place = self.backend.in_place();
         let table = self.text_table(rows)?;
         let rows_var = rows.map(Var::from_tensor).transpose()?;
@@ -764,7 +777,11 @@ impl ShardedTrainer {
         let sums = self.agree_losses(&local, micro, epoch)?;
         let mut grads: Vec<Option<Tensor>> = vec![None; self.params.len()];
         for u in 0..self.units.len() {
-            let acc = self.units[u].members.iter().map(|&i| full[i].take()).collect();
+            let acc = self.units[u]
+                .members
+                .iter()
+                .map(|&i| full[i].take())
+                .collect();
             self.reduce(u, acc, &mut grads)?;
         }
         Ok(Pass {
@@ -822,10 +839,7 @@ impl ShardedTrainer {
                 (None, _) => 0.0,
             };
         }
-        let grad_norm = self
-            .coll
-            .all_reduce_host(&[sum_sq], ReduceOp::Sum)?[0]
-            .sqrt();
+        let grad_norm = self.coll.all_reduce_host(&[sum_sq], ReduceOp::Sum)?[0].sqrt();
         if !grad_norm.is_finite() {
             bail!(
                 "the gradient norm became {grad_norm} at step {}; this step was not applied and \
@@ -869,7 +883,11 @@ impl ShardedTrainer {
 
     /// The text table as a one-tensor flat layout (grad-op gathers it whole).
     fn text_layout(&self, t: usize) -> FlatLayout {
-        FlatLayout::new(std::slice::from_ref(&self.shapes[t]), self.world(), self.rank())
+        FlatLayout::new(
+            std::slice::from_ref(&self.shapes[t]),
+            self.world(),
+            self.rank(),
+        )
     }
 
     /// grad-op: every trained tensor gathered in full, as `Var`s, and the model built on them.
@@ -885,7 +903,10 @@ impl ShardedTrainer {
         if let Some(t) = self.text {
             let table = self
                 .text_layout(t)
-                .gather(self.coll.as_ref(), &[self.params[t].var.as_tensor().clone()])?
+                .gather(
+                    self.coll.as_ref(),
+                    &[self.params[t].var.as_tensor().clone()],
+                )?
                 .remove(0);
             vars.insert(self.params[t].name.clone(), Var::from_tensor(&table)?);
         }
@@ -905,7 +926,10 @@ impl ShardedTrainer {
 
     /// grad-op: after the update, every replica takes the new values of every tensor.
     fn refresh_replica(&self) -> Result<()> {
-        let replica = self.replica.as_ref().context("grad-op mode without a replica")?;
+        let replica = self
+            .replica
+            .as_ref()
+            .context("grad-op mode without a replica")?;
         for u in 0..self.units.len() {
             let (src, _) = self.gather(u, false)?;
             for &i in &self.units[u].members {
@@ -916,7 +940,10 @@ impl ShardedTrainer {
         if let Some(t) = self.text {
             let table = self
                 .text_layout(t)
-                .gather(self.coll.as_ref(), &[self.params[t].var.as_tensor().clone()])?
+                .gather(
+                    self.coll.as_ref(),
+                    &[self.params[t].var.as_tensor().clone()],
+                )?
                 .remove(0);
             replica.vars[&self.params[t].name].set(&table)?;
         }
@@ -1089,12 +1116,12 @@ impl ShardedTrainer {
                 self.world()
             ));
             self.opts.hooks.after_step(self.step);
-            let stop = self
-                .coll
-                .all_reduce_host(&[if signal::stop_requested() { 1.0 } else { 0.0 }], ReduceOp::Max)?
-                [0]
+            let stop = self.coll.all_reduce_host(
+                &[if signal::stop_requested() { 1.0 } else { 0.0 }],
+                ReduceOp::Max,
+            )?[0]
                 > 0.0;
-            let due = c.save_every > 0 && self.step % c.save_every == 0;
+            let due = c.save_every > 0 && self.step.is_multiple_of(c.save_every);
             if due || stop || self.step == total {
                 let dir = self.save()?;
                 if let (Some(log), Some(dir)) = (&log, &dir) {

@@ -109,7 +109,10 @@ pub fn voiceclone(workdir: &Path, args: &[&str]) -> Output {
 
 pub fn command(workdir: &Path, args: &[&str]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_voiceclone"));
-    c.arg("--workdir").arg(workdir).args(args).env_remove("RUST_LOG");
+    c.arg("--workdir")
+        .arg(workdir)
+        .args(args)
+        .env_remove("RUST_LOG");
     // A test's own processes are never ranks of some outer distributed job.
     for v in [
         "RANK",
