@@ -14,7 +14,7 @@ ff -f lavfi -i "sine=frequency=997:sample_rate=48000:duration=0.5,volume=4" -c:a
 ff -f lavfi -i "sine=frequency=997:sample_rate=32000:duration=0.5,volume=4" -c:a aac -b:a 96k "$out/tone-32000-aac.m4a"
 ff -f lavfi -i "sine=frequency=997:sample_rate=22050:duration=0.5,volume=4" -c:a alac "$out/tone-22050-alac.m4a"
 # The parity reference clip (ref24k.wav, written by scripts/make_fixtures.py) in other formats, for
-# tests/embed_cli.rs: lossless FLAC (decodes to the same samples) and a lossy 44.1 kHz stereo MP3
+# tests/it/embed_cli.rs: lossless FLAC (decodes to the same samples) and a lossy 44.1 kHz stereo MP3
 # (exercises decoding, down-mixing and resampling back to 24 kHz).
 if [ -f "$out/ref24k.wav" ]; then
   ff -i "$out/ref24k.wav" -c:a flac "$out/ref24k.flac"

@@ -38,6 +38,7 @@ pub fn launch(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<()> {
         world,
         args: std::env::args_os().skip(1).collect(),
         env: Vec::new(),
+        cpu: c.gpus == 0,
     };
     launch::launch(&spec)
 }
@@ -193,6 +194,7 @@ fn train_rank(
         );
     }
     let outcome = trainer.run()?;
+    report_peak_memory(coll.as_ref())?;
     coll.finish()?;
     if rank == 0 {
         finish(ws, config, args, &outcome, trainer.options())
@@ -201,6 +203,35 @@ fn train_rank(
     } else {
         Ok(())
     }
+}
+
+/// Rank 0 prints every rank's peak resident memory (what sharding saves is visible there).
+fn report_peak_memory(coll: &dyn Collective) -> Result<()> {
+    let mut mine = vec![0.0; coll.world()];
+    mine[coll.rank()] = peak_rss_bytes().unwrap_or(0) as f64;
+    let all = coll.all_reduce_host(&mine, ReduceOp::Sum)?;
+    if coll.rank() == 0 && all.iter().any(|&b| b > 0.0) {
+        let shown: Vec<String> = all
+            .iter()
+            .enumerate()
+            .map(|(r, b)| format!("rank {r} {:.3} GB", b / 1e9))
+            .collect();
+        println!("peak resident memory: {}", shown.join(", "));
+    }
+    Ok(())
+}
+
+/// This process's peak resident set size (Linux).
+fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kb: u64 = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
 }
 
 /// A sharded run writes one checkpoint from every rank: the checkpoint directory must be the

@@ -30,6 +30,9 @@ pub struct LaunchSpec {
     pub args: Vec<OsString>,
     /// Extra environment of every rank.
     pub env: Vec<(String, String)>,
+    /// CPU ranks share this machine's cores: each gets its part of them as compute threads
+    /// (`RAYON_NUM_THREADS`), unless the user set that variable.
+    pub cpu: bool,
 }
 
 /// The report file of `rank` under `dir`.
@@ -92,6 +95,10 @@ fn spawn_rank(spec: &LaunchSpec, rank: usize, port: u16, reports: &Path) -> Resu
         .env(REPORT_DIR, reports)
         .envs(spec.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null());
+    if spec.cpu && std::env::var_os("RAYON_NUM_THREADS").is_none() {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        cmd.env("RAYON_NUM_THREADS", (cores / spec.world).max(1).to_string());
+    }
     if rank == 0 {
         cmd.stdout(Stdio::inherit()).stderr(Stdio::inherit());
     } else {

@@ -380,8 +380,22 @@ impl TcpCollective {
 
     /// The error for a failed ring operation: the abort reason when there is one.
     fn ring_error(&self, e: std::io::Error, what: &str) -> anyhow::Error {
-        if let Some(why) = self.control.aborted() {
-            return anyhow::anyhow!("the run was aborted: {why}");
+        // A neighbour that closes its ring sockets does so because the run was aborted (or it
+        // died, which rank 0 announces): that reason travels on the control plane and may
+        // arrive just after the socket error, so wait a moment for it before blaming the ring.
+        let timed_out = matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        );
+        let wait_until = Instant::now() + Duration::from_secs(if timed_out { 0 } else { 3 });
+        loop {
+            if let Some(why) = self.control.aborted() {
+                return anyhow::anyhow!("the run was aborted: {why}");
+            }
+            if Instant::now() >= wait_until {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
         }
         let prev = (self.rank + self.world - 1) % self.world;
         let next = (self.rank + 1) % self.world;

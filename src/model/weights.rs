@@ -177,6 +177,17 @@ impl Weights {
         }
     }
 
+    /// Takes the tensor `name` out (its memory goes with the caller), whatever its shape.
+    pub fn take(&mut self, name: &str) -> Result<Tensor> {
+        match self.tensors.remove(name) {
+            Some(t) => Ok(t),
+            None => bail!(
+                "checkpoint {} has no tensor {name} (does it match its config.json?)",
+                self.files_display()
+            ),
+        }
+    }
+
     /// Names of the loaded tensors that start with `prefix`, sorted.
     pub fn names_with_prefix(&self, prefix: &str) -> Vec<String> {
         let mut names: Vec<String> = self

@@ -167,7 +167,7 @@ impl ShardedTrainer {
             .zip(&splits)
             .map(|(n, s)| (n.as_str(), s.owned(rank)))
             .collect();
-        let weights = crate::model::weights::Weights::load_rows(
+        let mut weights = crate::model::weights::Weights::load_rows(
             &opts.files.checkpoint.shards,
             DType::F32,
             &opts.device,
@@ -176,10 +176,11 @@ impl ShardedTrainer {
         .context("cannot load this rank's shards of the base model")?;
         let mut params = Vec::with_capacity(setup.trained.len());
         for name in &setup.trained {
+            // Taken out one at a time: loading peaks near one copy of this rank's rows.
             params.push(Param::new(
                 name.clone(),
                 unit_of(name)?,
-                weights.get_any(name)?,
+                weights.take(name)?,
                 compute,
                 backend.masters(),
             )?);

@@ -10,6 +10,7 @@ mod codec_parity;
 mod codes_cli;
 mod common;
 mod embed_cli;
+mod gpu_parity;
 mod hub_and_config;
 mod model_full_size_load;
 mod model_gradients;

@@ -7,7 +7,7 @@
 //! Winograd F(2,7) ([`winograd`]; `VOICECLONE_CODEC_WINOGRAD=0` for direct convolution, `4` for
 //! F(4,7): faster, ~3× the rounding error); vectorised ELU / SnakeBeta / GELU ([`kernels`]).
 //! Both directions use all cores (`RAYON_NUM_THREADS` caps them). Parity with the official
-//! code: `tests/codec_parity.rs`; speed: `scripts/bench_codec.sh`.
+//! code: `tests/it/codec_parity.rs`; speed: `scripts/bench_codec.sh`.
 //!
 //! ```no_run
 //! # fn main() -> anyhow::Result<()> {
