@@ -103,7 +103,8 @@ pub struct TrainOptions {
     pub manifest: PathBuf,
     /// Directory relative manifest paths are relative to (the workspace).
     pub base_dir: PathBuf,
-    /// The x-vector file (`data/speaker.safetensors`).
+    /// The x-vector file (`data/speaker.safetensors`), or with named speakers the directory of
+    /// their files (`data/speakers/`, docs/training.md §3.3).
     pub speaker: PathBuf,
     /// `checkpoints/`.
     pub checkpoints: PathBuf,
@@ -154,6 +155,7 @@ pub struct Trainer {
     pub adamw: AdamW,
     pub dataset: Dataset,
     pub sampler: Sampler,
+    /// The speaker table `(S, H)`: row s is the x-vector of `dataset.speakers[s]`.
     pub speaker: Tensor,
     pub identity: Identity,
     pub step: usize,
@@ -184,7 +186,8 @@ impl Trainer {
         let tokenizer = opts.files.text_tokenizer()?;
         let codebook = cfg.talker_config.code_predictor_config.vocab_size as u32;
         let dataset = data::load(&opts.manifest, &opts.base_dir, &tokenizer, codebook)?;
-        let speaker = load_speaker(&opts.speaker, cfg.talker_config.hidden_size, &opts.device)?;
+        let hidden = cfg.talker_config.hidden_size;
+        let speaker = data::speaker_table(&opts.speaker, &dataset, hidden, &opts.device)?;
 
         let weights = opts
             .files
@@ -226,12 +229,15 @@ impl Trainer {
             shuffle: c.shuffle,
             seed: c.seed,
             speaker_sha256: tensor_sha256(&speaker)?,
+            speakers: checkpoint::SpeakerId::of(&dataset.speakers, &speaker)?,
+            speaker_balance: dataset.balance_groups(c.speaker_balance).is_some(),
         };
         let lengths: Vec<usize> = dataset.samples.iter().map(|s| s.seq_len()).collect();
         let masters: Vec<Tensor> = params.params.iter().map(|p| p.master()).collect();
         let mut adam = AdamState::zeros(&masters)?;
         drop(masters);
-        let mut sampler = Sampler::new(lengths.clone(), c.batch_size, c.shuffle, c.seed);
+        let mut sampler = Sampler::new(lengths.clone(), c.batch_size, c.shuffle, c.seed)
+            .with_balance(dataset.balance_groups(c.speaker_balance));
         let mut step = 0;
         let mut resumed_from = None;
         let mut data_changed = false;
@@ -273,7 +279,8 @@ impl Trainer {
                     data_changed = true;
                     cursor.batch = 0;
                 }
-                sampler = Sampler::resume(lengths, c.batch_size, c.shuffle, cursor);
+                sampler = Sampler::resume(lengths, c.batch_size, c.shuffle, cursor)
+                    .with_balance(dataset.balance_groups(c.speaker_balance));
                 last_loss = index.loss;
                 resumed_from = Some(dir);
             }
@@ -508,8 +515,7 @@ impl Trainer {
             params: &self.params,
             adam: &self.adam,
         };
-        let speaker: Vec<f32> = self.speaker.to_dtype(DType::F32)?.to_vec1()?;
-        let speaker_bytes = crate::artifacts::speaker::to_bytes(&speaker, None)?;
+        let speakers = checkpoint::SpeakerSnapshot::new(&self.identity.speakers, &self.speaker)?;
         let hooks = self.opts.hooks.as_ref();
         checkpoint::save(
             &self.opts.checkpoints,
@@ -517,10 +523,7 @@ impl Trainer {
             &state,
             c.keep,
             hooks,
-            |dir| {
-                std::fs::write(checkpoint::speaker_file(dir), &speaker_bytes)?;
-                Ok(())
-            },
+            |dir| speakers.write(dir),
         )
     }
 
