@@ -813,3 +813,90 @@ fn two_real_speakers_prep_rerun_embed_and_bad_names() {
     assert_eq!(report[0]["model_row"], 3000);
     assert_eq!(report[1]["model_row"], 3001);
 }
+
+#[test]
+fn mean_embedding_single_speaker_report_and_base_model_voices() {
+    // One unnamed speaker whose lines are the fixture clips: `embed --mode mean` is the f32 mean
+    // of the clips' own x-vectors.
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path();
+    let clips = ["codec-clip1.wav", "codec-clip2.wav", "ref24k.wav"];
+    let rows: Vec<Value> = clips
+        .iter()
+        .map(|c| {
+            let p = common::fixtures().join("audio").join(c);
+            json!({"audio": p.display().to_string(), "text": "t", "duration": 2.0})
+        })
+        .collect();
+    make_workspace(ws, MODEL, &rows, &xvector(hidden(MODEL), 1), "");
+    std::fs::remove_file(ws.join("data/speaker.safetensors")).unwrap();
+    let one = |clip: &str, out: &str| {
+        let p = common::fixtures().join("audio").join(clip);
+        let out = ws.join(out);
+        ok(&voiceclone(
+            ws,
+            &["embed", p.to_str().unwrap(), "-o", out.to_str().unwrap()],
+        ));
+        voiceclone::artifacts::speaker::read(&out).unwrap()
+    };
+    let a = one(clips[0], "a.safetensors");
+    let c = one(clips[2], "c.safetensors");
+    // Two of three clips, spread evenly: lines 1 and 2 of 3 (⌊0·3/2⌋ = 0, ⌊1·3/2⌋ = 1) — the
+    // first and the second clip.
+    let b = one(clips[1], "b.safetensors");
+    let o = voiceclone(ws, &["embed", "--mode", "mean", "--mean-clips", "2"]);
+    ok(&o);
+    assert!(
+        text(&o).contains("the mean of 2 utterances"),
+        "{}",
+        text(&o)
+    );
+    let mean = voiceclone::artifacts::speaker::read(&ws.join("data/speaker.safetensors")).unwrap();
+    let want: Vec<f32> = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| ((*x as f64 + *y as f64) / 2.0) as f32)
+        .collect();
+    assert_eq!(mean, want);
+    assert_ne!(mean, c);
+    // The report: one unnamed speaker, its x-vector and its mode.
+    let o = voiceclone(ws, &["speakers", "--json"]);
+    ok(&o);
+    let r: Value = serde_json::from_str(String::from_utf8_lossy(&o.stdout).trim()).unwrap();
+    assert_eq!(r["speaker"], Value::Null);
+    assert_eq!(r["utterances"], 3);
+    assert_eq!(r["seconds"], 6.0);
+    assert_eq!(r["x_vector"], "data/speaker.safetensors");
+    assert_eq!(r["x_vector_mode"], "mean");
+    assert_eq!(r["model_row"], Value::Null);
+
+    // Named speakers on a Base model: --speaker clones the workspace's x-vector of that speaker;
+    // without --speaker the names are listed.
+    let named = named_workspace(&["Bob", "alice"]);
+    let base = model_dir(MODEL).display().to_string();
+    let speak = |extra: &[&str], out: &str| {
+        let out = named.path().join(out);
+        let mut args = vec![
+            "speak",
+            "Hi.",
+            "--model",
+            &base,
+            "--greedy",
+            "--max-frames",
+            "6",
+        ];
+        args.extend(["-o", out.to_str().unwrap()]);
+        args.extend(extra);
+        voiceclone(named.path(), &args)
+    };
+    ok(&speak(&["--speaker", "alice"], "a.wav"));
+    ok(&speak(&["--speaker", "Bob"], "b.wav"));
+    assert!(
+        wav(&named.path().join("a.wav")) != wav(&named.path().join("b.wav")),
+        "both speakers gave the same audio"
+    );
+    fails_with(
+        &speak(&[], "c.wav"),
+        "this workspace has named speakers (alice, Bob); choose one with --speaker",
+    );
+}
