@@ -77,9 +77,13 @@ fn collect(ws: &Workspace, config: &Config) -> Result<Vec<Entry>> {
             }
         }
         set_x_vector(&mut e, x);
-        e.model_row = model
-            .get(&name_key(config.train.speaker_name.trim()))
-            .copied();
+        // The export's one speaker (named by `train.speaker_name` or `--speaker-name`).
+        e.model_row = match model.len() {
+            1 => model.values().next().copied(),
+            _ => model
+                .get(&name_key(config.train.speaker_name.trim()))
+                .copied(),
+        };
         entries.push(e);
         return Ok(entries);
     }
