@@ -17,7 +17,8 @@ Usage (from the repository root with the fixtures venv, see scripts/make_fixture
 
 What is checked (exit status 1 with a message on the first failure):
 * ``config.json``: ``tts_model_type == "custom_voice"``; ``talker_config.spk_id`` maps NAME
-  (case-insensitively) to a codec id (3000 for a voiceclone export) and its key is **lower case** — the
+  (case-insensitively) to a codec id (3000 for a voiceclone export; 3000, 3001, … when it holds several
+  named speakers — run the check once per speaker) and its key is **lower case** — the
   official ``generate`` looks up ``spk_id[speaker.lower()]`` and ``spk_is_dialect[speaker.lower()]``, so
   a mixed-case key can never be used; ``spk_is_dialect`` has the same key.
 * ``model.safetensors``: no ``speaker_encoder.*`` tensors; after
@@ -26,7 +27,8 @@ What is checked (exit status 1 with a message on the first failure):
   would be silently randomly initialised by transformers), and the file has no tensor the model does not
   use; the model has no speaker encoder.
 * with --xvector FILE (tensor ``speaker_embedding``): the speaker's ``codec_embedding`` row equals that
-  x-vector up to bf16 rounding (what the export must write, docs/model.md §10.5).
+  x-vector up to bf16 rounding (what the export must write, docs/model.md §10.5; a named speaker's
+  x-vector is ``data/speakers/NAME.safetensors``).
 * ``generate_custom_voice(TEXT, speaker=NAME, language=...)`` (default ``non_streaming_mode=True``) runs;
   prints one JSON line: frames, seconds of audio, sample rate, RMS, the speaker row's norm, and writes
   the WAV (16-bit PCM) if --out is given.

@@ -14,6 +14,7 @@
 #   DEST/whisper/ggml-tiny.en.bin   the same weights in ggml form (whisper.cpp / whisper-rs)
 #   DEST/speech/prep2/              ~3 min of real speech in mixed formats + transcripts.tsv
 #   DEST/speech/bench5/             >5 min of real speech, 16 kHz WAV + transcripts.tsv
+#   DEST/speech/librivox/           a second real speaker (LibriVox reader, 5 clips, 25 s) + transcripts.tsv
 #
 # Every step is skipped when its output exists, and outputs appear atomically,
 # so an interrupted run is simply re-run.
@@ -328,7 +329,25 @@ def main():
 main()
 PY
 
-# --- 5. Summary ----------------------------------------------------------------------
+# --- 5. A second real speaker: the LibriVox reader of pocketsphinx-testdata ---------------
+# (male, "Sense and Sensibility", public domain; 16 kHz WAV as shipped). Used by the
+# multi-speaker tests next to the Asterisk prompts' female speaker.
+LIBRIVOX_SRC=/usr/share/pocketsphinx/test/data/librivox
+LIBRIVOX="$SPEECH_DIR/librivox"
+if [[ -f "$LIBRIVOX/transcripts.tsv" ]]; then
+    log "speech/librivox present"
+else
+    log "building speech/librivox"
+    mkdir "$SCRATCH/librivox"
+    cp "$LIBRIVOX_SRC"/*.wav "$SCRATCH/librivox/"
+    # "<s> text </s> (file-id)" -> "file-id.wav<TAB>text"
+    sed -E 's|^<s> (.*) </s> \((.*)\)$|\2.wav\t\1|' "$LIBRIVOX_SRC/transcription" \
+        > "$SCRATCH/librivox/transcripts.tsv"
+    rm -rf "$LIBRIVOX"
+    mv "$SCRATCH/librivox" "$LIBRIVOX"
+fi
+
+# --- 6. Summary ----------------------------------------------------------------------
 log "done: $DEST"
 printf '    whisper/ggml-tiny.en.bin: %s bytes\n' "$(stat -c %s "$GGML")"
 printf '    whisper/ct2-tiny.en: %s\n' "$(cd "$CT2_DIR" && echo *)"

@@ -53,13 +53,36 @@ pub enum Command {
     Export(ExportArgs),
     /// Speak text in a cloned or fine-tuned voice (24 kHz mono WAV).
     Speak(Box<SpeakArgs>),
+    /// What the workspace holds per speaker: utterances, hours, reference clip, x-vector, model.
+    Speakers(SpeakersArgs),
 }
 
 #[derive(Debug, Args)]
+#[command(
+    after_long_help = "Several voices in one workspace: `prep --speaker NAME INPUT...` tags every \
+    utterance of the run with the speaker NAME and adds it to data/train.jsonl, keeping the other \
+    speakers' lines; running it again for the same NAME replaces only that speaker's lines. \
+    `--speakers-from-dirs PARENT` takes each subfolder of PARENT as one speaker named after it. \
+    Each named speaker gets its reference clip data/ref/NAME.wav. Without --speaker the \
+    workspace holds one unnamed speaker (data/ref.wav) and each run replaces the manifest."
+)]
 pub struct PrepArgs {
     /// Audio files or folders (searched recursively). Never written to.
-    #[arg(required = true, value_name = "INPUT")]
+    #[arg(required_unless_present = "speakers_from_dirs", value_name = "INPUT")]
     pub inputs: Vec<PathBuf>,
+
+    /// Speaker of every utterance of this run; adds to (or updates) that speaker's lines of a
+    /// multi-speaker manifest.
+    #[arg(long, value_name = "NAME")]
+    pub speaker: Option<String>,
+
+    /// Every subfolder of PARENT is one speaker, named after the folder.
+    #[arg(
+        long,
+        value_name = "PARENT",
+        conflicts_with_all = ["inputs", "speaker", "ref_audio"]
+    )]
+    pub speakers_from_dirs: Option<PathBuf>,
 
     /// Whisper ggml model: local file or owner/repo/file on the hub [prep.whisper_model].
     #[arg(long, value_name = "MODEL")]
@@ -112,11 +135,28 @@ impl PrepArgs {
 }
 
 #[derive(Debug, Args)]
+#[command(
+    after_long_help = "With named speakers (`prep --speaker NAME`) embed computes every speaker's \
+    x-vector into data/speakers/NAME.safetensors (or only --speaker NAME's): from data/ref/NAME.wav \
+    with --mode ref, or the mean of up to --mean-clips of the speaker's utterances with --mode mean."
+)]
 pub struct EmbedArgs {
     /// Reference clip in any supported audio format [default: the workspace's data/ref.wav,
-    /// written by `voiceclone prep`].
+    /// written by `voiceclone prep`, or data/ref/NAME.wav of each named speaker].
     #[arg(value_name = "REF_AUDIO")]
     pub ref_audio: Option<PathBuf>,
+
+    /// Only this named speaker (writes data/speakers/NAME.safetensors).
+    #[arg(long, value_name = "NAME")]
+    pub speaker: Option<String>,
+
+    /// ref (the reference clip) or mean (f32 mean over the speaker's utterances) [embed.mode].
+    #[arg(long, value_name = "MODE")]
+    pub mode: Option<String>,
+
+    /// Utterances averaged per speaker with --mode mean [embed.mean_clips].
+    #[arg(long, value_name = "N")]
+    pub mean_clips: Option<usize>,
 
     /// Qwen3-TTS Base model: hub repo id or local directory [model.base].
     #[arg(long, value_name = "MODEL")]
@@ -131,8 +171,17 @@ impl EmbedArgs {
     pub fn overrides(&self) -> Vec<Override> {
         Overrides::default()
             .path("model.base", "--model", &self.model)
+            .set("embed.mode", "--mode", self.mode.clone())
+            .count("embed.mean_clips", "--mean-clips", self.mean_clips)
             .into()
     }
+}
+
+#[derive(Debug, Args)]
+pub struct SpeakersArgs {
+    /// One JSON object per speaker instead of a table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -447,11 +496,13 @@ impl SpeakArgs {
 #[command(
     after_long_help = "Reads data/train.jsonl; lines without \"audio_codes\" are coded first \
     (voiceclone codes), and data/speaker.safetensors is computed first when missing (voiceclone \
-    embed, from data/ref.wav or the first line's ref_audio).\n\n\
+    embed, from data/ref.wav or the first line's ref_audio). With named speakers (prep --speaker) \
+    every sample carries its own speaker's x-vector (data/speakers/NAME.safetensors, computed \
+    when missing) and the export holds every speaker.\n\n\
     Checkpoints go to checkpoints/step-NNNNNNN/ (every train.save_every steps, at the end, and on \
     Ctrl-C or SIGTERM, after the current step); running train again continues from the newest \
     one exactly where it stopped. A checkpoint of another base model or of another trained set, \
-    batch size, seed or speaker embedding is refused with the reason. --fresh starts over: the \
+    batch size, seed, speaker set or speaker embedding is refused with the reason. --fresh starts over: the \
     existing checkpoints/ is renamed to checkpoints.N/ (never deleted).\n\n\
     At the end the model is exported to model/ (see voiceclone export).\n\n\
     --gpus N trains on N GPUs and --cpu-ranks N on N CPU processes, sharded (FSDP; train.shard \
@@ -518,7 +569,8 @@ pub struct TrainArgs {
     #[arg(long, value_name = "GLOB")]
     pub freeze: Vec<String>,
 
-    /// Speaker name of the exported model [train.speaker_name].
+    /// Speaker name of the exported model, for a workspace with one unnamed speaker
+    /// [train.speaker_name].
     #[arg(long, value_name = "NAME")]
     pub speaker_name: Option<String>,
 
@@ -533,6 +585,10 @@ pub struct TrainArgs {
     /// What a sharded run shards: full or grad-op [train.shard].
     #[arg(long, value_name = "MODE")]
     pub shard: Option<String>,
+    /// Repeat the utterances of speakers with fewer clips each epoch, up to the largest
+    /// speaker's count [train.speaker_balance].
+    #[arg(long)]
+    pub speaker_balance: bool,
 
     /// Start a new run: move the existing checkpoints/ aside (to checkpoints.N/) first.
     #[arg(long)]
@@ -578,6 +634,12 @@ impl TrainArgs {
             .count("train.gpus", "--gpus", self.gpus)
             .count("train.cpu_ranks", "--cpu-ranks", self.cpu_ranks)
             .set("train.shard", "--shard", self.shard.clone())
+            .flag(
+                "train.speaker_balance",
+                "--speaker-balance",
+                self.speaker_balance,
+                true,
+            )
             .into()
     }
 }
@@ -588,7 +650,8 @@ impl TrainArgs {
     tts_model_type \"custom_voice\" and talker_config.spk_id {NAME: 3000}, a bf16 model.safetensors \
     (the base model without speaker_encoder.*, trained tensors replaced, the speaker x-vector in \
     codec_embedding row 3000), and the base model's other files (tokenizer, generation config, \
-    speech_tokenizer/). It is written to a temporary directory and renamed into place; an existing \
+    speech_tokenizer/). A checkpoint of named speakers exports all of them: rows 3000, 3001, … \
+    in the order of their lower-cased names. It is written to a temporary directory and renamed into place; an existing \
     directory is only replaced when it is an earlier export (it has voiceclone-export.json) or \
     empty."
 )]
@@ -601,7 +664,8 @@ pub struct ExportArgs {
     #[arg(short, long, value_name = "DIR")]
     pub output: Option<PathBuf>,
 
-    /// Speaker name stored in config.json (lower-cased) [train.speaker_name].
+    /// Speaker name stored in config.json (lower-cased), for a checkpoint of one unnamed
+    /// speaker [train.speaker_name].
     #[arg(long, value_name = "NAME")]
     pub speaker_name: Option<String>,
 

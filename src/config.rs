@@ -21,6 +21,7 @@ pub struct Config {
     pub model: ModelConfig,
     pub prep: PrepConfig,
     pub codes: CodesConfig,
+    pub embed: EmbedConfig,
     pub train: TrainConfig,
     pub speak: SpeakConfig,
 }
@@ -53,6 +54,34 @@ pub struct CodesConfig {
     pub batch_size: usize,
 }
 
+/// `[embed]`: how a speaker's x-vector is computed (docs/training.md §3.3).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct EmbedConfig {
+    pub mode: EmbedMode,
+    pub mean_clips: usize,
+}
+
+/// `embed.mode`: the x-vector of the reference clip (the official recipe), or the f32 mean of
+/// the x-vectors of up to `embed.mean_clips` of the speaker's utterances.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum EmbedMode {
+    Ref,
+    Mean,
+}
+
+impl EmbedMode {
+    pub const NAMES: &'static [&'static str] = &["ref", "mean"];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            EmbedMode::Ref => "ref",
+            EmbedMode::Mean => "mean",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct TrainConfig {
@@ -74,6 +103,7 @@ pub struct TrainConfig {
     pub cpu_ranks: usize,
     pub shard: Shard,
     pub dist_timeout: u64,
+    pub speaker_balance: bool,
 }
 
 /// `train.shard`: what a sharded run shards (docs/distributed.md §4).
@@ -148,6 +178,7 @@ const CHOICES: &[(&str, &[&str])] = &[
     ("speak.precision", Precision::NAMES),
     ("speak.non_streaming", NonStreaming::NAMES),
     ("train.shard", Shard::NAMES),
+    ("embed.mode", EmbedMode::NAMES),
 ];
 
 /// Where a configuration value came from, for error messages and `voiceclone config`.
@@ -337,6 +368,9 @@ impl Resolved {
         }
         if self.config.codes.batch_size == 0 {
             return Err(bad("codes.batch_size", "must be at least 1".into()));
+        }
+        if self.config.embed.mean_clips == 0 {
+            return Err(bad("embed.mean_clips", "must be at least 1".into()));
         }
         self.validate_train()?;
         self.validate_speak()?;
@@ -668,6 +702,19 @@ mod tests {
         for (p, name) in all.iter().zip(Precision::NAMES) {
             assert_eq!(toml::Value::try_from(p).unwrap().as_str(), Some(*name));
         }
+        let modes = [EmbedMode::Ref, EmbedMode::Mean];
+        assert_eq!(modes.len(), EmbedMode::NAMES.len());
+        for (m, name) in modes.iter().zip(EmbedMode::NAMES) {
+            assert_eq!(toml::Value::try_from(m).unwrap().as_str(), Some(*name));
+            assert_eq!(m.name(), *name);
+        }
+        let err = resolve_layers(vec![layer("[embed]\nmode = \"median\"", "e.toml")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("`embed.mode`") && err.contains("ref, mean"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -7,6 +7,8 @@
 //! data/train.jsonl           the training manifest
 //! data/ref.wav               the reference clip
 //! data/speaker.safetensors   its x-vector (`embed`)
+//! data/ref/NAME.wav          with named speakers (`prep --speaker NAME`): each one's reference
+//! data/speakers/NAME.safetensors   and its x-vector (docs/training.md §3.3)
 //! data/prep/sources/*.json   prep's per-source records (what makes re-runs free)
 //! checkpoints/               training state (`train`)
 //! .voiceclone-train.lock     held while `train` runs
@@ -75,6 +77,28 @@ impl Workspace {
     /// The x-vector of the reference clip (`voiceclone embed`).
     pub fn speaker_file(&self) -> PathBuf {
         self.data_dir().join("speaker.safetensors")
+    }
+
+    /// `data/ref/`: the reference clips of named speakers.
+    pub fn ref_dir(&self) -> PathBuf {
+        self.data_dir().join("ref")
+    }
+
+    /// The reference clip of the named speaker `name` (`data/ref/NAME.wav`). `name` must have
+    /// passed [`crate::artifacts::speaker::check_name`].
+    pub fn ref_clip(&self, name: &str) -> PathBuf {
+        self.ref_dir().join(format!("{name}.wav"))
+    }
+
+    /// `data/speakers/`: the x-vectors of named speakers.
+    pub fn speakers_dir(&self) -> PathBuf {
+        self.data_dir().join("speakers")
+    }
+
+    /// The x-vector of the named speaker `name` (`data/speakers/NAME.safetensors`).
+    pub fn speaker_file_of(&self, name: &str) -> PathBuf {
+        self.speakers_dir()
+            .join(crate::artifacts::speaker::file_name(name))
     }
 
     pub fn prep_records_dir(&self) -> PathBuf {
@@ -155,6 +179,11 @@ mod tests {
         let root = ws.root().to_path_buf();
         assert_eq!(ws.manifest(), root.join("data/train.jsonl"));
         assert_eq!(ws.speaker_file(), root.join("data/speaker.safetensors"));
+        assert_eq!(ws.ref_clip("Bob"), root.join("data/ref/Bob.wav"));
+        assert_eq!(
+            ws.speaker_file_of("Bob"),
+            root.join("data/speakers/Bob.safetensors")
+        );
         assert_eq!(ws.prep_record("ab"), root.join("data/prep/sources/ab.json"));
         assert_eq!(ws.relative(&ws.segment("x.wav")), "data/segments/x.wav");
         assert_eq!(ws.display(&ws.model_dir()), "model");

@@ -14,6 +14,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
 
 use super::codes::{frames_from_json, CodeFrame};
+use super::speaker;
 use crate::fsutil::write_atomic;
 
 /// One utterance. Field order is the order written.
@@ -42,6 +43,10 @@ pub struct ManifestRow {
     /// Whisper's language name, e.g. "english".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub language: Option<String>,
+    /// The utterance's speaker in a multi-speaker workspace (`voiceclone prep --speaker NAME`,
+    /// docs/training.md §3.3); absent when the workspace holds one unnamed speaker.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speaker: Option<String>,
     /// Every other field, in file order (written before `audio_codes`, so that the step that
     /// adds codes appends them after everything a row already had).
     #[serde(flatten)]
@@ -167,6 +172,62 @@ impl Manifest {
         })
     }
 
+    /// The speakers the rows name, in the order of the exported model's rows: sorted by their
+    /// lower-cased name (docs/training.md §3.3). Empty for a single-speaker manifest.
+    pub fn speakers(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.rows().filter_map(|(_, r)| r.speaker.clone()).collect();
+        names.sort_by(|a, b| {
+            speaker::name_key(a)
+                .cmp(&speaker::name_key(b))
+                .then_with(|| a.cmp(b))
+        });
+        names.dedup();
+        names
+    }
+
+    /// Every row that breaks the rules of a multi-speaker manifest (docs/training.md §3.3), with
+    /// its line number: a row without `speaker` when other rows name one, an invalid name, a name
+    /// that differs from an earlier line's only in case. Empty for a single-speaker manifest.
+    pub fn speaker_problems(&self) -> Vec<(usize, String)> {
+        let named: Vec<String> = self.speakers();
+        if named.is_empty() {
+            return Vec::new();
+        }
+        let mut first: std::collections::HashMap<String, (usize, &str)> = Default::default();
+        let mut problems = Vec::new();
+        for (line, row) in self.rows() {
+            let Some(name) = row.speaker.as_deref() else {
+                problems.push((
+                    line,
+                    format!(
+                        "no \"speaker\" field, but other lines name speakers ({}): every line \
+                         of a multi-speaker manifest names its speaker",
+                        named.join(", ")
+                    ),
+                ));
+                continue;
+            };
+            if let Err(why) = speaker::check_name(name) {
+                problems.push((line, why));
+                continue;
+            }
+            match first.get(&speaker::name_key(name)) {
+                Some((l, other)) if *other != name => problems.push((
+                    line,
+                    format!(
+                        "the speaker {name:?} differs from {other:?} (line {l}) only in case; \
+                         speaker names are compared case-insensitively"
+                    ),
+                )),
+                Some(_) => {}
+                None => {
+                    first.insert(speaker::name_key(name), (line, name));
+                }
+            }
+        }
+        problems
+    }
+
     /// The file content: rows serialised, other lines as they were read.
     pub fn to_jsonl(&self) -> Result<String> {
         let mut out = String::new();
@@ -257,6 +318,7 @@ mod tests {
             start: Some(0.25),
             end: Some(1.75),
             language: Some("english".into()),
+            speaker: Some("Alice".into()),
             extra: Map::from_iter([("note".to_string(), Value::from("kept"))]),
             audio_codes: Some(AudioCodes::Frames(vec![CodeFrame([0; 16])])),
         };
@@ -264,7 +326,7 @@ mod tests {
         assert!(s.starts_with(
             "{\"audio\":\"segments/x.wav\",\"text\":\"Hello.\",\"ref_audio\":\"data/ref.wav\",\
              \"duration\":1.5,\"source\":\"rec.flac\",\"start\":0.25,\"end\":1.75,\
-             \"language\":\"english\",\"note\":\"kept\",\"audio_codes\":[[0,"
+             \"language\":\"english\",\"speaker\":\"Alice\",\"note\":\"kept\",\"audio_codes\":[[0,"
         ));
         assert_eq!(serde_json::from_str::<ManifestRow>(&s).unwrap(), row);
         let dir = tempfile::tempdir().unwrap();
@@ -274,5 +336,44 @@ mod tests {
         std::fs::write(&path, "{}\n{oops\n").unwrap();
         let e = read_rows(&path).unwrap_err().to_string();
         assert!(e.contains("m.jsonl:2: not a valid manifest line"), "{e}");
+    }
+
+    #[test]
+    fn speakers_are_sorted_case_insensitively_and_problems_named_by_line() {
+        let m = |text: &str| Manifest {
+            path: "m.jsonl".into(),
+            lines: text.lines().map(ManifestLine::parse).collect(),
+        };
+        // Single speaker: no speakers, no problems; the row has no "speaker" key.
+        let single = m("{\"audio\":\"a.wav\"}\n{\"audio\":\"b.wav\"}");
+        assert!(single.speakers().is_empty() && single.speaker_problems().is_empty());
+        assert_eq!(
+            single.to_jsonl().unwrap(),
+            "{\"audio\":\"a.wav\"}\n{\"audio\":\"b.wav\"}\n"
+        );
+        let multi = m(concat!(
+            "{\"speaker\":\"bob\"}\n",
+            "{\"speaker\":\"Alice\"}\n",
+            "{\"speaker\":\"bob\"}\n",
+            "{\"speaker\":\"carol\"}"
+        ));
+        assert_eq!(multi.speakers(), ["Alice", "bob", "carol"]);
+        assert!(multi.speaker_problems().is_empty());
+        let bad = m(concat!(
+            "{\"speaker\":\"bob\"}\n",
+            "{\"audio\":\"x.wav\"}\n",
+            "{\"speaker\":\"a/b\"}\n",
+            "{\"speaker\":\"Bob\"}"
+        ));
+        let p = bad.speaker_problems();
+        assert_eq!(p.iter().map(|(l, _)| *l).collect::<Vec<_>>(), [2, 3, 4]);
+        assert!(p[0].1.contains("no \"speaker\" field"), "{}", p[0].1);
+        assert!(p[1].1.contains("path separator"), "{}", p[1].1);
+        assert!(
+            p[2].1
+                .contains("\"Bob\" differs from \"bob\" (line 1) only in case"),
+            "{}",
+            p[2].1
+        );
     }
 }

@@ -31,6 +31,20 @@ pub fn run(ws: &Workspace, config: &Config, args: &ExportArgs) -> Result<()> {
         }
     };
     let index = checkpoint::read_index(&dir)?;
+    if args.speaker_name.is_some() && !index.identity.speakers.is_empty() {
+        bail!(
+            "--speaker-name names the one speaker of a single-speaker checkpoint, but {} holds \
+             the named speakers {}, which keep their names",
+            dir.display(),
+            index
+                .identity
+                .speakers
+                .iter()
+                .map(|s| s.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
     // The model the checkpoint was trained from, unless --model names one.
     let spec = if args.model.is_some() {
         config.model.base.clone()
@@ -66,16 +80,17 @@ pub fn run(ws: &Workspace, config: &Config, args: &ExportArgs) -> Result<()> {
 /// Prints where the export went and how to use it.
 pub fn report(ws: &Workspace, s: &export::ExportSummary) {
     let out = ws.relative(&s.output);
+    let names: Vec<String> = s.speakers.iter().map(|(n, _)| format!("{n:?}")).collect();
     println!(
-        "{} {out}: step {} ({} tensors, {} trained), speaker {:?}",
+        "{} {out}: step {} ({} tensors, {} trained), speaker{} {}",
         if s.replaced { "replaced" } else { "exported" },
         s.step,
         s.tensors,
         s.trained_tensors,
-        s.speaker_name
+        if names.len() == 1 { "" } else { "s" },
+        names.join(", ")
     );
-    println!(
-        "  speak with: voiceclone speak --model {out} --speaker {} \"Hello!\" -o hello.wav",
-        s.speaker_name
-    );
+    if let Some((first, _)) = s.speakers.first() {
+        println!("  speak with: voiceclone speak --model {out} --speaker {first} \"Hello!\" -o hello.wav");
+    }
 }

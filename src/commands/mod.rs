@@ -7,6 +7,7 @@ pub mod embed;
 pub mod export;
 pub mod prep;
 pub mod speak;
+pub mod speakers;
 pub mod train;
 pub mod train_ranks;
 
@@ -51,6 +52,10 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Speak(args) => {
             let resolved = resolve(&ws, &cli, &args.overrides())?;
             speak::run(&ws, &resolved.config, args)
+        }
+        Command::Speakers(args) => {
+            let resolved = resolve(&ws, &cli, &[])?;
+            speakers::run(&ws, &resolved.config, args)
         }
     }
 }

@@ -5,6 +5,7 @@ use anyhow::Result;
 use crate::cli::PrepArgs;
 use crate::config::Config;
 use crate::prep::segment::Rules;
+use crate::prep::speakers::{self, SpeakerInputs};
 use crate::prep::transcribe::{Transcriber, WhisperTranscriber};
 use crate::prep::{self, PrepOptions};
 use crate::workspace::Workspace;
@@ -33,8 +34,29 @@ pub fn run(ws: &Workspace, config: &Config, args: &PrepArgs) -> Result<()> {
             .map_err(|e| e.context("cannot find the Whisper model (prep.whisper_model)"))?;
         Ok(Arc::new(WhisperTranscriber::load(&model, &p.language)?))
     };
-    let summary = prep::run(ws, &opts, &make)?;
-    print!("{}", summary.render());
+    let speakers = match (&args.speaker, &args.speakers_from_dirs) {
+        (None, None) => {
+            let summary = prep::run(ws, &opts, &make)?;
+            print!("{}", summary.render());
+            return Ok(());
+        }
+        (Some(name), _) => vec![SpeakerInputs {
+            name: name.clone(),
+            inputs: args.inputs.clone(),
+        }],
+        (None, Some(parent)) => {
+            let (speakers, warnings) = speakers::from_dirs(parent)?;
+            for w in warnings {
+                eprintln!("warning: {w}");
+            }
+            speakers
+        }
+    };
+    let summaries = speakers::run(ws, &opts, &speakers, &make)?;
+    for (name, summary) in &summaries {
+        println!("speaker {name}:");
+        print!("{}", summary.render());
+    }
     Ok(())
 }
 

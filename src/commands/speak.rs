@@ -399,6 +399,15 @@ fn resolve_voice(ws: &Workspace, synth: &mut Synthesizer, spec: &VoiceSpec) -> R
             spec.ref_audio.is_none(),
             "choose either a named speaker or a reference clip, not both"
         );
+        // A Base model has no named speakers: a named speaker of the workspace
+        // (docs/training.md §3.3) is cloned from its x-vector.
+        if synth.speakers().is_empty() && speaker::check_name(name).is_ok() {
+            let file = ws.speaker_file_of(name);
+            if file.is_file() {
+                let h = synth.config().talker_config.hidden_size;
+                return Ok(Voice::XVector(speaker::read_for_model(&file, h)?));
+            }
+        }
         return Ok(Voice::Speaker(name.clone()));
     }
     let ref_text = if spec.x_vector_only {
@@ -419,7 +428,22 @@ fn resolve_voice(ws: &Workspace, synth: &mut Synthesizer, spec: &VoiceSpec) -> R
             ),
         };
     }
-    // The workspace's reference voice.
+    // The workspace's reference voice; with named speakers, one of them must be chosen.
+    let named = super::embed::workspace_speakers(ws).unwrap_or_default();
+    match named.as_slice() {
+        [] => {}
+        [only] if ws.speaker_file_of(only).is_file() => {
+            let h = synth.config().talker_config.hidden_size;
+            return Ok(Voice::XVector(speaker::read_for_model(
+                &ws.speaker_file_of(only),
+                h,
+            )?));
+        }
+        many => bail!(
+            "this workspace has named speakers ({}); choose one with --speaker",
+            many.join(", ")
+        ),
+    }
     let ref_wav = ws.ref_wav();
     if ref_text.is_some() {
         ensure!(

@@ -10,7 +10,7 @@ use candle_core::Device;
 
 use super::{codes, embed};
 use crate::cli::{CodesArgs, EmbedArgs, TokenizerArgs, TrainArgs};
-use crate::config::Config;
+use crate::config::{Config, EmbedMode};
 use crate::model::files::ModelFiles;
 use crate::train::hooks::TrainHooks;
 use crate::train::{self, checkpoint, data, export, TrainOptions, Trainer};
@@ -43,7 +43,7 @@ pub fn run(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<()> {
     }
     require_manifest(ws)?;
     let _lock = train::lock::RunLock::acquire(&ws.train_lock())?;
-    let run = prepare(ws, config)?;
+    let run = prepare(ws, config, args)?;
     move_aside_if_fresh(ws, args)?;
     let device = train_device()?;
     let opts = run.options(ws, config, device.clone(), train::Backend::auto(&device));
@@ -117,18 +117,41 @@ pub fn require_manifest(ws: &Workspace) -> Result<()> {
     Ok(())
 }
 
-/// Fills in missing codes and the speaker embedding, and resolves the model.
-pub fn prepare(ws: &Workspace, config: &Config) -> Result<Prepared> {
+/// Fills in missing codes and the speaker embeddings, and resolves the model.
+pub fn prepare(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<Prepared> {
     require_manifest(ws)?;
     let manifest = ws.manifest();
     train::alloc::keep_freed_memory();
+    let named = embed::workspace_speakers(ws)?;
+    if args.speaker_name.is_some() && !named.is_empty() {
+        bail!(
+            "--speaker-name names the one speaker of a single-speaker workspace; {} names its \
+             speakers ({}), which keep their names in the exported model",
+            ws.relative(&manifest),
+            named.join(", ")
+        );
+    }
     ensure_codes(ws, config, &manifest)?;
-    let speaker = ensure_speaker(ws, config, &manifest)?;
+    let speaker = if named.is_empty() {
+        ensure_speaker(ws, config, &manifest)?
+    } else {
+        ensure_speakers(ws, config, &named)?
+    };
     Ok(Prepared {
         files: model_files(ws, config)?,
         model_spec: ws.model_source(&config.model.base)?.stable_spec(),
         manifest,
         speaker,
+    })
+}
+
+/// Where the trainer finds the x-vectors: `data/speaker.safetensors`, or with named speakers
+/// `data/speakers/` (docs/training.md §3.3).
+pub fn speaker_source(ws: &Workspace) -> Result<PathBuf> {
+    Ok(if embed::workspace_speakers(ws)?.is_empty() {
+        ws.speaker_file()
+    } else {
+        ws.speakers_dir()
     })
 }
 
@@ -307,6 +330,19 @@ fn ensure_speaker(ws: &Workspace, config: &Config, manifest: &Path) -> Result<Pa
     if path.is_file() {
         return Ok(path);
     }
+    let args = |ref_audio| EmbedArgs {
+        ref_audio,
+        speaker: None,
+        mode: None,
+        mean_clips: None,
+        model: None,
+        output: None,
+    };
+    if config.embed.mode == EmbedMode::Mean {
+        println!("no speaker embedding yet: running `voiceclone embed --mode mean` first");
+        embed::run(ws, config, &args(None))?;
+        return Ok(path);
+    }
     let ref_audio = if ws.ref_wav().is_file() {
         ws.ref_wav()
     } else {
@@ -332,16 +368,26 @@ fn ensure_speaker(ws: &Workspace, config: &Config, manifest: &Path) -> Result<Pa
         "no speaker embedding yet: running `voiceclone embed {}` first",
         ws.relative(&ref_audio)
     );
-    embed::run(
-        ws,
-        config,
-        &EmbedArgs {
-            ref_audio: Some(ref_audio),
-            model: None,
-            output: None,
-        },
-    )?;
+    embed::run(ws, config, &args(Some(ref_audio)))?;
     Ok(path)
+}
+
+/// `data/speakers/`, with the x-vector file of every named speaker computed (`voiceclone embed
+/// --speaker NAME`, with `embed.mode`) where it is missing.
+fn ensure_speakers(ws: &Workspace, config: &Config, names: &[String]) -> Result<PathBuf> {
+    let missing: Vec<String> = names
+        .iter()
+        .filter(|n| !ws.speaker_file_of(n).is_file())
+        .cloned()
+        .collect();
+    if !missing.is_empty() {
+        println!(
+            "no x-vector yet for speaker(s) {}: running `voiceclone embed` first",
+            missing.join(", ")
+        );
+        embed::embed_speakers(ws, config, &missing)?;
+    }
+    Ok(ws.speakers_dir())
 }
 
 /// Renames `dir` to the first free `dir.N`; `None` when `dir` does not exist.

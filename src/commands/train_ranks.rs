@@ -32,7 +32,7 @@ pub fn launch(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<()> {
     }
     super::train::require_manifest(ws)?;
     let _lock = train::lock::RunLock::acquire(&ws.train_lock())?;
-    prepare(ws, config)?;
+    prepare(ws, config, args)?;
     move_aside_if_fresh(ws, args)?;
     let spec = LaunchSpec {
         world,
@@ -95,7 +95,7 @@ fn rank_main(ws: &Workspace, config: &Config, args: &TrainArgs, env: &RankEnv) -
     let _lock = if !ours && env.rank == 0 {
         super::train::require_manifest(ws)?;
         let lock = train::lock::RunLock::acquire(&ws.train_lock())?;
-        prepare(ws, config)?;
+        prepare(ws, config, args)?;
         move_aside_if_fresh(ws, args)?;
         Some(lock)
     } else {
@@ -144,7 +144,7 @@ fn train_rank(
     let files = super::train::model_files(ws, config)?;
     let prepared = super::train::Prepared {
         manifest: ws.manifest(),
-        speaker: ws.speaker_file(),
+        speaker: super::train::speaker_source(ws)?,
         model_spec: ws.model_source(&config.model.base)?.stable_spec(),
         files,
     };

@@ -10,6 +10,7 @@
 pub mod records;
 pub mod segment;
 pub mod sources;
+pub mod speakers;
 pub mod transcribe;
 
 use std::collections::BTreeMap;
@@ -73,12 +74,56 @@ pub struct Summary {
 /// Loads the transcriber lazily: a run with nothing new to transcribe never loads a model.
 pub type TranscriberFactory<'a> = dyn Fn() -> Result<Arc<dyn Transcriber>> + 'a;
 
-/// Runs prep over `opts.inputs` into the workspace.
+/// Runs prep over `opts.inputs` into the workspace: one unnamed speaker, the manifest replaced.
+/// Named speakers are [`speakers::run`]'s.
 pub fn run(
     ws: &Workspace,
     opts: &PrepOptions,
     make_transcriber: &TranscriberFactory,
 ) -> Result<Summary> {
+    speakers::refuse_unnamed_run(ws)?;
+    let collected = collect(ws, opts, make_transcriber)?;
+    let mut summary = collected.summary.clone();
+    let utterances = collected.utterances();
+    if utterances.is_empty() {
+        bail!("{}", nothing_usable_message(&summary));
+    }
+
+    let ref_rel = write_reference(ws, &ws.ref_wav(), opts.ref_audio.as_deref(), &utterances)?;
+    let rows: Vec<ManifestRow> = utterances
+        .iter()
+        .map(|(source, u)| u.to_row(source, &ref_rel))
+        .collect();
+    manifest::write_rows(&ws.manifest(), &rows)?;
+    summary.ref_audio = ref_rel;
+    summary.manifest = ws.manifest();
+    Ok(summary)
+}
+
+/// What one prep pass over a set of inputs produced: a record per current source, and the
+/// summary without the reference clip and manifest (which the caller writes).
+pub(crate) struct Collected {
+    pub records: BTreeMap<SourceFile, SourceRecord>,
+    pub summary: Summary,
+}
+
+impl Collected {
+    /// Every utterance of every current source, in source order, with its source.
+    pub fn utterances(&self) -> Vec<(&str, &UtteranceRecord)> {
+        self.records
+            .values()
+            .flat_map(|r| r.utterances.iter().map(|u| (r.source.as_str(), u)))
+            .collect()
+    }
+}
+
+/// Decodes, transcribes and cuts every new or changed source of `opts.inputs` (reusing the
+/// records of unchanged ones); writes segments and records, not the manifest.
+pub(crate) fn collect(
+    ws: &Workspace,
+    opts: &PrepOptions,
+    make_transcriber: &TranscriberFactory,
+) -> Result<Collected> {
     for input in &opts.inputs {
         if let Ok(dir) = input.canonicalize() {
             if dir.is_dir() && ws.root().starts_with(&dir) {
@@ -166,8 +211,6 @@ pub fn run(
     }
     progress.finish();
 
-    // Collect utterances from every current source, in source order.
-    let mut utterances: Vec<(&str, &UtteranceRecord)> = Vec::new();
     for record in records.values() {
         summary.source_seconds += record.duration;
         for (reason, secs) in &record.dropped {
@@ -175,24 +218,11 @@ pub fn run(
         }
         for u in &record.utterances {
             summary.kept_seconds += u.duration;
-            utterances.push((record.source.as_str(), u));
+            summary.utterances += 1;
         }
     }
-    summary.utterances = utterances.len();
     summary.warnings = progress.warnings();
-    if utterances.is_empty() {
-        bail!("{}", nothing_usable_message(&summary));
-    }
-
-    let ref_rel = write_reference(ws, opts.ref_audio.as_deref(), &utterances)?;
-    let rows: Vec<ManifestRow> = utterances
-        .iter()
-        .map(|(source, u)| u.to_row(source, &ref_rel))
-        .collect();
-    manifest::write_rows(&ws.manifest(), &rows)?;
-    summary.ref_audio = ref_rel;
-    summary.manifest = ws.manifest();
-    Ok(summary)
+    Ok(Collected { records, summary })
 }
 
 struct JobContext<'a> {
@@ -307,14 +337,16 @@ fn effective_jobs(configured: usize, files: usize) -> usize {
     jobs.clamp(1, files.max(1))
 }
 
-/// Writes `data/ref.wav`: the forced clip (decoded and resampled to 24 kHz), or the best
-/// utterance (a clean one of 3-10 s, closest to 6 s). Returns its workspace-relative path.
-fn write_reference(
+/// Writes the reference clip `dest` (`data/ref.wav`, or `data/ref/NAME.wav` of a named speaker):
+/// the forced clip (decoded and resampled to 24 kHz), or the best utterance (a clean one of
+/// 3-10 s, closest to 6 s). Returns its workspace-relative path.
+pub(crate) fn write_reference(
     ws: &Workspace,
+    dest: &Path,
     forced: Option<&Path>,
     utterances: &[(&str, &UtteranceRecord)],
 ) -> Result<String> {
-    let dest = ws.ref_wav();
+    let dest = dest.to_path_buf();
     match forced {
         Some(path) => {
             let samples = audio::load_mono(path, OUTPUT_RATE)
@@ -354,7 +386,7 @@ pub fn choose_reference<'a>(
     })
 }
 
-fn nothing_usable_message(s: &Summary) -> String {
+pub(crate) fn nothing_usable_message(s: &Summary) -> String {
     if s.files_found == 0 {
         return "no audio files found in the inputs".into();
     }

@@ -16,6 +16,9 @@
 //! ```
 //! `codec_0_labels[p]` is code-0 of the frame input at `p` for the T frame positions and `eos`
 //! at `8+Lt+2+T`, `-100` elsewhere. The field names follow `collate_fn`.
+//!
+//! Each row also records its sample's speaker (`speakers`, `BatchTensors::speaker_index`): the
+//! row of the speaker table whose x-vector the loss adds at position 6 (docs/training.md §3.3).
 
 use candle_core::{Device, Result, Tensor};
 
@@ -84,6 +87,8 @@ pub struct Batch {
     pub codec_0_labels: Vec<i64>,
     /// Frames in the batch (Σ T).
     pub frames: usize,
+    /// Per row: the sample's speaker, a row of the speaker table.
+    pub speakers: Vec<u32>,
 }
 
 impl Batch {
@@ -103,6 +108,7 @@ impl Batch {
             attention_mask: vec![0; n],
             codec_0_labels: vec![IGNORE; n],
             frames: samples.iter().map(|s| s.frames()).sum(),
+            speakers: samples.iter().map(|s| s.speaker as u32).collect(),
         };
         for (r, s) in samples.iter().enumerate() {
             let o = r * len;
@@ -182,6 +188,7 @@ impl Batch {
                 }
                 Tensor::from_vec(v, (b, n, 1), device)?
             },
+            speaker_index: Tensor::from_slice(&self.speakers, b, device)?,
             label_rows: Tensor::from_vec(label_rows, n_labels, device)?,
             labels: Tensor::from_vec(labels, n_labels, device)?,
             frame_rows: Tensor::from_vec(frame_rows, frames, device)?,
@@ -203,7 +210,10 @@ pub struct BatchTensors {
     pub text_mask: Tensor,
     pub codec_embedding_mask: Tensor,
     pub codec_mask: Tensor,
+    /// 1 at position 6 of every row, where the row's x-vector goes.
     pub speaker_mask: Tensor,
+    /// `(B,)` u32: each row's speaker, a row of the speaker table the loss gets.
+    pub speaker_index: Tensor,
     /// Hidden rows with a code-0 target (the T frames and EOS of every sample), and the targets.
     pub label_rows: Tensor,
     pub labels: Tensor,
@@ -239,11 +249,13 @@ mod tests {
             line: 1,
             text_ids: vec![151644, 77091, 198, 11, 12],
             codes: vec![CodeFrame([5; 16]), CodeFrame([6; 16]), CodeFrame([7; 16])],
+            speaker: 0,
         };
         let b = Sample {
             line: 2,
             text_ids: vec![151644, 77091, 198, 13],
             codes: vec![CodeFrame([9; 16])],
+            speaker: 0,
         };
         let batch = Batch::build(&[&a, &b], &ids());
         // Lt = 2, T = 3: 8 + 5 + 3 = 16 positions; the second row (Lt 1, T 1) is 13 long.
@@ -296,5 +308,45 @@ mod tests {
         let frames: Vec<u32> = t.frame_rows.to_vec1().unwrap();
         assert_eq!(frames, vec![11, 12, 13, 15 + 10]);
         assert_eq!(t.frame_codes.dims(), &[4, 16]);
+        assert_eq!(t.speaker_index.to_vec1::<u32>().unwrap(), vec![0, 0]);
+    }
+
+    #[test]
+    fn every_row_carries_its_own_speaker() {
+        let s = |speaker: usize, lt: usize| Sample {
+            line: speaker + 1,
+            text_ids: [151644, 77091, 198]
+                .into_iter()
+                .chain(10..10 + lt as u32)
+                .collect(),
+            codes: vec![CodeFrame([3; 16]); 2],
+            speaker,
+        };
+        let (x, y, z) = (s(2, 1), s(0, 3), s(1, 2));
+        let batch = Batch::build(&[&x, &y, &z], &ids());
+        assert_eq!(batch.speakers, vec![2, 0, 1]);
+        // The layout itself does not depend on the speaker: the same rows with speaker 0.
+        let plain: Vec<Sample> = [&x, &y, &z]
+            .iter()
+            .map(|s| Sample {
+                speaker: 0,
+                ..(*s).clone()
+            })
+            .collect();
+        let p = Batch::build(&plain.iter().collect::<Vec<_>>(), &ids());
+        assert_eq!(
+            Batch {
+                speakers: batch.speakers.clone(),
+                ..p
+            },
+            batch
+        );
+        let t = batch.to_tensors(&Device::Cpu).unwrap();
+        assert_eq!(t.speaker_index.to_vec1::<u32>().unwrap(), vec![2, 0, 1]);
+        let mask: Vec<Vec<f32>> = t.speaker_mask.squeeze(2).unwrap().to_vec2().unwrap();
+        for row in &mask {
+            let ones: Vec<usize> = (0..row.len()).filter(|&p| row[p] == 1.0).collect();
+            assert_eq!(ones, vec![SPEAKER_POS]);
+        }
     }
 }

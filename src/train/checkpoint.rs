@@ -40,10 +40,20 @@ pub const VERSION: u32 = 1;
 /// doc-refs: allow-next-line
 pub const OBJECTIVE: &str = "qwen3-tts-12hz sft layout §10.2 + corrected objective §10.3, v1";
 
-/// The copy of the speaker file kept in every checkpoint (what the export uses).
+/// The copy of the speaker file kept in every checkpoint of one unnamed speaker (what the
+/// export uses).
 pub fn speaker_file(dir: &Path) -> PathBuf {
     dir.join("speaker.safetensors")
 }
+
+/// The x-vectors of a checkpoint of named speakers (docs/training.md §7.1): tensor
+/// [`SPEAKER_TABLE`] `(S, H)` f32, the names (JSON list) in the metadata key `speakers`.
+pub fn speakers_file(dir: &Path) -> PathBuf {
+    dir.join("speakers.safetensors")
+}
+
+/// The tensor of [`speakers_file`].
+pub const SPEAKER_TABLE: &str = "speaker_embeddings";
 
 pub fn step_dir_name(step: usize) -> String {
     format!("step-{step:07}")
@@ -65,8 +75,149 @@ pub struct Identity {
     pub batch_size: usize,
     pub shuffle: bool,
     pub seed: u64,
-    /// SHA-256 of the speaker x-vector (f32 bytes) the run trains with.
+    /// SHA-256 of the speaker x-vector (f32 bytes) the run trains with; with named speakers, of
+    /// the whole speaker table `(S, H)`.
     pub speaker_sha256: String,
+    /// The named speakers in table order (rows 3000, 3001, … of the export); empty, and not
+    /// written, for one unnamed speaker (docs/training.md §3.3).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub speakers: Vec<SpeakerId>,
+    /// `train.speaker_balance` where it shapes the data order (named speakers only); not
+    /// written when off.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub speaker_balance: bool,
+}
+
+/// One named speaker of a run: its name and the SHA-256 of its x-vector's f32 bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpeakerId {
+    pub name: String,
+    pub sha256: String,
+}
+
+impl SpeakerId {
+    /// The ids of `names`, whose x-vectors are the rows of `table` `(S, H)`; none for one
+    /// unnamed speaker (`names` empty).
+    pub fn of(names: &[String], table: &Tensor) -> Result<Vec<SpeakerId>> {
+        if names.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows: Vec<Vec<f32>> = table.to_dtype(DType::F32)?.to_vec2()?;
+        if rows.len() != names.len() {
+            bail!(
+                "{} speakers but a speaker table of {} rows",
+                names.len(),
+                rows.len()
+            );
+        }
+        Ok(names
+            .iter()
+            .zip(rows)
+            .map(|(name, row)| {
+                let bytes: Vec<u8> = row.iter().flat_map(|x| x.to_le_bytes()).collect();
+                SpeakerId {
+                    name: name.clone(),
+                    sha256: format!("{:x}", Sha256::digest(&bytes)),
+                }
+            })
+            .collect())
+    }
+}
+
+/// The bytes of the x-vector file(s) a checkpoint keeps: [`speaker_file`] for one unnamed
+/// speaker (the speaker-file format, as `voiceclone embed` writes it), [`speakers_file`] for
+/// named ones.
+pub struct SpeakerSnapshot {
+    named: bool,
+    bytes: Vec<u8>,
+}
+
+impl SpeakerSnapshot {
+    /// The snapshot of the speaker table `(S, H)` of a run with `speakers` (empty: one unnamed).
+    pub fn new(speakers: &[SpeakerId], table: &Tensor) -> Result<Self> {
+        let values: Vec<f32> = table.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+        if speakers.is_empty() {
+            return Ok(Self {
+                named: false,
+                bytes: crate::artifacts::speaker::to_bytes(&values, None)?,
+            });
+        }
+        let data: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let shape = vec![speakers.len(), values.len() / speakers.len()];
+        let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape, &data)
+            .map_err(|e| anyhow::anyhow!("cannot build the speaker table: {e}"))?;
+        let names: Vec<&str> = speakers.iter().map(|s| s.name.as_str()).collect();
+        let meta = std::collections::HashMap::from([(
+            "speakers".to_string(),
+            serde_json::to_string(&names)?,
+        )]);
+        let bytes = safetensors::serialize([(SPEAKER_TABLE, view)], Some(meta))
+            .map_err(|e| anyhow::anyhow!("cannot serialise the speaker table: {e}"))?;
+        Ok(Self { named: true, bytes })
+    }
+
+    /// Writes the file into the (pending) checkpoint directory `dir`.
+    pub fn write(&self, dir: &Path) -> Result<()> {
+        let path = if self.named {
+            speakers_file(dir)
+        } else {
+            speaker_file(dir)
+        };
+        fs::write(&path, &self.bytes).with_context(|| format!("cannot write {}", path.display()))
+    }
+}
+
+/// The x-vectors of checkpoint `dir` with its `index`: `[(None, x)]` for one unnamed speaker,
+/// else `(Some(name), x)` per speaker in table order.
+pub fn read_speakers(dir: &Path, index: &Index) -> Result<Vec<(Option<String>, Vec<f32>)>> {
+    if index.identity.speakers.is_empty() {
+        return Ok(vec![(
+            None,
+            crate::artifacts::speaker::read(&speaker_file(dir))?,
+        )]);
+    }
+    let path = speakers_file(dir);
+    let bytes = fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes)
+        .with_context(|| format!("{} is not a safetensors file", path.display()))?;
+    let st = safetensors::SafeTensors::deserialize(&bytes)
+        .with_context(|| format!("{} is not a safetensors file", path.display()))?;
+    let names: Vec<String> = meta
+        .metadata()
+        .as_ref()
+        .and_then(|m| m.get("speakers"))
+        .and_then(|j| serde_json::from_str(j).ok())
+        .with_context(|| format!("{} has no speaker names", path.display()))?;
+    let want: Vec<&String> = index.identity.speakers.iter().map(|s| &s.name).collect();
+    if names.iter().collect::<Vec<_>>() != want {
+        bail!(
+            "{} holds the speakers {names:?}, its index.json {want:?}",
+            path.display()
+        );
+    }
+    let t = st
+        .tensor(SPEAKER_TABLE)
+        .map_err(|_| anyhow::anyhow!("{} has no tensor {SPEAKER_TABLE}", path.display()))?;
+    if t.dtype() != safetensors::Dtype::F32 || t.shape().len() != 2 || t.shape()[0] != names.len() {
+        bail!(
+            "{}: {SPEAKER_TABLE} is {:?} {:?}, expected f32 ({}, H)",
+            path.display(),
+            t.dtype(),
+            t.shape(),
+            names.len()
+        );
+    }
+    let values: Vec<f32> = t
+        .data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    let h = t.shape()[1];
+    Ok(names
+        .into_iter()
+        .zip(values.chunks(h.max(1)))
+        .map(|(n, x)| (Some(n), x.to_vec()))
+        .collect())
 }
 
 impl Identity {
@@ -114,8 +265,51 @@ impl Identity {
         if self.seed != saved.seed {
             why.push(format!("train.seed was {}, now {}", saved.seed, self.seed));
         }
-        if self.speaker_sha256 != saved.speaker_sha256 {
-            why.push("the speaker embedding (data/speaker.safetensors) changed".into());
+        let names = |v: &[SpeakerId]| {
+            v.iter()
+                .map(|s| s.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        match (saved.speakers.is_empty(), self.speakers.is_empty()) {
+            (true, true) => {
+                if self.speaker_sha256 != saved.speaker_sha256 {
+                    why.push("the speaker embedding (data/speaker.safetensors) changed".into());
+                }
+            }
+            (true, false) => why.push(format!(
+                "it was trained on one unnamed speaker; the manifest now names the speakers {}",
+                names(&self.speakers)
+            )),
+            (false, true) => why.push(format!(
+                "it was trained on the named speakers {}; the manifest now has one unnamed speaker",
+                names(&saved.speakers)
+            )),
+            (false, false) => {
+                if names(&saved.speakers) != names(&self.speakers) {
+                    why.push(format!(
+                        "the speaker set changed: {} then, {} now",
+                        names(&saved.speakers),
+                        names(&self.speakers)
+                    ));
+                } else {
+                    for (a, b) in saved.speakers.iter().zip(&self.speakers) {
+                        if a.sha256 != b.sha256 {
+                            why.push(format!(
+                                "the x-vector of speaker {:?} (data/speakers/{}) changed",
+                                b.name,
+                                crate::artifacts::speaker::file_name(&b.name)
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        if self.speaker_balance != saved.speaker_balance {
+            why.push(format!(
+                "train.speaker_balance was {}, now {}",
+                saved.speaker_balance, self.speaker_balance
+            ));
         }
         if why.is_empty() {
             Ok(())
@@ -749,6 +943,8 @@ mod tests {
             shuffle: false,
             seed: 0,
             speaker_sha256: "s".into(),
+            speakers: Vec::new(),
+            speaker_balance: false,
         };
         Index {
             format: FORMAT.into(),
@@ -848,5 +1044,95 @@ mod tests {
                 assert_eq!(content_of_latest(&root), "step 6");
             }
         }
+    }
+
+    #[test]
+    fn speaker_sets_are_part_of_the_identity_and_kept_in_the_checkpoint() {
+        let table = Tensor::new(&[[1f32, 2.0], [3.0, 4.0]], &Device::Cpu).unwrap();
+        let names = vec!["ann".to_string(), "bob".to_string()];
+        let ids = SpeakerId::of(&names, &table).unwrap();
+        assert_eq!(ids.len(), 2);
+        assert_ne!(ids[0].sha256, ids[1].sha256);
+        // One unnamed speaker: the identity JSON has no new keys.
+        let single = index(1).identity;
+        let json = serde_json::to_string(&single).unwrap();
+        assert!(
+            !json.contains("speakers") && !json.contains("speaker_balance"),
+            "{json}"
+        );
+        assert_eq!(serde_json::from_str::<Identity>(&json).unwrap(), single);
+
+        let named = Identity {
+            speakers: ids.clone(),
+            ..single.clone()
+        };
+        let e = named.check_compatible(&single).unwrap_err().to_string();
+        assert!(
+            e.contains("one unnamed speaker; the manifest now names the speakers ann, bob"),
+            "{e}"
+        );
+        let e = single.check_compatible(&named).unwrap_err().to_string();
+        assert!(e.contains("trained on the named speakers ann, bob"), "{e}");
+        let three = Identity {
+            speakers: SpeakerId::of(
+                &["ann".into(), "bob".into(), "cy".into()],
+                &Tensor::new(&[[1f32, 2.0], [3.0, 4.0], [5.0, 6.0]], &Device::Cpu).unwrap(),
+            )
+            .unwrap(),
+            ..single.clone()
+        };
+        let e = three.check_compatible(&named).unwrap_err().to_string();
+        assert!(
+            e.contains("the speaker set changed: ann, bob then, ann, bob, cy now"),
+            "{e}"
+        );
+        let mut moved = named.clone();
+        moved.speakers[1].sha256 = "other".into();
+        let e = moved.check_compatible(&named).unwrap_err().to_string();
+        assert!(
+            e.contains("the x-vector of speaker \"bob\" (data/speakers/bob.safetensors)"),
+            "{e}"
+        );
+        let balanced = Identity {
+            speaker_balance: true,
+            ..named.clone()
+        };
+        let e = balanced.check_compatible(&named).unwrap_err().to_string();
+        assert!(
+            e.contains("train.speaker_balance was false, now true"),
+            "{e}"
+        );
+        assert!(named.check_compatible(&named.clone()).is_ok());
+
+        // The checkpoint's x-vector files: the single one in the speaker-file format.
+        let dir = tempfile::tempdir().unwrap();
+        let one = Tensor::new(&[[0.5f32, -1.0]], &Device::Cpu).unwrap();
+        SpeakerSnapshot::new(&[], &one)
+            .unwrap()
+            .write(dir.path())
+            .unwrap();
+        assert_eq!(
+            fs::read(speaker_file(dir.path())).unwrap(),
+            crate::artifacts::speaker::to_bytes(&[0.5, -1.0], None).unwrap()
+        );
+        assert_eq!(
+            read_speakers(dir.path(), &index(1)).unwrap(),
+            vec![(None, vec![0.5, -1.0])]
+        );
+        SpeakerSnapshot::new(&ids, &table)
+            .unwrap()
+            .write(dir.path())
+            .unwrap();
+        let mut idx = index(1);
+        idx.identity.speakers = ids;
+        assert_eq!(
+            read_speakers(dir.path(), &idx).unwrap(),
+            vec![
+                (Some("ann".to_string()), vec![1.0, 2.0]),
+                (Some("bob".to_string()), vec![3.0, 4.0])
+            ]
+        );
+        idx.identity.speakers.reverse();
+        assert!(read_speakers(dir.path(), &idx).is_err());
     }
 }

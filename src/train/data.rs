@@ -1,10 +1,15 @@
 //! The training manifest (`data/train.jsonl`, docs/model.md §10.1) as training samples: every
 //! line's transcript tokenized the way the official `TTSDataset` does it and its `audio_codes`
 //! checked. Bad lines are errors that name the file and the line.
+//!
+//! A manifest whose lines name their `speaker` (docs/training.md §3.3) gives every sample the
+//! index of its speaker in [`Dataset::speakers`] (sorted by lower-cased name, the order of the
+//! export's rows); the speaker table `(S, H)` of their x-vectors is [`speaker_table`]'s.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
+use candle_core::{Device, Tensor};
 use sha2::{Digest, Sha256};
 
 use crate::artifacts::codes::check_range;
@@ -21,6 +26,9 @@ pub struct Sample {
     pub text_ids: Vec<u32>,
     /// `(T, 16)` codes, frame-major.
     pub codes: Vec<CodeFrame>,
+    /// Index of the sample's speaker in [`Dataset::speakers`] (0 with one unnamed speaker): the
+    /// row of the speaker table whose x-vector goes to the sample's position 6.
+    pub speaker: usize,
 }
 
 impl Sample {
@@ -45,6 +53,9 @@ pub struct Dataset {
     pub manifest: PathBuf,
     pub samples: Vec<Sample>,
     pub digest: String,
+    /// The named speakers, sorted by lower-cased name; empty when the manifest names none
+    /// (one unnamed speaker, whose x-vector is `data/speaker.safetensors`).
+    pub speakers: Vec<String>,
 }
 
 impl Dataset {
@@ -56,6 +67,36 @@ impl Dataset {
     pub fn lengths(&self) -> Vec<usize> {
         self.samples.iter().map(Sample::seq_len).collect()
     }
+
+    /// Number of speakers (1 for an unnamed speaker).
+    pub fn speaker_count(&self) -> usize {
+        self.speakers.len().max(1)
+    }
+
+    /// The per-sample speaker indices the sampler balances over (`train.speaker_balance`,
+    /// docs/training.md §4), or `None` when there is nothing to balance (off, or one speaker).
+    pub fn balance_groups(&self, speaker_balance: bool) -> Option<Vec<usize>> {
+        (speaker_balance && self.speakers.len() > 1)
+            .then(|| self.samples.iter().map(|s| s.speaker).collect())
+    }
+}
+
+/// The speaker table `(S, H)` (f32, on `device`) whose row `s` is the x-vector of
+/// `dataset.speakers[s]`: with one unnamed speaker the file `speaker` (`data/speaker.safetensors`)
+/// as one row; with named speakers `speaker` is the directory of their files
+/// (`data/speakers/`, one `NAME.safetensors` each).
+pub fn speaker_table(
+    speaker: &Path,
+    dataset: &Dataset,
+    hidden: usize,
+    device: &Device,
+) -> Result<Tensor> {
+    if dataset.speakers.is_empty() {
+        return Ok(super::load_speaker(speaker, hidden, device)?.unsqueeze(0)?);
+    }
+    let rows = crate::artifacts::speaker::read_set(speaker, &dataset.speakers, hidden)?;
+    let flat: Vec<f32> = rows.concat();
+    Ok(Tensor::from_vec(flat, (rows.len(), hidden), device)?)
 }
 
 /// A manifest row that cannot be trained on.
@@ -99,10 +140,23 @@ pub fn load(
             line,
             why: why.to_string(),
         })
+        .chain(
+            file.speaker_problems()
+                .into_iter()
+                .map(|(line, why)| BadLine { line, why }),
+        )
         .collect();
+    let speakers = file.speakers();
     for (line, row) in file.rows() {
         match parse_row(line, row, base, tokenizer, codebook_size) {
-            Ok(s) => samples.push(s),
+            Ok(mut s) => {
+                s.speaker = row
+                    .speaker
+                    .as_ref()
+                    .and_then(|n| speakers.iter().position(|x| x == n))
+                    .unwrap_or(0);
+                samples.push(s)
+            }
             Err(why) => bad.push(BadLine { line, why }),
         }
     }
@@ -131,11 +185,12 @@ pub fn load(
             manifest.display()
         );
     }
-    let digest = digest(&samples);
+    let digest = digest(&samples, &speakers);
     Ok(Dataset {
         manifest: manifest.to_path_buf(),
         samples,
         digest,
+        speakers,
     })
 }
 
@@ -163,6 +218,7 @@ fn parse_row(
         line,
         text_ids,
         codes: codes.to_vec(),
+        speaker: 0,
     })
 }
 
@@ -196,9 +252,15 @@ fn row_codes<'a>(
     Ok(codes)
 }
 
-fn digest(samples: &[Sample]) -> String {
+/// SHA-256 over every sample's text ids and codes, and with named speakers also its speaker's
+/// name (one unnamed speaker adds nothing, so such a digest is what it always was).
+fn digest(samples: &[Sample], speakers: &[String]) -> String {
     let mut h = Sha256::new();
     for s in samples {
+        if let Some(name) = speakers.get(s.speaker) {
+            h.update((name.len() as u64).to_le_bytes());
+            h.update(name.as_bytes());
+        }
         h.update((s.text_ids.len() as u64).to_le_bytes());
         for id in &s.text_ids {
             h.update(id.to_le_bytes());

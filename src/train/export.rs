@@ -7,6 +7,7 @@
 //!                          talker_config.spk_id {NAME: 3000}, spk_is_dialect {NAME: false}
 //! model.safetensors        bf16: every base tensor except speaker_encoder.*, trained ones
 //!                          replaced, the x-vector in talker.model.codec_embedding.weight[3000]
+//!                          (named speakers: one row each, 3000, 3001, … in table order)
 //! generation_config.json, tokenizer files, speech_tokenizer/   copied from the base model
 //! voiceclone-export.json   marks the directory as ours (a later export may replace it)
 //! ```
@@ -31,7 +32,9 @@ use crate::model::files::{self as mf, ModelFiles};
 
 /// Marker file of an exported directory.
 pub const MARKER: &str = "voiceclone-export.json";
-/// Codec-embedding row that holds the fine-tuned speaker (docs/model.md §10.5).
+/// Codec-embedding row that holds the fine-tuned speaker (docs/model.md §10.5); named speakers
+/// take this row and the ones after it, in the order of the checkpoint's speaker table
+/// (docs/training.md §10).
 pub const SPEAKER_ROW: usize = 3000;
 const CODEC_EMBEDDING: &str = "talker.model.codec_embedding.weight";
 /// Files of a hub model copied next to the weights (the official recipe copies the whole
@@ -59,6 +62,8 @@ pub struct ExportOptions<'a> {
     /// A checkpoint directory (`checkpoints/step-…`).
     pub checkpoint: PathBuf,
     pub output: PathBuf,
+    /// The speaker name of a checkpoint of one unnamed speaker (`train.speaker_name`); named
+    /// speakers keep their own names.
     pub speaker_name: String,
 }
 
@@ -66,7 +71,8 @@ pub struct ExportOptions<'a> {
 pub struct ExportSummary {
     pub output: PathBuf,
     pub step: usize,
-    pub speaker_name: String,
+    /// The exported speakers (lower-cased names) with their codec-embedding rows.
+    pub speakers: Vec<(String, usize)>,
     pub tensors: usize,
     pub trained_tensors: usize,
     /// The directory replaced an earlier export.
@@ -74,7 +80,7 @@ pub struct ExportSummary {
 }
 
 /// Whether `output` already holds the export of `checkpoint` for `speaker_name` (its marker
-/// names the same checkpoint directory, step and speaker).
+/// names the same checkpoint directory, step and speaker, or the checkpoint's named speakers).
 pub fn is_current(output: &Path, checkpoint: &Path, speaker_name: &str) -> bool {
     let Ok(text) = fs::read_to_string(output.join(MARKER)) else {
         return false;
@@ -85,10 +91,25 @@ pub fn is_current(output: &Path, checkpoint: &Path, speaker_name: &str) -> bool 
     let Ok(index) = checkpoint::read_index(checkpoint) else {
         return false;
     };
+    let speakers_match = if index.identity.speakers.is_empty() {
+        marker["speaker_name"].as_str() == Some(&speaker_name.trim().to_lowercase())
+    } else {
+        marker["speakers"] == json!(named_rows(&index.identity.speakers).collect::<Vec<_>>())
+    };
     marker["checkpoint"].as_str() == Some(&checkpoint.display().to_string())
         && marker["step"].as_u64() == Some(index.step as u64)
-        && marker["speaker_name"].as_str() == Some(&speaker_name.trim().to_lowercase())
+        && speakers_match
         && output.join(mf::SINGLE_FILE).is_file()
+}
+
+/// The lower-cased names of named speakers with their rows 3000, 3001, … (table order).
+fn named_rows(speakers: &[checkpoint::SpeakerId]) -> impl Iterator<Item = (String, usize)> + '_ {
+    speakers.iter().enumerate().map(|(i, s)| {
+        (
+            crate::artifacts::speaker::name_key(&s.name),
+            SPEAKER_ROW + i,
+        )
+    })
 }
 
 /// Why an existing `output` may or may not be replaced.
@@ -129,25 +150,43 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
             opts.model_spec
         );
     }
-    let name = opts.speaker_name.trim().to_lowercase();
-    if name.is_empty() {
-        bail!("the speaker name is empty");
-    }
+    let vectors = checkpoint::read_speakers(&opts.checkpoint, &index)?;
+    let rows: Vec<(String, usize)> = if index.identity.speakers.is_empty() {
+        let name = opts.speaker_name.trim().to_lowercase();
+        if name.is_empty() {
+            bail!("the speaker name is empty");
+        }
+        vec![(name, SPEAKER_ROW)]
+    } else {
+        named_rows(&index.identity.speakers).collect()
+    };
+    crate::artifacts::speaker::check_unique(rows.iter().map(|(n, _)| n.as_str()))?;
     let replaced = check_output(&opts.output)?;
-    let speaker = read_checkpoint_speaker(&opts.checkpoint)?;
     let hidden = opts.files.config.talker_config.hidden_size;
-    if speaker.len() != hidden {
+    for ((name, _), (_, x)) in rows.iter().zip(&vectors) {
+        if x.len() != hidden {
+            bail!(
+                "the checkpoint's x-vector of speaker {name:?} has {} values, the model needs \
+                 {hidden}",
+                x.len()
+            );
+        }
+    }
+    let vocab = opts.files.config.talker_config.vocab_size;
+    let last = SPEAKER_ROW + rows.len() - 1;
+    if vocab <= last {
         bail!(
-            "the checkpoint's speaker embedding has {} values, the model needs {hidden}",
-            speaker.len()
+            "talker_config.vocab_size {vocab} has no row {last} for speaker {:?}: at most {} \
+             speakers fit (rows {SPEAKER_ROW}..{vocab})",
+            rows[rows.len() - 1].0,
+            vocab.saturating_sub(SPEAKER_ROW)
         );
     }
-    if opts.files.config.talker_config.vocab_size <= SPEAKER_ROW {
-        bail!(
-            "talker_config.vocab_size {} has no row {SPEAKER_ROW} for the speaker",
-            opts.files.config.talker_config.vocab_size
-        );
-    }
+    let speaker_rows: Vec<(usize, &[f32])> = rows
+        .iter()
+        .zip(&vectors)
+        .map(|((_, row), (_, x))| (*row, x.as_slice()))
+        .collect();
 
     let parent = opts
         .output
@@ -171,17 +210,28 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
     fs::create_dir_all(&tmp)?;
     let result = (|| -> Result<(usize, usize)> {
         copy_model_files(opts.files, &tmp)?;
-        let counts = write_weights(opts, &index, &speaker, &tmp.join(mf::SINGLE_FILE))?;
-        write_config(&opts.files.config_path, &name, &tmp.join(mf::CONFIG))?;
-        let marker = json!({
-            "format": "voiceclone-export",
-            "version": 1,
-            "base_model": opts.model_spec,
-            "checkpoint": opts.checkpoint.display().to_string(),
-            "step": index.step,
-            "speaker_name": name,
-            "speaker_row": SPEAKER_ROW,
-        });
+        let counts = write_weights(opts, &index, &speaker_rows, &tmp.join(mf::SINGLE_FILE))?;
+        write_config(&opts.files.config_path, &rows, &tmp.join(mf::CONFIG))?;
+        let marker = if index.identity.speakers.is_empty() {
+            json!({
+                "format": "voiceclone-export",
+                "version": 1,
+                "base_model": opts.model_spec,
+                "checkpoint": opts.checkpoint.display().to_string(),
+                "step": index.step,
+                "speaker_name": rows[0].0,
+                "speaker_row": SPEAKER_ROW,
+            })
+        } else {
+            json!({
+                "format": "voiceclone-export",
+                "version": 1,
+                "base_model": opts.model_spec,
+                "checkpoint": opts.checkpoint.display().to_string(),
+                "step": index.step,
+                "speakers": rows,
+            })
+        };
         fs::write(
             tmp.join(MARKER),
             serde_json::to_string_pretty(&marker)? + "\n",
@@ -207,15 +257,11 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
     Ok(ExportSummary {
         output: opts.output.clone(),
         step: index.step,
-        speaker_name: name,
+        speakers: rows,
         tensors,
         trained_tensors,
         replaced,
     })
-}
-
-fn read_checkpoint_speaker(dir: &Path) -> Result<Vec<f32>> {
-    crate::artifacts::speaker::read(&checkpoint::speaker_file(dir))
 }
 
 /// Copies what the official recipe's `copytree` would, minus the weights and config.json
@@ -273,7 +319,8 @@ fn copy_dir(src: &Path, dest: &Path, top: bool, skip: &[PathBuf]) -> Result<()> 
     Ok(())
 }
 
-fn write_config(base: &Path, name: &str, dest: &Path) -> Result<()> {
+/// `config.json`: the base config as a CustomVoice model with `speakers` (name, row).
+fn write_config(base: &Path, speakers: &[(String, usize)], dest: &Path) -> Result<()> {
     let text =
         fs::read_to_string(base).with_context(|| format!("cannot read {}", base.display()))?;
     let mut cfg: Value = serde_json::from_str(&text)
@@ -286,17 +333,26 @@ fn write_config(base: &Path, name: &str, dest: &Path) -> Result<()> {
         .get_mut("talker_config")
         .and_then(Value::as_object_mut)
         .with_context(|| format!("{} has no talker_config", base.display()))?;
-    talker.insert("spk_id".into(), json!({ name: SPEAKER_ROW }));
-    talker.insert("spk_is_dialect".into(), json!({ name: false }));
+    let ids: serde_json::Map<String, Value> = speakers
+        .iter()
+        .map(|(n, row)| (n.clone(), json!(row)))
+        .collect();
+    let dialect: serde_json::Map<String, Value> = speakers
+        .iter()
+        .map(|(n, _)| (n.clone(), json!(false)))
+        .collect();
+    talker.insert("spk_id".into(), Value::Object(ids));
+    talker.insert("spk_is_dialect".into(), Value::Object(dialect));
     fs::write(dest, serde_json::to_string_pretty(&cfg)? + "\n")?;
     Ok(())
 }
 
-/// Writes `model.safetensors` (bf16) and returns (tensor count, trained tensor count).
+/// Writes `model.safetensors` (bf16) with each speaker's x-vector in its codec-embedding row,
+/// and returns (tensor count, trained tensor count).
 fn write_weights(
     opts: &ExportOptions,
     index: &checkpoint::Index,
-    speaker: &[f32],
+    speakers: &[(usize, &[f32])],
     dest: &Path,
 ) -> Result<(usize, usize)> {
     let trained = checkpoint::load_tensors(&opts.checkpoint, index, &["master"], &Device::Cpu)?;
@@ -360,9 +416,15 @@ fn write_weights(
             );
         }
     }
-    let speaker_bf16: Vec<u8> = speaker
+    let speaker_bf16: Vec<(usize, Vec<u8>)> = speakers
         .iter()
-        .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+        .map(|(row, x)| {
+            let bytes = x
+                .iter()
+                .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+                .collect();
+            (*row, bytes)
+        })
         .collect();
     let meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
     let file =
@@ -378,8 +440,10 @@ fn write_weights(
             }
         };
         if e.name == CODEC_EMBEDDING {
-            let row = speaker_bf16.len();
-            bytes[SPEAKER_ROW * row..(SPEAKER_ROW + 1) * row].copy_from_slice(&speaker_bf16);
+            for (row, x) in &speaker_bf16 {
+                let n = x.len();
+                bytes[row * n..(row + 1) * n].copy_from_slice(x);
+            }
         }
         Ok(bytes)
     })?;

@@ -106,7 +106,8 @@ pub struct TrainOptions {
     pub manifest: PathBuf,
     /// Directory relative manifest paths are relative to (the workspace).
     pub base_dir: PathBuf,
-    /// The x-vector file (`data/speaker.safetensors`).
+    /// The x-vector file (`data/speaker.safetensors`), or with named speakers the directory of
+    /// their files (`data/speakers/`, docs/training.md §3.3).
     pub speaker: PathBuf,
     /// `checkpoints/`.
     pub checkpoints: PathBuf,
@@ -157,6 +158,7 @@ pub struct Trainer {
     pub adamw: AdamW,
     pub dataset: Dataset,
     pub sampler: Sampler,
+    /// The speaker table `(S, H)`: row s is the x-vector of `dataset.speakers[s]`.
     pub speaker: Tensor,
     pub identity: Identity,
     pub step: usize,
@@ -230,8 +232,7 @@ impl Trainer {
             }
             adam.step = r.index.optimizer.step;
             step = r.index.step;
-            let c = &opts.config;
-            sampler = Sampler::resume(dataset.lengths(), c.batch_size, c.shuffle, r.cursor);
+            sampler = run::resumed_sampler(&opts, &dataset, r.cursor);
             last_loss = r.index.loss;
         }
         let sparse_text = match backend {
@@ -437,17 +438,14 @@ impl Trainer {
             params: &self.params,
             adam: &self.adam,
         };
-        let speaker_bytes = run::speaker_bytes(&self.speaker)?;
+        let speakers = checkpoint::SpeakerSnapshot::new(&self.identity.speakers, &self.speaker)?;
         checkpoint::save(
             &self.opts.checkpoints,
             &index,
             &state,
             self.opts.config.keep,
             self.opts.hooks.as_ref(),
-            |dir| {
-                std::fs::write(checkpoint::speaker_file(dir), &speaker_bytes)?;
-                Ok(())
-            },
+            |dir| speakers.write(dir),
         )
     }
 

@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
-use candle_core::{DType, Tensor};
+use anyhow::Result;
+use candle_core::Tensor;
 use sha2::{Digest, Sha256};
 
 use super::checkpoint::{self, Identity, Index, ModelIdentity, OptimizerInfo, ParamInfo, RngInfo};
@@ -15,14 +15,15 @@ use super::optim::{AdamW, Schedule};
 use super::params;
 use super::sampler::{Cursor, Sampler};
 use super::units::unit_of;
-use super::{load_speaker, stwrite, TrainOptions};
+use super::{stwrite, TrainOptions};
 use crate::model::config::Qwen3TtsConfig;
 
 /// The parts of a run that do not depend on how it is computed.
 pub struct RunSetup {
     pub cfg: Qwen3TtsConfig,
     pub dataset: Dataset,
-    /// The x-vector `(H,)`, f32, on the training device.
+    /// The speaker table `(S, H)`, f32, on the training device: row s is the x-vector of
+    /// `dataset.speakers[s]` (one row for an unnamed speaker; docs/training.md §3.3).
     pub speaker: Tensor,
     /// The trained tensors, in parameter order (unit, then name).
     pub trained: Vec<String>,
@@ -39,7 +40,8 @@ impl RunSetup {
         let tokenizer = opts.files.text_tokenizer()?;
         let codebook = cfg.talker_config.code_predictor_config.vocab_size as u32;
         let dataset = data::load(&opts.manifest, &opts.base_dir, &tokenizer, codebook)?;
-        let speaker = load_speaker(&opts.speaker, cfg.talker_config.hidden_size, &opts.device)?;
+        let hidden = cfg.talker_config.hidden_size;
+        let speaker = data::speaker_table(&opts.speaker, &dataset, hidden, &opts.device)?;
         let mut names: Vec<&str> = opts
             .files
             .checkpoint
@@ -80,8 +82,11 @@ impl RunSetup {
                 let bytes = stwrite::f32_bytes(&speaker)?;
                 format!("{:x}", Sha256::digest(&bytes))
             },
+            speakers: checkpoint::SpeakerId::of(&dataset.speakers, &speaker)?,
+            speaker_balance: dataset.balance_groups(c.speaker_balance).is_some(),
         };
-        let sampler = Sampler::new(dataset.lengths(), c.batch_size, c.shuffle, c.seed);
+        let sampler = Sampler::new(dataset.lengths(), c.batch_size, c.shuffle, c.seed)
+            .with_balance(dataset.balance_groups(c.speaker_balance));
         Ok(Self {
             cfg,
             dataset,
@@ -202,11 +207,9 @@ impl IndexParts<'_> {
     }
 }
 
-/// The speaker file's bytes for the copy kept in every checkpoint.
-pub fn speaker_bytes(speaker: &Tensor) -> Result<Vec<u8>> {
-    let x: Vec<f32> = speaker
-        .to_dtype(DType::F32)?
-        .to_vec1()
-        .context("the speaker x-vector")?;
-    crate::artifacts::speaker::to_bytes(&x, None)
+/// The sampler of `dataset` continuing at `cursor` (a checkpoint's).
+pub fn resumed_sampler(opts: &TrainOptions, dataset: &Dataset, cursor: Cursor) -> Sampler {
+    let c = &opts.config;
+    Sampler::resume(dataset.lengths(), c.batch_size, c.shuffle, cursor)
+        .with_balance(dataset.balance_groups(c.speaker_balance))
 }

@@ -255,8 +255,7 @@ impl ShardedTrainer {
             }
             adam.step = r.index.optimizer.step;
             step = r.index.step;
-            let c = &opts.config;
-            sampler = Sampler::resume(dataset.lengths(), c.batch_size, c.shuffle, r.cursor);
+            sampler = run::resumed_sampler(&opts, &dataset, r.cursor);
             last_loss = r.index.loss;
         }
         let t = &cfg.talker_config;
@@ -1029,10 +1028,8 @@ impl ShardedTrainer {
         }
         let out = match pending {
             Some(p) => {
-                std::fs::write(
-                    checkpoint::speaker_file(&p.dir),
-                    run::speaker_bytes(&self.speaker)?,
-                )?;
+                checkpoint::SpeakerSnapshot::new(&self.identity.speakers, &self.speaker)?
+                    .write(&p.dir)?;
                 let index = IndexParts {
                     identity: &self.identity,
                     dataset: &self.dataset,

@@ -104,7 +104,8 @@ impl EmbeddingUnit {
     /// The talker input `E` `(B, N, H)` (docs/model.md §10.2, §10.3):
     /// `text_projection(text rows)·text_mask + codec_embedding(codec ids)·codec_embedding_mask
     /// + x-vector at position 6 + Σ_{i=1..15} cp.codec_embedding[i-1](code_i)·codec_mask`.
-    /// `speaker` `(H,)` is data (detached).
+    /// `speaker` is the speaker table `(S, H)` — row `b.speaker_index[r]` is row r's x-vector
+    /// (docs/training.md §3.3) — or one x-vector `(H,)` for every row; it is data (detached).
     pub fn input_embeddings(
         &self,
         b: &BatchTensors,
@@ -120,11 +121,13 @@ impl EmbeddingUnit {
             .broadcast_mul(&cast(&b.text_mask)?)?;
         let codec = embedding(&self.codec_embedding, &b.codec_channel_ids)?
             .broadcast_mul(&cast(&b.codec_embedding_mask)?)?;
-        let spk = cast(&b.speaker_mask)?.broadcast_mul(&cast(&speaker.detach())?.reshape((
-            1,
-            1,
-            (),
-        ))?)?;
+        let table = match speaker.rank() {
+            1 => speaker.reshape((1, ()))?,
+            _ => speaker.clone(),
+        };
+        // Each row's own x-vector `(B, 1, H)`, masked onto position 6.
+        let rows = table.detach().index_select(&b.speaker_index, 0)?;
+        let spk = cast(&b.speaker_mask)?.broadcast_mul(&cast(&rows)?.unsqueeze(1)?)?;
         let sub = self
             .sum_sub_codes(&b.codec_ids)?
             .broadcast_mul(&cast(&b.codec_mask)?)?;

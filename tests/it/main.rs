@@ -22,6 +22,7 @@ mod prep_real_speech;
 mod prep_rerun_and_bad_input;
 mod speak_cli;
 mod speak_parity;
+mod speakers_cli;
 mod train_cli;
 mod train_dist;
 mod train_parity;
