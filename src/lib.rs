@@ -14,6 +14,7 @@
 //! - [`fsutil`]: crash-safe output (temporary name, then rename).
 //! - [`generate`]: speech synthesis: prompt layouts, sampling, the frame loop, text splitting, the
 //!   voice-clone / custom-voice pipelines.
+//! - [`kernels`]: the CPU inference kernels on slices (8-bit and bf16 matrix-vector products).
 //! - [`hub`]: model resolution: a local directory or file, or a Hugging Face hub repository.
 //! - [`model`]: the Qwen3-TTS port: config, model files, weights, tokenizer, talker, code
 //!   predictor, speaker encoder, 12 Hz codec, and the CPU kernels they use.
@@ -32,6 +33,7 @@ pub mod config;
 pub mod fsutil;
 pub mod generate;
 pub mod hub;
+pub mod kernels;
 pub mod model;
 pub mod prep;
 pub mod progress;
