@@ -81,18 +81,14 @@ impl Q8Matrix {
     /// Quantizes a row-major f32 matrix `(n, k)`.
     pub fn from_f32(w: &[f32], n: usize, k: usize) -> Result<Self, Q8Error> {
         check_len(w.len(), n, k)?;
-        Self::build(n, k, |r, row| row.copy_from_slice(&w[r * k..(r + 1) * k]))
+        Self::build(n, k, Source::F32(w))
     }
 
     /// Quantizes a row-major bf16 matrix `(n, k)` given as raw bf16 bits (the checkpoint's
     /// values; bf16 → f32 is exact).
     pub fn from_bf16(w: &[u16], n: usize, k: usize) -> Result<Self, Q8Error> {
         check_len(w.len(), n, k)?;
-        Self::build(n, k, |r, row| {
-            for (d, s) in row.iter_mut().zip(&w[r * k..(r + 1) * k]) {
-                *d = f32::from_bits((*s as u32) << 16);
-            }
-        })
+        Self::build(n, k, Source::Bf16(w))
     }
 
     /// Rows, columns.
@@ -109,11 +105,8 @@ impl Q8Matrix {
         self.n.div_ceil(TILE)
     }
 
-    fn build(
-        n: usize,
-        k: usize,
-        fill_row: impl Fn(usize, &mut [f32]) + Sync,
-    ) -> Result<Self, Q8Error> {
+    fn build(n: usize, k: usize, src: Source<'_>) -> Result<Self, Q8Error> {
+        let fast_bf16 = cfg!(target_arch = "x86_64") && Isa::detected().avx512;
         let kb = k.div_ceil(BLOCK);
         let kp = kb * BLOCK;
         let tiles = n.div_ceil(TILE);
@@ -128,14 +121,41 @@ impl Q8Matrix {
                     |(row, q, d), (t, (qs_t, sc_t))| {
                         with_simd(|| {
                             for i in 0..TILE.min(n - t * TILE) {
-                                fill_row(t * TILE + i, &mut row[..k]);
-                                quantize_weight_row(row, q, d);
+                                let r = t * TILE + i;
+                                match src {
+                                    #[cfg(target_arch = "x86_64")]
+                                    Source::Bf16(w) if fast_bf16 && k == kp => {
+                                        // SAFETY: the CPU has AVX-512 F/BW/VL (checked above);
+                                        // row, bytes and scales have the lengths it asserts.
+                                        unsafe {
+                                            x86::quantize_bf16_row_avx512(
+                                                &w[r * k..(r + 1) * k],
+                                                q,
+                                                d,
+                                            )
+                                        };
+                                    }
+                                    Source::Bf16(w) => {
+                                        for (o, b) in row.iter_mut().zip(&w[r * k..(r + 1) * k]) {
+                                            *o = f32::from_bits((*b as u32) << 16);
+                                        }
+                                        quantize_weight_row(row, q, d);
+                                    }
+                                    Source::F32(w) => {
+                                        row[..k].copy_from_slice(&w[r * k..(r + 1) * k]);
+                                        quantize_weight_row(row, q, d);
+                                    }
+                                }
+                                let q: &[u8] = q;
                                 for b in 0..kb {
                                     sc_t[b * TILE + i] = d[b];
-                                    for s in 0..BLOCK / 4 {
-                                        let dst = b * TILE_BLOCK_BYTES + s * TILE * 4 + i * 4;
-                                        let src = b * BLOCK + s * 4;
-                                        qs_t[dst..dst + 4].copy_from_slice(&q[src..src + 4]);
+                                    let blk =
+                                        &mut qs_t[b * TILE_BLOCK_BYTES..(b + 1) * TILE_BLOCK_BYTES];
+                                    for (s, c) in
+                                        q[b * BLOCK..(b + 1) * BLOCK].chunks_exact(4).enumerate()
+                                    {
+                                        blk[s * TILE * 4 + i * 4..s * TILE * 4 + i * 4 + 4]
+                                            .copy_from_slice(c);
                                     }
                                 }
                             }
@@ -241,6 +261,14 @@ impl Q8Matrix {
     }
 }
 
+/// The values a matrix is quantized from, row-major.
+#[derive(Clone, Copy)]
+enum Source<'a> {
+    F32(&'a [f32]),
+    /// Raw bf16 bits.
+    Bf16(&'a [u16]),
+}
+
 fn check_len(len: usize, n: usize, k: usize) -> Result<(), Q8Error> {
     if len != n * k {
         return Err(Q8Error::Len {
@@ -251,9 +279,9 @@ fn check_len(len: usize, n: usize, k: usize) -> Result<(), Q8Error> {
     Ok(())
 }
 
-/// Runs `f` compiled with AVX2, FMA and F16C when the CPU has them, so that the quantization
-/// loops inlined into it vectorise (`round_ties_even` becomes one instruction instead of a libm
-/// call). The results are the same either way: every operation is exactly rounded.
+/// Runs `f` in a function compiled with AVX2, FMA and F16C when the CPU has them, so that the
+/// quantization loops, where they are inlined into it, use wider vectors. The results are the
+/// same either way: every operation is exactly rounded.
 #[inline(always)]
 fn with_simd<R>(f: impl FnOnce() -> R) -> R {
     #[cfg(target_arch = "x86_64")]
@@ -268,6 +296,15 @@ fn with_simd<R>(f: impl FnOnce() -> R) -> R {
         }
     }
     f()
+}
+
+/// `v` clamped to ±127 and rounded to the nearest integer, ties to even: adding and taking away
+/// 1.5·2^23 leaves no fraction bits (exact for |v| < 2^22), without a libm call, so the loops
+/// around it vectorise with plain SSE2.
+#[inline(always)]
+fn round_q(v: f32) -> i32 {
+    const MAGIC: f32 = 12_582_912.0;
+    ((v.clamp(-127.0, 127.0) + MAGIC) - MAGIC) as i32
 }
 
 /// `max |v|` of a block, in 8 lanes (vectorisable).
@@ -295,7 +332,7 @@ fn quantize_weight_row(row: &[f32], q: &mut [u8], d: &mut [u16]) {
         let scale = f16_to_f32(bits);
         let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
         for (o, v) in qb.iter_mut().zip(blk) {
-            *o = ((v * inv).round_ties_even().clamp(-127.0, 127.0) as i32 + 128) as u8;
+            *o = (round_q(v * inv) + 128) as u8;
         }
         *db = bits;
     }
@@ -348,7 +385,7 @@ impl Q8Rows {
                 let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
                 let mut q = [0i8; BLOCK];
                 for (o, v) in q.iter_mut().zip(blk) {
-                    *o = (v * inv).round_ties_even().clamp(-127.0, 127.0) as i32 as i8;
+                    *o = round_q(v * inv) as i8;
                 }
                 let sum: i32 = q.iter().map(|v| *v as i32).sum();
                 for (wi, c) in w.iter_mut().zip(q.chunks_exact(4)) {
@@ -449,6 +486,45 @@ fn tile_scalar<const M: usize>(qs: &[u8], sc: &[u16], x: &Q8Rows, row0: usize, o
 mod x86 {
     use super::{Q8Rows, BLOCK, TILE, TILE_BLOCK_BYTES};
     use std::arch::x86_64::*;
+
+    /// [`super::quantize_weight_row`] of a bf16 row, vectorised: the same values (clamp to ±127,
+    /// round to nearest even, `+ 128`), 32 weights per step.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F/BW/VL. `w.len() == q.len() == 32 · d.len()`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    pub(super) unsafe fn quantize_bf16_row_avx512(w: &[u16], q: &mut [u8], d: &mut [u16]) {
+        assert!(w.len() == q.len() && w.len() == BLOCK * d.len());
+        let widen =
+            |v: __m256i| _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+        let (lo, hi) = (_mm512_set1_ps(-127.0), _mm512_set1_ps(127.0));
+        let offset = _mm_set1_epi8(-128);
+        for (b, db) in d.iter_mut().enumerate() {
+            let src = w[b * BLOCK..(b + 1) * BLOCK].as_ptr();
+            // SAFETY: 32 u16 = 64 bytes of the block's slice.
+            let v = unsafe { _mm512_loadu_si512(src as *const __m512i) };
+            let f0 = widen(_mm512_castsi512_si256(v));
+            let f1 = widen(_mm512_extracti64x4_epi64::<1>(v));
+            let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(f0), _mm512_abs_ps(f1)));
+            let bits = super::f32_to_f16(amax / 127.0);
+            let scale = super::f16_to_f32(bits);
+            let inv = _mm512_set1_ps(if scale > 0.0 { 1.0 / scale } else { 0.0 });
+            // Round to nearest even (the default rounding mode), as `round_q`.
+            let q0 =
+                _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(f0, inv), lo), hi));
+            let q1 =
+                _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(f1, inv), lo), hi));
+            let b0 = _mm_xor_si128(_mm512_cvtepi32_epi8(q0), offset);
+            let b1 = _mm_xor_si128(_mm512_cvtepi32_epi8(q1), offset);
+            let dst = q[b * BLOCK..(b + 1) * BLOCK].as_mut_ptr();
+            // SAFETY: 2 × 16 bytes = the block's 32-byte slice.
+            unsafe {
+                _mm_storeu_si128(dst as *mut __m128i, b0);
+                _mm_storeu_si128(dst.add(16) as *mut __m128i, b1);
+            }
+            *db = bits;
+        }
+    }
 
     /// # Safety
     /// The CPU must have AVX-512 F/BW/VL + VNNI; extents as checked in [`super::tile`].
@@ -707,6 +783,31 @@ mod tests {
         let a = Q8Matrix::from_bf16(&bits, n, k).unwrap();
         let b = Q8Matrix::from_f32(&widened, n, k).unwrap();
         assert_eq!((a.qs, a.scales), (b.qs, b.scales));
+    }
+
+    #[test]
+    fn vector_quantization_matches_the_scalar_one() {
+        let (n, k) = (3, 96);
+        let bits: Vec<u16> = values(n * k, 21)
+            .iter()
+            .map(|v| half::bf16::from_f32(*v * 3.0).to_bits())
+            .collect();
+        let fast = Q8Matrix::from_bf16(&bits, n, k).unwrap();
+        let widened: Vec<f32> = bits
+            .iter()
+            .map(|b| f32::from_bits((*b as u32) << 16))
+            .collect();
+        let mut q = vec![0u8; k];
+        let mut d = vec![0u16; k / BLOCK];
+        for r in 0..n {
+            quantize_weight_row(&widened[r * k..(r + 1) * k], &mut q, &mut d);
+            let back: Vec<f32> = q
+                .iter()
+                .enumerate()
+                .map(|(c, v)| (*v as i32 - 128) as f32 * f16_to_f32(d[c / BLOCK]))
+                .collect();
+            assert_eq!(fast.dequantize_row(r), back, "row {r}");
+        }
     }
 
     #[test]
