@@ -14,8 +14,8 @@
 //! - [`fsutil`]: crash-safe output (temporary name, then rename).
 //! - [`generate`]: speech synthesis: prompt layouts, sampling, the frame loop, text splitting, the
 //!   voice-clone / custom-voice pipelines.
-//! - [`kernels`]: the CPU inference kernels on slices (8-bit and bf16 matrix-vector products).
 //! - [`hub`]: model resolution: a local directory or file, or a Hugging Face hub repository.
+//! - [`kernels`]: the CPU inference kernels on slices (8-bit and bf16 matrix-vector products).
 //! - [`model`]: the Qwen3-TTS port: config, model files, weights, tokenizer, talker, code
 //!   predictor, speaker encoder, 12 Hz codec, and the CPU kernels they use.
 //! - [`prep`]: the `prep` pipeline: sources, transcription (Whisper), segmentation, the manifest.
