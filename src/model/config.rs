@@ -146,11 +146,17 @@ impl Qwen3TtsConfig {
                 bail!("tts_model_type {other:?} is not one of base, custom_voice, voice_design")
             }
         }
-        if t.num_attention_heads % t.num_key_value_heads.max(1) != 0 {
+        if !t
+            .num_attention_heads
+            .is_multiple_of(t.num_key_value_heads.max(1))
+        {
             bail!("talker_config: num_attention_heads must be a multiple of num_key_value_heads");
         }
         let cp = &t.code_predictor_config;
-        if cp.num_attention_heads % cp.num_key_value_heads.max(1) != 0 {
+        if !cp
+            .num_attention_heads
+            .is_multiple_of(cp.num_key_value_heads.max(1))
+        {
             bail!("code_predictor_config: num_attention_heads must be a multiple of num_key_value_heads");
         }
         if t.num_code_groups != cp.num_code_groups {

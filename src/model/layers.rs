@@ -613,7 +613,7 @@ impl Decoder {
         cfg: DecoderConfig,
         numerics: Numerics,
     ) -> anyhow::Result<Self> {
-        if cfg.num_kv_heads == 0 || cfg.num_heads % cfg.num_kv_heads != 0 {
+        if cfg.num_kv_heads == 0 || !cfg.num_heads.is_multiple_of(cfg.num_kv_heads) {
             bail!(
                 "{prefix}: {} attention heads is not a multiple of {} kv heads",
                 cfg.num_heads,

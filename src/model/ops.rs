@@ -116,7 +116,7 @@ pub struct Rope {
 
 impl Rope {
     pub fn new(head_dim: usize, theta: f64, device: &candle_core::Device) -> Result<Self> {
-        if head_dim % 2 != 0 {
+        if !head_dim.is_multiple_of(2) {
             candle_core::bail!("RoPE needs an even head_dim, got {head_dim}");
         }
         let half = head_dim / 2;

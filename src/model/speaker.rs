@@ -419,7 +419,7 @@ fn check_config(c: &SpeakerEncoderConfig) -> Result<()> {
             c.enc_channels[i]
         );
         ensure!(
-            c.enc_channels[i] % c.enc_res2net_scale == 0,
+            c.enc_channels[i].is_multiple_of(c.enc_res2net_scale),
             "speaker_encoder_config: {} channels do not split into enc_res2net_scale={} parts",
             c.enc_channels[i],
             c.enc_res2net_scale

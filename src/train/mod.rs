@@ -567,7 +567,7 @@ impl Trainer {
                 }
             }
             let stop = signal::stop_requested();
-            let due = c.save_every > 0 && self.step % c.save_every == 0;
+            let due = c.save_every > 0 && self.step.is_multiple_of(c.save_every);
             if due || stop || self.step == total {
                 let dir = self.save()?;
                 log.plot()?;

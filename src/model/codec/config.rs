@@ -203,8 +203,8 @@ impl CodecConfig {
             }
         }
         ensure!(
-            e.num_attention_heads % e.num_key_value_heads == 0
-                && d.num_attention_heads % d.num_key_value_heads == 0,
+            e.num_attention_heads.is_multiple_of(e.num_key_value_heads)
+                && d.num_attention_heads.is_multiple_of(d.num_key_value_heads),
             "num_attention_heads must be a multiple of num_key_value_heads"
         );
         ensure!(
@@ -230,7 +230,7 @@ impl CodecConfig {
             "decoder_config.num_quantizers must be > 1"
         );
         ensure!(
-            d.codebook_dim % 2 == 0,
+            d.codebook_dim.is_multiple_of(2),
             "decoder_config.codebook_dim must be even"
         );
         ensure!(
@@ -244,7 +244,7 @@ impl CodecConfig {
         );
         let levels = d.upsample_rates.len() as u32;
         ensure!(
-            d.decoder_dim % (1usize << levels) == 0,
+            d.decoder_dim.is_multiple_of(1usize << levels),
             "decoder_config.decoder_dim {} is not divisible by 2^{levels}",
             d.decoder_dim
         );

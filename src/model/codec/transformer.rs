@@ -135,11 +135,11 @@ impl Transformer {
         flavour: Flavour,
     ) -> Result<Self> {
         ensure!(
-            dims.head_dim % 2 == 0,
+            dims.head_dim.is_multiple_of(2),
             "{prefix}: RoPE needs an even head_dim"
         );
         ensure!(
-            dims.kv_heads > 0 && dims.heads % dims.kv_heads == 0,
+            dims.kv_heads > 0 && dims.heads.is_multiple_of(dims.kv_heads),
             "{prefix}: heads must be a multiple of kv heads"
         );
         let (h, qd, kvd) = (
