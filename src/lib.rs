@@ -12,6 +12,7 @@ pub mod config;
 pub mod fsutil;
 pub mod generate;
 pub mod hub;
+pub mod kernels;
 pub mod model;
 pub mod prep;
 pub mod progress;

@@ -1,0 +1,43 @@
+//! Every CPU kernel of the crate, on slices — the model code above knows tensors and weights,
+//! this module only numbers — and nearly all of its `unsafe`.
+//!
+//! | module | what |
+//! |---|---|
+//! | [`mat`] | bounds-checked matrix views with a lifetime (`MatRef`, `MatMut`) |
+//! | [`gemm`] | the one GEMM wrapper over them (the `gemm` crate), serial or on the rayon pool |
+//! | [`buf`] | new output buffers written once, without a zero-filling pass, in parallel tiles |
+//! | [`simd`] | run-time choice of the AVX2 + FMA build of a loop |
+//! | [`math`] | the polynomial `exp` family every vectorised loop uses |
+//! | [`act`] | the codec's activations (ELU, SnakeBeta, GELU, SwiGLU gating, masked softmax) |
+//! | [`conv`], [`winograd`] | the codec's causal convolutions in row tiles |
+//! | [`matvec`] | `x · wᵀ` for a few rows against stored weights (bf16; q8 and AVX-512 next) |
+//! | [`grad`] | inner loops of the training kernels with hand-written backward passes |
+//! | [`optim`], [`loss`] | AdamW's element-wise updates, the fused cross-entropy |
+//! | [`alloc`] | the memory-reuse policy |
+//!
+//! Rules the module keeps:
+//! - **Safety.** Outward every function is safe. `unsafe` appears only where the hardware or a
+//!   dependency needs it: the `gemm` crate's pointer interface (behind [`gemm::gemm`], whose
+//!   views guarantee the extents), the AVX2 paths' unaligned loads and their run-time feature
+//!   check, committing buffers that [`buf`] has verified are fully written, and `mallopt`.
+//!   Every block says why it holds (`// SAFETY:`, enforced by `clippy::undocumented_unsafe_blocks`).
+//!   `scripts/miri.sh` runs this module's tests under Miri, scalar and AVX2 builds.
+//! - **Parallelism.** All of it goes through rayon: outputs are split into disjoint chunks
+//!   (`par_chunks_mut`, [`buf::par_new_vec`]) that each task owns, with per-worker scratch
+//!   (`for_each_init`); no raw pointers are shared between threads and no threads are spawned
+//!   per call. Nested calls (a fused kernel running layers inside a tile) simply nest.
+//! - **Determinism.** Every reduction runs in a fixed order (per-block partials summed in block
+//!   order), so results do not depend on the thread count: exact training resume relies on it.
+//! - **Memory.** Kernels allocate plain `Vec`s for their outputs and keep nothing between
+//!   calls; reuse of freed memory is the allocator's job, configured once per process
+//!   ([`alloc`]).
+//! - **Self-contained.** Only `super::` paths inside the module and no dependency beyond
+//!   `gemm`, `rayon`, `half`, `anyhow` and `libc`: `scripts/miri.sh` compiles this directory as
+//!   a crate of its own (Miri cannot build candle or whisper.cpp).
+
+pub mod buf;
+pub mod gemm;
+pub mod mat;
+
+pub use gemm::{Acc, Par};
+pub use mat::{MatMut, MatRef};
