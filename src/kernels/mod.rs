@@ -38,6 +38,8 @@
 pub mod buf;
 pub mod gemm;
 pub mod mat;
+pub mod math;
+pub mod simd;
 
 pub use gemm::{Acc, Par};
 pub use mat::{MatMut, MatRef};
