@@ -35,11 +35,15 @@
 //!   `gemm`, `rayon`, `half`, `anyhow` and `libc`: `scripts/miri.sh` compiles this directory as
 //!   a crate of its own (Miri cannot build candle or whisper.cpp).
 
+pub mod act;
 pub mod buf;
+pub mod conv;
 pub mod gemm;
 pub mod mat;
 pub mod math;
 pub mod simd;
+pub mod winograd;
 
+pub use conv::num_threads;
 pub use gemm::{Acc, Par};
 pub use mat::{MatMut, MatRef};
