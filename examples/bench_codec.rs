@@ -56,6 +56,8 @@ fn main() -> Result<()> {
         }
     }
     let codec_dir = codec_dir.context("--codec DIR is required")?;
+    // The crate's memory-reuse policy, as the `voiceclone` binary applies it.
+    voiceclone::kernels::alloc::keep_freed_memory();
     let audio = audio.context("--audio WAV is required")?;
 
     let t = Instant::now();

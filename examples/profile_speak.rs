@@ -7,6 +7,8 @@ use voiceclone::model::code_predictor::greedy;
 
 fn main() -> anyhow::Result<()> {
     let dir = std::env::args().nth(1).expect("model dir");
+    // The crate's memory-reuse policy, as the `voiceclone` binary applies it.
+    voiceclone::kernels::alloc::keep_freed_memory();
     let prec = match std::env::args().nth(2).as_deref() {
         Some("bf16w") => Precision::Bf16Weights,
         _ => Precision::F32,

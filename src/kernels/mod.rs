@@ -36,6 +36,7 @@
 //!   a crate of its own (Miri cannot build candle or whisper.cpp).
 
 pub mod act;
+pub mod alloc;
 pub mod buf;
 pub mod conv;
 pub mod gemm;
