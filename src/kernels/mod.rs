@@ -42,6 +42,7 @@ pub mod conv;
 pub mod gemm;
 pub mod mat;
 pub mod math;
+pub mod matvec;
 pub mod simd;
 pub mod winograd;
 
