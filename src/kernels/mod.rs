@@ -40,6 +40,7 @@ pub mod alloc;
 pub mod buf;
 pub mod conv;
 pub mod gemm;
+pub mod grad;
 pub mod mat;
 pub mod math;
 pub mod matvec;
