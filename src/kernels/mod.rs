@@ -41,9 +41,11 @@ pub mod buf;
 pub mod conv;
 pub mod gemm;
 pub mod grad;
+pub mod loss;
 pub mod mat;
 pub mod math;
 pub mod matvec;
+pub mod optim;
 pub mod simd;
 pub mod winograd;
 
