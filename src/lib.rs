@@ -2,7 +2,11 @@
 //!
 //! Layout: `audio` (decode, resample, WAV), `prep` (transcription and segmentation),
 //! `hub` (model resolution), `config` and `workspace` (shared by the subcommands), and the
-//! CLI glue in `cli` and `commands`.
+//! CLI glue in `cli` and `commands`. `kernels` holds every CPU kernel (on slices) and nearly
+//! all of the crate's `unsafe`, each block with its `// SAFETY:` argument (the lints below).
+
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod audio;
 pub mod cli;
