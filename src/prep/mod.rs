@@ -323,8 +323,7 @@ fn process_source(
             .map(|(reason, secs)| (reason.to_string(), round_ms(*secs)))
             .collect(),
     };
-    records::write_record(&ctx.ws.prep_record(key), &record)
-        .map_err(|e| format!("{e:#}"))?;
+    records::write_record(&ctx.ws.prep_record(key), &record).map_err(|e| format!("{e:#}"))?;
     let t_done = Instant::now();
     let ms = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1000.0;
     tracing::debug!(
