@@ -11,7 +11,7 @@ use anyhow::{bail, Context, Result};
 use candle_core::backend::BackendDevice;
 use candle_core::cuda_backend::cudarc::nccl::safe::{Comm, Id, ReduceOp as NcclOp};
 use candle_core::cuda_backend::{CudaDevice, CudaStorage};
-use candle_core::{DType, Device, Storage, Tensor};
+use candle_core::{DType, Device, Storage, StorageRef, Tensor};
 use half::bf16;
 
 use super::collective::{Collective, ReduceOp};
@@ -79,7 +79,7 @@ impl NcclCollective {
 }
 
 /// The contiguous CUDA storage of `t` and its element range.
-fn cuda_parts(t: &Tensor) -> Result<(std::sync::RwLockReadGuard<'_, Storage>, usize, usize)> {
+fn cuda_parts(t: &Tensor) -> Result<(StorageRef<'_>, usize, usize)> {
     let (storage, layout) = t.storage_and_layout();
     let Some((start, end)) = layout.contiguous_offsets() else {
         bail!("NCCL collectives need contiguous tensors");
