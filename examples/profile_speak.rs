@@ -1,47 +1,128 @@
-//! Times the parts of one generated frame on a model directory (talker step, code predictor).
-use candle_core::{DType, Device, Tensor};
+//! Times the parts of one generated frame on a model directory (docs/performance.md §2, §3):
+//! the talker step, code-0 logits and pick, the 15 code-predictor steps, the frame embedding,
+//! and the codec decode per frame; with the bytes of weights each part reads and the rate that
+//! makes.
+//!
+//!     cargo run --release --example profile_speak -- MODEL_DIR [f32|bf16-weights|q8] [FRAMES]
 use std::time::Instant;
+
+use candle_core::Device;
 use voiceclone::generate::{Precision, Synthesizer};
 use voiceclone::hub::ModelSource;
-use voiceclone::model::code_predictor::greedy;
 
 fn main() -> anyhow::Result<()> {
-    let dir = std::env::args().nth(1).expect("model dir");
+    let dir = std::env::args()
+        .nth(1)
+        .expect("usage: profile_speak MODEL_DIR [PRECISION] [FRAMES]");
     let prec = match std::env::args().nth(2).as_deref() {
-        Some("bf16w") => Precision::Bf16Weights,
-        _ => Precision::F32,
+        Some("f32") => Precision::F32,
+        Some("q8") => Precision::Q8,
+        None | Some("bf16-weights") | Some("bf16w") => Precision::Bf16Weights,
+        Some(other) => anyhow::bail!("unknown precision {other}"),
     };
+    let n: usize = std::env::args().nth(3).map_or(Ok(20), |s| s.parse())?;
     let t0 = Instant::now();
     let s = Synthesizer::load(&ModelSource::Local(dir.into()), prec, &Device::Cpu)?;
-    eprintln!("load {:.2}s", t0.elapsed().as_secs_f64());
-    let h = s.config().talker_config.hidden_size;
-    let talker = &s.talker;
-    let x = Tensor::randn(0f32, 1.0, (1, 40, h), &Device::Cpu)?;
-    let mut cache = talker.new_cache(200);
-    let _ = talker.forward(&x, None, Some(&mut cache))?;
+    eprintln!(
+        "load {:.2} s: {}",
+        t0.elapsed().as_secs_f64(),
+        s.describe_backend()
+    );
+    let talker = s.cpu_talker().expect("the CPU inference path");
+    let h = talker.hidden_size();
+    let mut rng = 1u64;
+    let mut noise = |len: usize| -> Vec<f32> {
+        (0..len)
+            .map(|_| {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                ((rng >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    };
+    let prompt = 12;
+    let mut cache = talker.new_cache(prompt + n + 1);
+    let hid = talker.forward(&noise(prompt * h), 1, prompt, None, &mut cache)?;
+    let mut last = hid[(prompt - 1) * h..].to_vec();
     let mut cp = talker.code_predictor.new_cache();
-    let n = 10;
-    let mut t_step = 0.0;
-    let mut t_cp = 0.0;
-    let mut t_head = 0.0;
-    for _ in 0..n {
-        let x1 = Tensor::randn(0f32, 1.0, (1, 1, h), &Device::Cpu)?;
+    let (mut t_step, mut t_head, mut t_cp, mut t_embed) = (0.0, 0.0, 0.0, 0.0);
+    let mut frames = Vec::new();
+    for i in 0..=n {
         let t = Instant::now();
-        let hid = talker.forward(&x1, None, Some(&mut cache))?.squeeze(1)?;
-        t_step += t.elapsed().as_secs_f64();
+        let logits = talker.codec_logits(&last, 1);
+        let c0 = (0..2048)
+            .max_by(|&a, &b| logits[a].total_cmp(&logits[b]))
+            .unwrap_or(0) as u32;
+        let d_head = t.elapsed().as_secs_f64();
         let t = Instant::now();
-        let logits = talker.codec_logits(&hid)?.to_dtype(DType::F32)?;
-        let c0 = logits.argmax(1)?.to_dtype(DType::U32)?;
-        t_head += t.elapsed().as_secs_f64();
+        let sub = talker.predict_sub_codes(&last, &[c0], &mut cp, &mut |_, rows| {
+            Ok(rows
+                .iter()
+                .map(|r| {
+                    (0..r.len())
+                        .max_by(|&a, &b| r[a].total_cmp(&r[b]))
+                        .unwrap_or(0) as u32
+                })
+                .collect())
+        })?;
+        let d_cp = t.elapsed().as_secs_f64();
+        let mut frame = [0u32; 16];
+        frame[0] = c0;
+        frame[1..].copy_from_slice(&sub[0]);
+        frames.push(frame.to_vec());
         let t = Instant::now();
-        let _sub = talker.predict_sub_codes(&hid, &c0, &mut cp, greedy)?;
-        t_cp += t.elapsed().as_secs_f64();
+        let mut x = talker.frame_embed(&[frame])?;
+        x.iter_mut().zip(noise(h)).for_each(|(a, b)| *a += b);
+        let d_embed = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        last = talker.forward(&x, 1, 1, None, &mut cache)?;
+        let d_step = t.elapsed().as_secs_f64();
+        if i > 0 {
+            // The first frame pays page faults and warm-up; it is not counted.
+            t_step += d_step;
+            t_head += d_head;
+            t_cp += d_cp;
+            t_embed += d_embed;
+        }
     }
+    let t = Instant::now();
+    let wav = s.codec.decode(&frames)?;
+    let t_decode = t.elapsed().as_secs_f64() / frames.len() as f64;
+    let nf = n as f64;
+    let (step_b, cp_b) = (
+        talker.step_weight_bytes() as f64,
+        talker.code_predictor.weight_bytes_per_frame() as f64,
+    );
+    let ms = |v: f64| v / nf * 1e3;
     println!(
-        "talker step {:.1} ms, head {:.1} ms, code predictor {:.1} ms per frame",
-        t_step / n as f64 * 1e3,
-        t_head / n as f64 * 1e3,
-        t_cp / n as f64 * 1e3
+        "precision {prec}, {n} frames (after one warm-up frame), {} samples decoded",
+        wav.len()
+    );
+    println!(
+        "talker step    {:7.2} ms  ({:.0} MB of weights, {:.1} GB/s)",
+        ms(t_step),
+        step_b / 1e6,
+        step_b / (t_step / nf) / 1e9
+    );
+    println!("code-0 pick    {:7.2} ms", ms(t_head));
+    println!(
+        "code predictor {:7.2} ms  ({:.0} MB of weights over 15 steps, {:.1} GB/s)",
+        ms(t_cp),
+        cp_b / 1e6,
+        cp_b / (t_cp / nf) / 1e9
+    );
+    println!("frame embed    {:7.2} ms", ms(t_embed));
+    println!(
+        "codec decode   {:7.2} ms per frame (all frames at once)",
+        t_decode * 1e3
+    );
+    let total = ms(t_step + t_head + t_cp + t_embed) + t_decode * 1e3;
+    println!(
+        "frame total    {:7.2} ms  ({:.2} frames/s; weights {:.2} GB/s overall)",
+        total,
+        1e3 / total,
+        (step_b + cp_b) / (total / 1e3) / 1e9
     );
     Ok(())
 }

@@ -437,7 +437,8 @@ pub struct SpeakArgs {
     #[arg(long, value_name = "N")]
     pub max_chunk_chars: Option<usize>,
 
-    /// Number format: auto, f32, bf16-weights (fast CPU), bf16 (GPU) [speak.precision].
+    /// Number format: auto (the checkpoint's own), f32, bf16-weights (CPU), q8 (8-bit, fastest on a
+    /// CPU), bf16 (GPU) [speak.precision].
     #[arg(long, value_name = "P")]
     pub precision: Option<String>,
 

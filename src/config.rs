@@ -147,15 +147,18 @@ pub struct SpeakConfig {
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
 pub enum Precision {
-    /// The checkpoint's own precision on a CPU, bf16 on a GPU.
+    /// Never below what the checkpoint stores: on a CPU bf16-weights for a bf16 checkpoint,
+    /// f32 for an f32 one; bf16 on a GPU.
     Auto,
     F32,
     Bf16Weights,
     Bf16,
+    /// 8-bit block-quantized matrices (CPU).
+    Q8,
 }
 
 impl Precision {
-    pub const NAMES: &'static [&'static str] = &["auto", "f32", "bf16-weights", "bf16"];
+    pub const NAMES: &'static [&'static str] = &["auto", "f32", "bf16-weights", "bf16", "q8"];
 }
 
 /// `speak.non_streaming`: the whole text before the first frame (the official
@@ -669,7 +672,7 @@ mod tests {
         assert!(
             err.contains("`speak.precision`")
                 && err.contains("a.toml")
-                && err.contains("\"bf17\" is not one of auto, f32, bf16-weights, bf16"),
+                && err.contains("\"bf17\" is not one of auto, f32, bf16-weights, bf16, q8"),
             "{err}"
         );
         let err = resolve_layers(vec![(

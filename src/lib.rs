@@ -19,6 +19,7 @@
 //! - [`generate`]: speech synthesis: prompt layouts, sampling, the frame loop, text splitting, the
 //!   voice-clone / custom-voice pipelines.
 //! - [`hub`]: model resolution: a local directory or file, or a Hugging Face hub repository.
+//! - [`kernels`]: the CPU inference kernels on slices (8-bit and bf16 matrix-vector products).
 //! - [`model`]: the Qwen3-TTS port: config, model files, weights, tokenizer, talker, code
 //!   predictor, speaker encoder, 12 Hz codec, and the CPU kernels they use.
 //! - [`prep`]: the `prep` pipeline: sources, transcription (Whisper), segmentation, records.
@@ -38,6 +39,7 @@ pub mod dist;
 pub mod fsutil;
 pub mod generate;
 pub mod hub;
+pub mod kernels;
 pub mod model;
 pub mod prep;
 pub mod progress;

@@ -14,6 +14,7 @@ use crate::config::{self, Config, NonStreaming, SpeakConfig};
 use crate::generate::sampling::Sampling;
 use crate::generate::{DecodeOptions, Precision, Request, Synthesizer, Voice};
 use crate::hub::ModelSource;
+use crate::model::files::ModelFiles;
 use crate::workspace::Workspace;
 
 pub fn run(ws: &Workspace, config: &Config, args: &SpeakArgs) -> Result<()> {
@@ -23,10 +24,21 @@ pub fn run(ws: &Workspace, config: &Config, args: &SpeakArgs) -> Result<()> {
     let outputs = plan_outputs(&jobs, args, batch_mode)?;
 
     let source = speak_model(ws, config)?;
-    let (device, precision) = compute_device(s.precision)?;
-    eprintln!("loading {}", source.describe());
-    let mut synth = Synthesizer::load(&source, precision, &device)
+    let load_started = std::time::Instant::now();
+    let files = ModelFiles::resolve(&source)
         .with_context(|| format!("cannot load the model {}", source.describe()))?;
+    let (device, precision, why) = compute_device(s.precision, &files)?;
+    eprintln!(
+        "loading {} (precision {precision}: {why})",
+        source.describe()
+    );
+    let mut synth = Synthesizer::from_files(files, precision, &device)
+        .with_context(|| format!("cannot load the model {}", source.describe()))?;
+    eprintln!(
+        "loaded in {:.2} s: {}",
+        load_started.elapsed().as_secs_f64(),
+        synth.describe_backend()
+    );
 
     let mut opts = decode_options(&synth, s);
     if s.seed < 0 {
@@ -128,17 +140,35 @@ fn speak_model(ws: &Workspace, config: &Config) -> Result<ModelSource> {
     ws.model_source(&config.model.base)
 }
 
-/// A CUDA device when built with `cuda` and one is present, else the CPU; `auto` precision is
-/// bf16 on a GPU and bf16-stored matrices with f32 arithmetic on a CPU.
-fn compute_device(precision: config::Precision) -> Result<(Device, Precision)> {
+/// A CUDA device when built with `cuda` and one is present, else the CPU, and the precision
+/// with the reason it was chosen. `auto` never lowers what the checkpoint stores
+/// ([`Precision::auto`]): bf16 on a GPU; on a CPU bf16-weights for bf16-stored matrices and f32
+/// otherwise. `q8` runs on the CPU (a GPU present is not used for it).
+fn compute_device(
+    precision: config::Precision,
+    files: &ModelFiles,
+) -> Result<(Device, Precision, String)> {
     use config::Precision as P;
-    let device = Device::cuda_if_available(0)?;
-    let p = match (precision, device.is_cuda()) {
-        (P::F32, _) => Precision::F32,
-        (P::Bf16, _) | (P::Auto, true) => Precision::Bf16,
-        (P::Bf16Weights, _) | (P::Auto, false) => Precision::Bf16Weights,
+    let device = match precision {
+        P::Q8 => Device::Cpu,
+        _ => Device::cuda_if_available(0)?,
     };
-    Ok((device, p))
+    let stored = Precision::stored(files);
+    Ok(match precision {
+        P::F32 => (device, Precision::F32, "as asked".into()),
+        P::Bf16Weights => (device, Precision::Bf16Weights, "as asked".into()),
+        P::Bf16 => (device, Precision::Bf16, "as asked".into()),
+        P::Q8 => (device, Precision::Q8, "as asked".into()),
+        P::Auto => {
+            let p = Precision::auto(stored, device.is_cuda());
+            let why = match (device.is_cuda(), stored) {
+                (true, _) => "auto, on a GPU".to_string(),
+                (false, Some(d)) => format!("auto, the checkpoint stores {d:?}"),
+                (false, None) => "auto".to_string(),
+            };
+            (device, p, why)
+        }
+    })
 }
 
 /// The model's generation defaults with the `[speak]` values that are set (non-zero).

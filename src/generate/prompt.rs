@@ -10,6 +10,76 @@ use crate::model::config::Qwen3TtsConfig;
 use crate::model::talker::Talker;
 use crate::model::text::{AssistantPrompt, RefPrompt};
 
+/// What the prompt builder needs of a talker: its embeddings (docs/model.md §3.3, §5.4), as
+/// tensors on its device. Implemented by the candle talker and by the CPU inference talker
+/// ([`crate::model::infer::Talker`]).
+pub trait Embed {
+    /// `text_projection(text_embedding(ids))` `(n, H)`.
+    fn text_embed(&self, ids: &[u32]) -> Result<Tensor>;
+    /// `codec_embedding(ids)` `(n, H)`.
+    fn codec_embed(&self, ids: &[u32]) -> Result<Tensor>;
+    /// Frame embeddings of codes `(n, 16)` u32, `(n, H)`.
+    fn frame_embed(&self, codes: &Tensor) -> Result<Tensor>;
+    fn device(&self) -> &Device;
+}
+
+impl Embed for Talker {
+    fn text_embed(&self, ids: &[u32]) -> Result<Tensor> {
+        Ok(Talker::text_embed(
+            self,
+            &Tensor::new(ids, Embed::device(self))?,
+        )?)
+    }
+    fn codec_embed(&self, ids: &[u32]) -> Result<Tensor> {
+        Ok(Talker::codec_embed(
+            self,
+            &Tensor::new(ids, Embed::device(self))?,
+        )?)
+    }
+    fn frame_embed(&self, codes: &Tensor) -> Result<Tensor> {
+        Ok(Talker::frame_embed(
+            self,
+            &codes.to_device(Embed::device(self))?,
+        )?)
+    }
+    fn device(&self) -> &Device {
+        self.codec_head.device()
+    }
+}
+
+impl Embed for crate::model::infer::Talker {
+    fn text_embed(&self, ids: &[u32]) -> Result<Tensor> {
+        let h = self.hidden_size();
+        let v = crate::model::infer::Talker::text_embed(self, ids)?;
+        Ok(Tensor::from_vec(v, (ids.len(), h), &Device::Cpu)?)
+    }
+    fn codec_embed(&self, ids: &[u32]) -> Result<Tensor> {
+        let h = self.hidden_size();
+        let v = crate::model::infer::Talker::codec_embed(self, ids)?;
+        Ok(Tensor::from_vec(v, (ids.len(), h), &Device::Cpu)?)
+    }
+    fn frame_embed(&self, codes: &Tensor) -> Result<Tensor> {
+        let rows = codes.to_dtype(DType::U32)?.to_vec2::<u32>()?;
+        let frames = rows
+            .iter()
+            .map(|r| {
+                <[u32; 16]>::try_from(r.as_slice())
+                    .map_err(|_| anyhow::anyhow!("a frame has {} codes, expected 16", r.len()))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let v = crate::model::infer::Talker::frame_embed(self, &frames)?;
+        Ok(Tensor::from_vec(
+            v,
+            (frames.len(), self.hidden_size()),
+            &Device::Cpu,
+        )?)
+    }
+    fn device(&self) -> &Device {
+        static CPU: Device = Device::Cpu;
+        &CPU
+    }
+}
+
 /// What fills the speaker slot of the codec prefix (docs/model.md §6 `S`).
 #[derive(Debug, Clone)]
 pub enum SpeakerSlot {
@@ -66,13 +136,13 @@ pub struct SpecialEmbeds {
 }
 
 impl SpecialEmbeds {
-    pub fn new(talker: &Talker, cfg: &Qwen3TtsConfig) -> Result<Self> {
+    pub fn new(talker: &dyn Embed, cfg: &Qwen3TtsConfig) -> Result<Self> {
         let ids = [
             cfg.tts_bos_token_id,
             cfg.tts_eos_token_id,
             cfg.tts_pad_token_id,
         ];
-        let e = talker.text_embed(&Tensor::new(&ids, talker.codec_head.device())?)?;
+        let e = talker.text_embed(&ids)?;
         Ok(Self {
             bos: e.narrow(0, 0, 1)?,
             eos: e.narrow(0, 1, 1)?,
@@ -124,16 +194,14 @@ pub fn language_id(
 
 /// Builds the prompt of one row exactly as the official `generate` does.
 pub fn build(
-    talker: &Talker,
+    talker: &dyn Embed,
     cfg: &Qwen3TtsConfig,
     special: &SpecialEmbeds,
     spec: &PromptSpec,
 ) -> Result<(TalkerPrompt, Option<IclBranch>)> {
     let t = &cfg.talker_config;
-    let device = talker.codec_head.device();
-    let ids = |v: &[u32]| -> Result<Tensor> { Ok(Tensor::new(v, device)?) };
-    let text_embed = |v: &[u32]| -> Result<Tensor> { Ok(talker.text_embed(&ids(v)?)?) };
-    let codec_embed = |v: &[u32]| -> Result<Tensor> { Ok(talker.codec_embed(&ids(v)?)?) };
+    let text_embed = |v: &[u32]| talker.text_embed(v);
+    let codec_embed = |v: &[u32]| talker.codec_embed(v);
     let text = spec.text.text();
     ensure!(!text.is_empty(), "the text to speak is empty");
 
@@ -181,8 +249,7 @@ pub fn build(
         let mut all_text = icl.ref_prompt.text().to_vec();
         all_text.extend_from_slice(text);
         let text_blk = Tensor::cat(&[text_embed(&all_text)?, special.eos.clone()], 0)?;
-        let codes = icl.ref_codes.to_device(device)?;
-        let codec_blk = Tensor::cat(&[bos, talker.frame_embed(&codes)?], 0)?;
+        let codec_blk = Tensor::cat(&[bos, talker.frame_embed(&icl.ref_codes)?], 0)?;
         let (lt, lc) = (text_blk.dim(0)?, codec_blk.dim(0)?);
         if spec.non_streaming {
             let pads = codec_embed(&vec![t.codec_pad_id; lt])?;

@@ -5,7 +5,7 @@
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::{DType, Device, Tensor};
 
-use super::prompt::{self, IclBranch, IclReference, PromptSpec, SpeakerSlot, SpecialEmbeds};
+use super::prompt::{self, Embed, IclBranch, IclReference, PromptSpec, SpeakerSlot, SpecialEmbeds};
 use super::sampling::{Code0Processors, RowRng, Sampling};
 use super::talker_loop::{self, Generated, LoopOptions};
 use super::text_split;
@@ -13,11 +13,13 @@ use crate::artifacts::codes::{frames_from_rows, CodeFrame};
 use crate::hub::ModelSource;
 use crate::model::codec::Codec;
 use crate::model::files::{GenerationConfig, ModelFiles};
+use crate::model::infer;
+use crate::model::linear::WeightFormat;
 use crate::model::ops::Numerics;
 use crate::model::speaker::SpeakerEncoder;
 use crate::model::talker::Talker;
 use crate::model::text::TextTokenizer;
-use crate::model::weights::Weights;
+use crate::model::weights::{MappedWeights, Weights};
 
 /// Whose voice speaks.
 #[derive(Debug, Clone)]
@@ -99,34 +101,89 @@ pub struct Speech {
     pub icl_branches: Vec<Option<IclBranch>>,
 }
 
-/// Number formats of inference.
+/// Number formats of inference (`speak.precision`, docs/performance.md §2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Precision {
     /// Everything in f32: the reference mode, the official f32 pipeline's arithmetic.
     F32,
     /// The large matrices (projections, heads, text embedding) kept in bf16 — the official
-    /// checkpoints' own values, so nothing is rounded for bf16 checkpoints — with f32
-    /// activations and f32 accumulation: half the bytes per frame, the CPU default.
+    /// checkpoints' own values, read in place from the mapped file, so nothing is rounded for
+    /// bf16 checkpoints — with f32 activations and f32 arithmetic: half the bytes per frame.
     Bf16Weights,
     /// Everything in bf16 (GPUs).
     Bf16,
+    /// Talker and code-predictor matrices quantized at load time to 8-bit blocks with one scale
+    /// per 32 weights; activations quantized per row on the fly; integer dot products (CPU).
+    Q8,
 }
 
 impl Precision {
-    /// Activation dtype.
+    /// The name `speak.precision` uses.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::Bf16Weights => "bf16-weights",
+            Precision::Bf16 => "bf16",
+            Precision::Q8 => "q8",
+        }
+    }
+
+    /// What `auto` picks: never less than the checkpoint stores. On a GPU bf16; on a CPU
+    /// bf16-weights for a bf16-stored checkpoint (its exact values, f32 arithmetic) and f32 for
+    /// anything else (f32 or f16 matrices would be rounded by bf16).
+    pub fn auto(stored: Option<safetensors::Dtype>, cuda: bool) -> Precision {
+        match (cuda, stored) {
+            (true, _) => Precision::Bf16,
+            (false, Some(safetensors::Dtype::BF16)) => Precision::Bf16Weights,
+            (false, _) => Precision::F32,
+        }
+    }
+
+    /// The stored dtype of a checkpoint's matrices, as [`Self::auto`] reads it (the first
+    /// talker projection).
+    pub fn stored(files: &ModelFiles) -> Option<safetensors::Dtype> {
+        files
+            .checkpoint
+            .tensor(&format!(
+                "{}.model.layers.0.self_attn.q_proj.weight",
+                crate::model::talker::PREFIX
+            ))
+            .map(|t| t.dtype)
+    }
+
+    /// Activation dtype of the candle path.
     pub fn activations(self) -> DType {
         match self {
-            Precision::F32 | Precision::Bf16Weights => DType::F32,
+            Precision::F32 | Precision::Bf16Weights | Precision::Q8 => DType::F32,
             Precision::Bf16 => DType::BF16,
         }
     }
 
-    /// Storage dtype of checkpoint tensor `name`.
+    /// Storage dtype of checkpoint tensor `name` on the candle path.
     pub fn dtype_of(self, name: &str) -> DType {
         match self {
             Precision::Bf16Weights if is_matrix(name) => DType::BF16,
             other => other.activations(),
         }
+    }
+
+    /// The matrix format of the CPU inference path, or `None` where the candle path runs.
+    fn cpu_format(self, device: &Device) -> Option<WeightFormat> {
+        if !device.is_cpu() {
+            return None;
+        }
+        match self {
+            Precision::F32 => Some(WeightFormat::F32),
+            Precision::Bf16Weights => Some(WeightFormat::Bf16),
+            Precision::Q8 => Some(WeightFormat::Q8),
+            Precision::Bf16 => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -138,12 +195,22 @@ fn is_matrix(name: &str) -> bool {
         || name == "talker.model.text_embedding.weight"
 }
 
+/// Which implementation runs the talker.
+enum Backend {
+    /// The candle modules (CUDA, and `bf16` on a CPU).
+    Candle(Box<Talker>),
+    /// The CPU inference path ([`infer::Talker`]).
+    Cpu(Box<infer::Talker>),
+}
+
 /// Pause inserted between the chunks of a split text (seconds).
 const CHUNK_PAUSE_SECONDS: f32 = 0.12;
 
 pub struct Synthesizer {
     pub files: ModelFiles,
-    pub talker: Talker,
+    backend: Backend,
+    precision: Precision,
+    device: Device,
     pub tokenizer: TextTokenizer,
     pub codec: Codec,
     special: SpecialEmbeds,
@@ -153,27 +220,100 @@ pub struct Synthesizer {
 impl Synthesizer {
     /// Loads a model directory or hub repository for inference on `device`.
     pub fn load(source: &ModelSource, precision: Precision, device: &Device) -> Result<Self> {
-        let files = ModelFiles::resolve(source)?;
+        Self::from_files(ModelFiles::resolve(source)?, precision, device)
+    }
+
+    /// Loads resolved model files for inference on `device` in `precision`.
+    pub fn from_files(files: ModelFiles, precision: Precision, device: &Device) -> Result<Self> {
+        let source = files.source.clone();
         let tokenizer = files.text_tokenizer()?;
-        let weights = Weights::load_as(
-            &files.checkpoint.shards,
-            precision.activations(),
-            device,
-            |n| n.starts_with("talker.").then(|| precision.dtype_of(n)),
-        )?;
-        let talker = Talker::load(&weights, &files.config, Numerics::Fused)
-            .with_context(|| format!("cannot build the talker of {}", source.describe()))?;
-        drop(weights);
+        let backend = match precision.cpu_format(device) {
+            Some(format) => {
+                let mapped = MappedWeights::open(&files.checkpoint.shards)?;
+                let talker = infer::Talker::load(&mapped, &files.config, format)
+                    .with_context(|| format!("cannot build the talker of {}", source.describe()))?;
+                Backend::Cpu(Box::new(talker))
+            }
+            None => {
+                ensure!(
+                    precision != Precision::Q8,
+                    "precision q8 runs on the CPU only (this build uses {device:?}); choose bf16 \
+                     or f32"
+                );
+                let weights = Weights::load_as(
+                    &files.checkpoint.shards,
+                    precision.activations(),
+                    device,
+                    |n| n.starts_with("talker.").then(|| precision.dtype_of(n)),
+                )?;
+                let talker = Talker::load(&weights, &files.config, Numerics::Fused)
+                    .with_context(|| format!("cannot build the talker of {}", source.describe()))?;
+                Backend::Candle(Box::new(talker))
+            }
+        };
         let codec = Codec::from_files(&files.speech_tokenizer()?)?;
-        let special = SpecialEmbeds::new(&talker, &files.config)?;
+        let special = SpecialEmbeds::new(Self::embedder_of(&backend), &files.config)?;
         Ok(Synthesizer {
             files,
-            talker,
+            backend,
+            precision,
+            device: device.clone(),
             tokenizer,
             codec,
             special,
             speaker_encoder: None,
         })
+    }
+
+    fn embedder_of(backend: &Backend) -> &dyn Embed {
+        match backend {
+            Backend::Candle(t) => t.as_ref(),
+            Backend::Cpu(t) => t.as_ref(),
+        }
+    }
+
+    /// The precision the model runs in.
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    /// Which implementation and kernels run the talker and how many bytes its per-frame
+    /// matrices hold, for logs (e.g. "q8 on the CPU (avx512-vnni kernels, 1760.2 MB read per
+    /// frame, 621345678 bytes)": the bytes a frame reads, then those the matrices hold).
+    pub fn describe_backend(&self) -> String {
+        let isa = crate::kernels::isa::Isa::detected();
+        match &self.backend {
+            Backend::Candle(_) => format!("{} on {:?} (candle)", self.precision, self.device),
+            Backend::Cpu(t) => {
+                let bytes: usize = t.matrices().iter().map(|(_, w)| w.bytes()).sum();
+                let per_frame = t.step_weight_bytes() + t.code_predictor.weight_bytes_per_frame();
+                let kernels = match self.precision {
+                    Precision::Q8 => isa.q8_path(),
+                    _ => isa.bf16_path(),
+                };
+                format!(
+                    "{} on the CPU ({kernels} kernels, {:.1} MB read per frame, {bytes} bytes)",
+                    self.precision,
+                    per_frame as f64 / 1e6
+                )
+            }
+        }
+    }
+
+    /// The CPU inference talker, when that path runs.
+    pub fn cpu_talker(&self) -> Option<&infer::Talker> {
+        match &self.backend {
+            Backend::Cpu(t) => Some(t),
+            Backend::Candle(_) => None,
+        }
+    }
+
+    /// The candle talker, when that path runs.
+    pub fn candle_talker(&self) -> Option<&Talker> {
+        match &self.backend {
+            Backend::Candle(t) => Some(t),
+            Backend::Cpu(_) => None,
+        }
     }
 
     pub fn config(&self) -> &crate::model::config::Qwen3TtsConfig {
@@ -260,7 +400,12 @@ impl Synthesizer {
             let mut prompts = Vec::with_capacity(group.len());
             let mut branches = Vec::with_capacity(group.len());
             for (_, _, spec) in group {
-                let (p, branch) = prompt::build(&self.talker, self.config(), &self.special, spec)?;
+                let (p, branch) = prompt::build(
+                    Self::embedder_of(&self.backend),
+                    self.config(),
+                    &self.special,
+                    spec,
+                )?;
                 prompts.push(p);
                 branches.push(branch);
             }
@@ -268,14 +413,25 @@ impl Synthesizer {
                 .iter()
                 .map(|(i, c, _)| RowRng::new(opts.seed, *i as u64, *c as u64))
                 .collect();
-            let out = talker_loop::generate(
-                &self.talker,
-                &prompts,
-                &self.special.pad,
-                &loop_opts,
-                &mut rngs,
-                |frames| progress(done, rows.len(), frames),
-            )?;
+            let observe = |frames| progress(done, rows.len(), frames);
+            let out = match &self.backend {
+                Backend::Candle(t) => talker_loop::generate(
+                    t.as_ref(),
+                    &prompts,
+                    &self.special.pad,
+                    &loop_opts,
+                    &mut rngs,
+                    observe,
+                )?,
+                Backend::Cpu(t) => talker_loop::generate(
+                    t.as_ref(),
+                    &prompts,
+                    &self.special.pad,
+                    &loop_opts,
+                    &mut rngs,
+                    observe,
+                )?,
+            };
             generated.extend(out.into_iter().zip(branches));
             done += group.len();
             progress(done, rows.len(), 0);
@@ -325,7 +481,7 @@ impl Synthesizer {
 
     fn prompt_spec(&self, req: &Request, text: &str) -> Result<PromptSpec> {
         let cfg = self.config();
-        let device = self.talker.codec_head.device();
+        let device = &self.device;
         let speaker_name = match &req.voice {
             Voice::Speaker(name) => Some(name.as_str()),
             _ => None,
@@ -386,6 +542,6 @@ impl Synthesizer {
              (was it made with another model?)",
             x.len()
         );
-        Ok(Tensor::new(x, self.talker.codec_head.device())?)
+        Ok(Tensor::new(x, &self.device)?)
     }
 }

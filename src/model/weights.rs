@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor};
@@ -247,5 +248,242 @@ fn to_tensor(
         Ok(t.to_dtype(dtype)?)
     } else {
         Ok(t)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory-mapped checkpoints read in place (the CPU inference path, docs/performance.md §2.2)
+// ---------------------------------------------------------------------------------------------
+
+/// One tensor's place in a mapped file.
+#[derive(Debug, Clone)]
+struct MappedEntry {
+    shard: usize,
+    dtype: StDtype,
+    shape: Vec<usize>,
+    /// Byte range in the shard.
+    start: usize,
+    end: usize,
+}
+
+/// Checkpoint files kept memory-mapped, for CPU inference: bf16 matrices are used where they
+/// lie in the page cache ([`Bf16Data`]), without a converted copy; other tensors are converted
+/// on request. Lookups check shapes and name the tensor and the file, like [`Weights::get`].
+pub struct MappedWeights {
+    maps: Vec<Arc<Mmap>>,
+    files: Vec<PathBuf>,
+    tensors: HashMap<String, MappedEntry>,
+}
+
+/// bf16 values, either in place in a mapped checkpoint or owned (converted from another dtype).
+#[derive(Clone)]
+pub struct Bf16Data(Bf16Storage);
+
+#[derive(Clone)]
+enum Bf16Storage {
+    Mapped {
+        map: Arc<Mmap>,
+        start: usize,
+        len: usize,
+    },
+    Owned(Vec<u16>),
+}
+
+impl std::fmt::Debug for Bf16Data {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            Bf16Storage::Mapped { len, .. } => write!(f, "Bf16Data(mapped, {len} values)"),
+            Bf16Storage::Owned(v) => write!(f, "Bf16Data(owned, {} values)", v.len()),
+        }
+    }
+}
+
+impl Bf16Data {
+    /// The raw bf16 bits.
+    pub fn bits(&self) -> &[u16] {
+        match &self.0 {
+            Bf16Storage::Mapped { map, start, len } => {
+                bytemuck::cast_slice(&map[*start..*start + 2 * *len])
+            }
+            Bf16Storage::Owned(v) => v,
+        }
+    }
+
+    /// Whether the values are read in place from the mapped file.
+    pub fn is_mapped(&self) -> bool {
+        matches!(self.0, Bf16Storage::Mapped { .. })
+    }
+
+    /// Owned values (rounded to bf16 by the caller).
+    pub fn owned(bits: Vec<u16>) -> Self {
+        Bf16Data(Bf16Storage::Owned(bits))
+    }
+}
+
+impl MappedWeights {
+    /// Maps every file and reads the headers (nothing else is read yet).
+    pub fn open(files: &[PathBuf]) -> Result<Self> {
+        let mut w = MappedWeights {
+            maps: Vec::new(),
+            files: files.to_vec(),
+            tensors: HashMap::new(),
+        };
+        for (shard, path) in files.iter().enumerate() {
+            let file = std::fs::File::open(path)
+                .with_context(|| format!("cannot open checkpoint {}", path.display()))?;
+            // SAFETY: the mapping is read-only; checkpoint files are not expected to change
+            // while a model uses them (as with every mmap-based loader). A file truncated by
+            // someone else while mapped would fault, not corrupt memory safety of the Rust side
+            // beyond that process-level hazard, which all mmap loaders share.
+            let mmap = unsafe { Mmap::map(&file) }
+                .with_context(|| format!("cannot map checkpoint {}", path.display()))?;
+            let st = SafeTensors::deserialize(&mmap).map_err(|e| {
+                anyhow::anyhow!(
+                    "checkpoint {}: not a valid safetensors file: {e}",
+                    path.display()
+                )
+            })?;
+            let base = mmap.as_ptr() as usize;
+            for (name, view) in st.iter() {
+                let start = view.data().as_ptr() as usize - base;
+                w.tensors.insert(
+                    name.to_string(),
+                    MappedEntry {
+                        shard,
+                        dtype: view.dtype(),
+                        shape: view.shape().to_vec(),
+                        start,
+                        end: start + view.data().len(),
+                    },
+                );
+            }
+            drop(st);
+            w.maps.push(Arc::new(mmap));
+        }
+        Ok(w)
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    /// The stored dtype of `name`.
+    pub fn stored_dtype(&self, name: &str) -> Option<StDtype> {
+        self.tensors.get(name).map(|e| e.dtype)
+    }
+
+    fn entry(&self, name: &str, shape: &[usize]) -> Result<&MappedEntry> {
+        let Some(e) = self.tensors.get(name) else {
+            bail!(
+                "checkpoint {} has no tensor {name} (does it match its config.json?)",
+                self.files_display()
+            );
+        };
+        if e.shape != shape {
+            bail!(
+                "checkpoint {}: tensor {name} has shape {:?} but the model config implies {:?}",
+                self.files[e.shard].display(),
+                e.shape,
+                shape
+            );
+        }
+        Ok(e)
+    }
+
+    fn bytes(&self, e: &MappedEntry) -> &[u8] {
+        &self.maps[e.shard][e.start..e.end]
+    }
+
+    /// `name` (of `shape`) converted to f32 (exact from bf16, f16 and f32).
+    pub fn f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let e = self.entry(name, shape)?;
+        let b = self.bytes(e);
+        Ok(match e.dtype {
+            StDtype::F32 => b
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+            StDtype::BF16 => b
+                .chunks_exact(2)
+                .map(|c| f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16))
+                .collect(),
+            StDtype::F16 => b
+                .chunks_exact(2)
+                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            other => bail!(
+                "checkpoint {}: tensor {name} is {other:?}, expected a float type",
+                self.files[e.shard].display()
+            ),
+        })
+    }
+
+    /// `name` as bf16: in place when the file stores bf16 (and the data is 2-byte aligned),
+    /// else rounded from its stored values.
+    pub fn bf16(&self, name: &str, shape: &[usize]) -> Result<Bf16Data> {
+        let e = self.entry(name, shape)?;
+        if e.dtype == StDtype::BF16 && e.start.is_multiple_of(2) && cfg!(target_endian = "little") {
+            return Ok(Bf16Data(Bf16Storage::Mapped {
+                map: self.maps[e.shard].clone(),
+                start: e.start,
+                len: (e.end - e.start) / 2,
+            }));
+        }
+        let v = self.f32(name, shape)?;
+        Ok(Bf16Data::owned(
+            v.iter()
+                .map(|x| half::bf16::from_f32(*x).to_bits())
+                .collect(),
+        ))
+    }
+
+    /// Maps `name`'s pages in now (read from the page cache or the file), so that the first
+    /// use does not take a page fault per 4 KiB; for matrices read every frame in place.
+    pub fn populate(&self, name: &str) {
+        if let Some(e) = self.tensors.get(name) {
+            let (start, len) = (e.start / 4096 * 4096, e.end - e.start / 4096 * 4096);
+            let map = &self.maps[e.shard];
+            #[cfg(target_os = "linux")]
+            let populated = map
+                .advise_range(memmap2::Advice::PopulateRead, start, len)
+                .is_ok();
+            #[cfg(not(target_os = "linux"))]
+            let populated = false;
+            if !populated {
+                // Kernels before 5.14 (or other systems): at least start reading ahead.
+                let _ = map.advise_range(memmap2::Advice::WillNeed, start, len);
+            }
+        }
+    }
+
+    /// Gives back the resident pages of `name` (after it was converted or quantized; nothing
+    /// may still borrow them — owned conversions do not, [`Bf16Data`] in place does).
+    pub fn release(&self, name: &str) {
+        let Some(e) = self.tensors.get(name) else {
+            return;
+        };
+        let page = 4096;
+        let aligned = e.start.div_ceil(page) * page;
+        let end = e.end / page * page;
+        if end > aligned {
+            // SAFETY: read-only private file mapping: dropped pages are re-read from the file
+            // if touched again, so any borrow (a mapped Bf16Data) stays valid and sees the same
+            // bytes; the advice only costs a re-read.
+            unsafe {
+                let _ = self.maps[e.shard].unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    aligned,
+                    end - aligned,
+                );
+            }
+        }
+    }
+
+    fn files_display(&self) -> String {
+        self.files
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 }

@@ -127,3 +127,35 @@ pub fn copy(from: &Path, to: &Path) {
     std::fs::create_dir_all(to.parent().unwrap()).unwrap();
     std::fs::copy(from, to).unwrap();
 }
+
+/// A copy of fixture model `name` in a temporary directory whose `model.safetensors` stores
+/// every floating-point tensor in f32 (the same values: bf16 → f32 is exact); the other files
+/// are links to the fixture's.
+pub fn f32_stored_copy(name: &str) -> tempfile::TempDir {
+    use candle_core::{DType, Device};
+    let src = fixtures().join(name);
+    let dir = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let entry = entry.unwrap();
+        let file = entry.file_name();
+        if file == "model.safetensors" {
+            continue;
+        }
+        let target = std::fs::canonicalize(entry.path()).unwrap();
+        std::os::unix::fs::symlink(target, dir.path().join(&file)).unwrap();
+    }
+    let tensors = candle_core::safetensors::load(src.join("model.safetensors"), &Device::Cpu)
+        .unwrap()
+        .into_iter()
+        .map(|(k, t)| {
+            let t = if t.dtype().is_float() {
+                t.to_dtype(DType::F32).unwrap()
+            } else {
+                t
+            };
+            (k, t)
+        })
+        .collect::<std::collections::HashMap<_, _>>();
+    candle_core::safetensors::save(&tensors, dir.path().join("model.safetensors")).unwrap();
+    dir
+}

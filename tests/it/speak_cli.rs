@@ -308,3 +308,145 @@ fn custom_voice_model_speaks_with_its_speakers() {
     );
     assert!(!ws.path().join("x.wav").exists());
 }
+
+/// The `loading … (precision P: WHY)` and `loaded in … s: DESCRIPTION` lines of a run.
+fn precision_lines(o: &std::process::Output) -> (String, String) {
+    let err = stderr(o);
+    let find = |prefix: &str| {
+        err.lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix:?} line in: {err}"))
+            .to_string()
+    };
+    (find("loading "), find("loaded in "))
+}
+
+/// Bytes of the per-frame matrices the synthesizer reports having loaded.
+fn matrix_bytes(loaded: &str) -> u64 {
+    let head = loaded
+        .rsplit_once(" bytes)")
+        .unwrap_or_else(|| panic!("no byte count in {loaded:?}"))
+        .0;
+    head.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn every_precision_reaches_the_synthesizer() {
+    let ws = tempfile::tempdir().unwrap();
+    let m = model("tiny-0b6");
+    let r = ref_wav();
+    let run = |precision: &str| {
+        let out = format!("{precision}.wav");
+        let o = speak(
+            ws.path(),
+            &[
+                "Precision test.",
+                "-o",
+                &out,
+                "--model",
+                &m,
+                "--ref-audio",
+                &r,
+                "--greedy",
+                "--max-frames",
+                "3",
+                "--precision",
+                precision,
+            ],
+        );
+        ok(&o);
+        precision_lines(&o)
+    };
+    let mut bytes = std::collections::HashMap::new();
+    for (flag, backend) in [
+        ("f32", "f32 on the CPU ("),
+        ("bf16-weights", "bf16-weights on the CPU ("),
+        ("q8", "q8 on the CPU ("),
+        ("bf16", "bf16 on Cpu (candle)"),
+    ] {
+        let (loading, loaded) = run(flag);
+        assert!(
+            loading.ends_with(&format!("(precision {flag}: as asked)")),
+            "{flag}: {loading}"
+        );
+        assert!(loaded.contains(backend), "{flag}: {loaded}");
+        if flag != "bf16" {
+            bytes.insert(flag, matrix_bytes(&loaded));
+        }
+    }
+    // What was loaded differs as the format says: f32 holds twice the bytes of bf16, and the
+    // 8-bit blocks yet another amount (1 byte + 1/16 of an f16 scale per weight, but rows padded
+    // to 32 and tiles to 16 rows: on this tiny model more than bf16, on real shapes ~0.53×).
+    assert_eq!(bytes["f32"], 2 * bytes["bf16-weights"], "{bytes:?}");
+    assert!(
+        bytes["q8"] != bytes["bf16-weights"] && bytes["q8"] != bytes["f32"],
+        "{bytes:?}"
+    );
+    // auto on a bf16-stored checkpoint: its own values, f32 arithmetic.
+    let (loading, loaded) = run("auto");
+    assert!(
+        loading.ends_with("(precision bf16-weights: auto, the checkpoint stores BF16)"),
+        "{loading}"
+    );
+    assert_eq!(matrix_bytes(&loaded), bytes["bf16-weights"]);
+    // A value that is none of them is refused before anything loads.
+    let o = speak(
+        ws.path(),
+        &[
+            "x",
+            "-o",
+            "bad.wav",
+            "--model",
+            &m,
+            "--ref-audio",
+            &r,
+            "--precision",
+            "q4",
+        ],
+    );
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(
+        err.contains("speak.precision") && err.contains("auto, f32, bf16-weights, bf16, q8"),
+        "{err}"
+    );
+    assert!(!ws.path().join("bad.wav").exists());
+}
+
+#[test]
+fn auto_keeps_an_f32_checkpoint_in_f32() {
+    let ws = tempfile::tempdir().unwrap();
+    let f32_model = common::f32_stored_copy("tiny-0b6");
+    let m = f32_model.path().display().to_string();
+    let r = ref_wav();
+    let run = |extra: &[&str], out: &str| {
+        let mut args = vec![
+            "Exactness test.",
+            "-o",
+            out,
+            "--model",
+            &m,
+            "--ref-audio",
+            &r,
+            "--greedy",
+            "--max-frames",
+            "6",
+            "--save-codes",
+        ];
+        let codes_path = format!("{out}.json");
+        args.push(&codes_path);
+        args.extend_from_slice(extra);
+        let o = speak(ws.path(), &args);
+        ok(&o);
+        (precision_lines(&o), codes(&ws.path().join(&codes_path)))
+    };
+    let ((loading, loaded), auto_codes) = run(&[], "auto.wav");
+    assert!(
+        loading.ends_with("(precision f32: auto, the checkpoint stores F32)"),
+        "{loading}"
+    );
+    assert!(loaded.contains("f32 on the CPU ("), "{loaded}");
+    let (_, f32_codes) = run(&["--precision", "f32"], "f32.wav");
+    assert_eq!(auto_codes, f32_codes, "auto is exactly f32 here");
+    assert!(!auto_codes.is_empty());
+}

@@ -73,9 +73,15 @@ fn run_model(model: &str) {
 }
 
 fn run_model_in(model: &str, precision: Precision) {
+    run_model_from(model, &fixtures().join(model), precision);
+}
+
+/// Replays `model`'s recorded cases on the model directory `dir` (the fixture, or a copy).
+fn run_model_from(model: &str, dir: &std::path::Path, precision: Precision) {
     let refs = load_refs(model);
-    let source = ModelSource::Local(fixtures().join(model));
+    let source = ModelSource::Local(dir.to_path_buf());
     let mut synth = Synthesizer::load(&source, precision, &Device::Cpu).unwrap();
+    assert_eq!(synth.precision(), precision);
     assert!(!refs.cases.is_empty());
     for case in &refs.cases {
         let name = case["name"].as_str().unwrap();
@@ -184,4 +190,36 @@ fn greedy_voice_clone_matches_official_tiny_1b7() {
 #[test]
 fn greedy_custom_voice_matches_official() {
     run_model("tiny-0b6-custom");
+}
+
+/// An f32-stored copy of the fixture (the same values) under `auto`: the CPU picks f32, never a
+/// rounding of the checkpoint, and the official codes come out.
+#[test]
+fn greedy_parity_on_an_f32_stored_checkpoint_under_auto() {
+    let copy = crate::common::f32_stored_copy("tiny-0b6");
+    let files =
+        voiceclone::model::files::ModelFiles::resolve(&ModelSource::Local(copy.path().into()))
+            .unwrap();
+    let stored = Precision::stored(&files);
+    assert_eq!(stored, Some(safetensors::Dtype::F32));
+    let precision = Precision::auto(stored, false);
+    assert_eq!(precision, Precision::F32);
+    run_model_from("tiny-0b6", copy.path(), precision);
+}
+
+#[test]
+fn auto_picks_bf16_weights_for_bf16_checkpoints_and_bf16_on_a_gpu() {
+    use safetensors::Dtype;
+    assert_eq!(
+        Precision::auto(Some(Dtype::BF16), false),
+        Precision::Bf16Weights
+    );
+    assert_eq!(Precision::auto(Some(Dtype::F16), false), Precision::F32);
+    assert_eq!(Precision::auto(Some(Dtype::F32), false), Precision::F32);
+    assert_eq!(Precision::auto(Some(Dtype::F32), true), Precision::Bf16);
+    let files = voiceclone::model::files::ModelFiles::resolve(&ModelSource::Local(
+        fixtures().join("tiny-0b6"),
+    ))
+    .unwrap();
+    assert_eq!(Precision::stored(&files), Some(Dtype::BF16));
 }
