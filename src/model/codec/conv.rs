@@ -587,6 +587,43 @@ impl CausalConv1d {
 }
 
 impl CausalConv1d {
+    /// Output rows `a..b` of `conv(act(input))` for an input of `total` rows of which `x` holds
+    /// rows `offset..offset + x.t` (at least [`Self::input_rows`] of `a..b`), on all threads:
+    /// the streaming decoder's step (docs/model.md §9.2), where `x` is the rows kept from the
+    /// previous steps followed by the new ones.
+    pub fn forward_range(
+        &self,
+        x: &Seq,
+        offset: usize,
+        total: usize,
+        act: Option<&Act>,
+        (a, b): (usize, usize),
+    ) -> Seq {
+        assert_eq!(x.c, self.cin, "conv input channels");
+        let rows = b.saturating_sub(a);
+        let mut out = buffer(rows * self.cout);
+        if rows == 0 {
+            return Seq::new(out, 0, self.cout);
+        }
+        let optr = SyncPtr(out.as_mut_ptr());
+        let k_eff = self.k_eff();
+        let tile = tile_rows(rows, self.kernel * self.cin, self.cout);
+        par_tiles(rows, tile, |ta, tb, buf| {
+            let p0 = (a + ta) * self.stride;
+            let p1 = (a + tb - 1) * self.stride + k_eff;
+            self.build_input(x, offset, total, act, p0, p1, buf);
+            // SAFETY: rows ta..tb of `out` belong to this tile; `buf` holds the rows it reads.
+            unsafe {
+                let o = optr.get().add(ta * self.cout);
+                self.init_rows(o, tb - ta, self.cout);
+                self.gemm_tile(buf.as_ptr(), tb - ta, o, self.cout);
+            }
+        });
+        Seq::new(out, rows, self.cout)
+    }
+}
+
+impl CausalConv1d {
     /// One input channel (the waveform conv): a GEMM with inner size `kernel` would waste most
     /// of its time packing, so this runs directly, vectorised over the output channels.
     fn forward_single_input(&self, x: &Seq) -> Seq {
@@ -684,6 +721,21 @@ impl CausalConvTranspose1d {
         Seq::new(y.data, y.t * self.stride, self.cout)
     }
 
+    /// Output blocks `a..b` (`stride` rows each) for an input of `total` rows of which `x`
+    /// holds rows `offset..` (at least the last `taps() − 1` before `a`), as
+    /// [`CausalConv1d::forward_range`].
+    pub fn forward_range(
+        &self,
+        x: &Seq,
+        offset: usize,
+        total: usize,
+        act: Option<&Act>,
+        range: (usize, usize),
+    ) -> Seq {
+        let y = self.conv.forward_range(x, offset, total, act, range);
+        Seq::new(y.data, y.t * self.stride, self.cout)
+    }
+
     /// Input samples each output block reads (`ceil(kernel / stride)`).
     pub fn taps(&self) -> usize {
         self.conv.kernel
@@ -724,6 +776,37 @@ impl DepthwiseCausalConv1d {
             w,
             bias,
         })
+    }
+
+    /// Output rows `a..b` for an input of which `x` holds rows `offset..` (at least the
+    /// `kernel − 1` before `a`), zeros before row 0.
+    pub fn forward_range(&self, x: &Seq, offset: usize, (a, b): (usize, usize)) -> Seq {
+        let c = self.channels;
+        assert_eq!(x.c, c);
+        let pad = self.kernel - 1;
+        assert!(
+            offset <= a.saturating_sub(pad) && b <= offset + x.t,
+            "dwconv window needs rows {}..{b}, has {offset}..{}",
+            a.saturating_sub(pad),
+            offset + x.t
+        );
+        let mut out = Vec::with_capacity(b.saturating_sub(a) * c);
+        for t in a..b {
+            let start = out.len();
+            out.extend_from_slice(&self.bias);
+            let row = &mut out[start..];
+            for k in 0..self.kernel {
+                if t + k < pad {
+                    continue;
+                }
+                let xi = x.row(t + k - pad - offset);
+                let wk = &self.w[k * c..(k + 1) * c];
+                for ((o, &xv), &wv) in row.iter_mut().zip(xi).zip(wk) {
+                    *o += xv * wv;
+                }
+            }
+        }
+        Seq::new(out, b.saturating_sub(a), c)
     }
 
     pub fn forward(&self, x: &Seq) -> Seq {
@@ -940,14 +1023,30 @@ impl ResidualUnit {
     }
 
     pub fn forward(&self, x: &Seq) -> Seq {
+        self.forward_range(x, 0, (0, x.t))
+    }
+
+    /// Output rows `a..b` for an input of which `x` holds rows `offset..` (at least the
+    /// `k_eff − 1` before `a`), zeros before row 0: [`Self::forward`] is the whole range; the
+    /// streaming decoder (docs/model.md §9.2) passes the kept rows followed by the new ones.
+    pub fn forward_range(&self, x: &Seq, offset: usize, (a, b): (usize, usize)) -> Seq {
         let c = self.conv1.cin;
         let hidden = self.conv1.cout;
         assert_eq!(x.c, c);
-        let mut out = buffer(x.t * c);
-        let optr = SyncPtr(out.as_mut_ptr());
         let k_eff = self.conv1.k_eff();
-        let tile = tile_rows(x.t, self.conv1.kernel * c, hidden.max(c));
-        par_tiles(x.t, tile, |a, b, buf| {
+        let pad = k_eff - 1;
+        let n = b.saturating_sub(a);
+        assert!(
+            offset <= a.saturating_sub(pad) && b <= offset + x.t,
+            "residual unit window needs rows {}..{b}, has {offset}..{}",
+            a.saturating_sub(pad),
+            offset + x.t
+        );
+        let mut out = buffer(n * c);
+        let optr = SyncPtr(out.as_mut_ptr());
+        let tile = tile_rows(n, self.conv1.kernel * c, hidden.max(c));
+        par_tiles(n, tile, |ta, tb, buf| {
+            let (a, b) = (a + ta, a + tb);
             let rows = b - a;
             // Padded coordinates: output row t reads padded rows t .. t + k_eff.
             let in_rows = match &self.wino {
@@ -961,15 +1060,14 @@ impl ResidualUnit {
             let (inp, rest) = buf.split_at_mut(in_len);
             let h = &mut rest[..h_len];
             // Activated input rows (zero rows before the start of x and after the tile).
-            let pad = k_eff - 1;
             let r0 = a.saturating_sub(pad);
             let skip = (pad.saturating_sub(a)) * c;
             self.act1.apply(
-                &x.data[r0 * c..b * c],
+                &x.data[(r0 - offset) * c..(b - offset) * c],
                 &mut inp[skip..skip + (b - r0) * c],
                 c,
             );
-            // SAFETY: `inp` holds (rows−1) + k_eff rows; `h` holds `rows` rows; rows a..b of
+            // SAFETY: `inp` holds (rows−1) + k_eff rows; `h` holds `rows` rows; rows ta..tb of
             // `out` belong to this tile.
             unsafe {
                 match &self.wino {
@@ -983,9 +1081,9 @@ impl ResidualUnit {
                     }
                 }
                 self.act2.apply_inplace(h, hidden);
-                let o = optr.get().add(a * c);
+                let o = optr.get().add(ta * c);
                 let orows = std::slice::from_raw_parts_mut(o, rows * c);
-                orows.copy_from_slice(&x.data[a * c..b * c]);
+                orows.copy_from_slice(&x.data[(a - offset) * c..(b - offset) * c]);
                 if let Some(bias) = &self.conv2.bias {
                     for row in orows.chunks_exact_mut(c) {
                         for (v, &bv) in row.iter_mut().zip(bias) {
@@ -996,7 +1094,7 @@ impl ResidualUnit {
                 self.conv2.gemm_tile(h.as_ptr(), rows, o, c);
             }
         });
-        Seq::new(out, x.t, c)
+        Seq::new(out, n, c)
     }
 }
 
