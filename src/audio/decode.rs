@@ -69,9 +69,27 @@ pub fn decode_file(path: &Path) -> Result<Audio, DecodeError> {
     if len == 0 {
         return Err(DecodeError::Empty);
     }
-    let mss = MediaSourceStream::new(Box::new(file), Default::default());
+    decode_source(
+        Box::new(file),
+        path.extension().and_then(|e| e.to_str()),
+    )
+}
+
+/// [`decode_file`] for audio held in memory (an uploaded file); `extension` is a format hint.
+pub fn decode_bytes(bytes: Vec<u8>, extension: Option<&str>) -> Result<Audio, DecodeError> {
+    if bytes.is_empty() {
+        return Err(DecodeError::Empty);
+    }
+    decode_source(Box::new(std::io::Cursor::new(bytes)), extension)
+}
+
+fn decode_source(
+    source: Box<dyn symphonia::core::io::MediaSource>,
+    extension: Option<&str>,
+) -> Result<Audio, DecodeError> {
+    let mss = MediaSourceStream::new(source, Default::default());
     let mut hint = Hint::new();
-    if let Some(ext) = path.extension().and_then(|e| e.to_str()) {
+    if let Some(ext) = extension {
         hint.with_extension(ext);
     }
     let probed = symphonia::default::get_probe()
