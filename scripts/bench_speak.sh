@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Synthesis speed, `voiceclone speak` vs the official Python package, side by side in one run
-# (docs/performance.md §1–§3).
+# (docs/performance.md §1, §2 and §3).
 #
 #   scripts/bench_speak.sh                       # 50 frames, 1 and 2 threads, best of 3 rounds
 #   FRAMES=80 ROUNDS=2 THREADS="2" scripts/bench_speak.sh

@@ -754,6 +754,7 @@ mod tests {
             Precision::F32,
             Precision::Bf16Weights,
             Precision::Bf16,
+            Precision::Q8,
         ];
         assert_eq!(all.len(), Precision::NAMES.len());
         for (p, name) in all.iter().zip(Precision::NAMES) {
