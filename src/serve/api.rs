@@ -136,8 +136,10 @@ fn voice_names(state: &State) -> Vec<String> {
 fn list_voices(state: &State) -> Response<RespBody> {
     let mut data: Vec<Value> = Vec::new();
     if state.default_voice.is_some() {
-        data.push(json!({"id": "default", "object": "voice", "name": "default",
-            "mode": "workspace"}));
+        data.push(
+            json!({"id": "default", "object": "voice", "name": "default",
+            "mode": "workspace"}),
+        );
     }
     for s in state.synth.speakers() {
         data.push(json!({"id": s, "object": "voice", "name": s, "mode": "speaker"}));
@@ -469,15 +471,16 @@ fn parse_speech(state: &State, body: &[u8]) -> Result<SpeechParams, ApiError> {
     })
 }
 
-async fn speech(req: Request<Incoming>, state: &Arc<State>) -> Result<Response<RespBody>, ApiError> {
+async fn speech(
+    req: Request<Incoming>,
+    state: &Arc<State>,
+) -> Result<Response<RespBody>, ApiError> {
     if state.closing.load(Ordering::SeqCst) {
         return Err(shutting_down());
     }
     let body = http::read_body(req.into_body(), state.opts.max_body_bytes).await?;
     let p = parse_speech(state, &body)?;
-    let seed = p
-        .seed
-        .unwrap_or_else(|| rand::random::<u32>() as u64);
+    let seed = p.seed.unwrap_or_else(|| rand::random::<u32>() as u64);
     let non_streaming = p.non_streaming.unwrap_or(match state.opts.non_streaming {
         crate::config::NonStreaming::True => true,
         crate::config::NonStreaming::False => false,
@@ -486,9 +489,7 @@ async fn speech(req: Request<Incoming>, state: &Arc<State>) -> Result<Response<R
     });
     let job_req = SpeechJob {
         text: p.input,
-        language: p
-            .language
-            .unwrap_or_else(|| state.opts.language.clone()),
+        language: p.language.unwrap_or_else(|| state.opts.language.clone()),
         voice: p.voice,
         non_streaming,
     };
@@ -599,7 +600,9 @@ fn decode_worker(
                 return;
             }
         };
-        // Frames that are already waiting are decoded together (fewer, larger steps).
+        // Frames that are already waiting go out as one chunk. Each is decoded on its own:
+        // how the stream decoder's work is cut changes its rounding (docs/serving.md §4), so a
+        // fixed cut keeps the samples independent of timing and of the rest of the batch.
         let mut next = Some(ev);
         while let Some(GenEvent::Frame(f)) = next {
             pending.push(f.0);
@@ -610,7 +613,14 @@ fn decode_worker(
                 let _ = out.blocking_send(Err(StreamError("a frame before its row".into())));
                 return;
             };
-            match s.push(&pending) {
+            let decoded: anyhow::Result<Vec<f32>> =
+                pending
+                    .iter()
+                    .try_fold(Vec::with_capacity(pending.len() * 1920), |mut acc, f| {
+                        acc.extend(s.push(std::slice::from_ref(f))?);
+                        Ok(acc)
+                    });
+            match decoded {
                 Ok(samples) => {
                     if !send(encoder.samples(&samples)) {
                         return gone(cancel);
@@ -752,7 +762,11 @@ async fn register_voice(
     let max_seconds = state.opts.max_voice_seconds;
     let entry = tokio::task::spawn_blocking(move || -> Result<_, ApiError> {
         let audio = crate::audio::decode_bytes(file.data, ext.as_deref()).map_err(|e| {
-            ApiError::invalid(Some("file"), "invalid_audio", format!("cannot read the audio: {e}"))
+            ApiError::invalid(
+                Some("file"),
+                "invalid_audio",
+                format!("cannot read the audio: {e}"),
+            )
         })?;
         let seconds = audio.duration_seconds();
         if !(0.5..=max_seconds).contains(&seconds) {
