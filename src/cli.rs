@@ -351,7 +351,12 @@ pub struct ServeArgs {
     pub model: Option<String>,
 
     /// Require "Authorization: Bearer KEY" on every request but GET /health [serve.api_key].
-    #[arg(long, value_name = "KEY", env = "VOICECLONE_API_KEY", hide_env_values = true)]
+    #[arg(
+        long,
+        value_name = "KEY",
+        env = "VOICECLONE_API_KEY",
+        hide_env_values = true
+    )]
     pub api_key: Option<String>,
 
     /// Requests generated together [serve.max_batch].

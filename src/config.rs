@@ -484,7 +484,10 @@ impl Resolved {
             )
         };
         if s.host.trim().is_empty() {
-            return Err(bad("serve.host", "must name an address to listen on".into()));
+            return Err(bad(
+                "serve.host",
+                "must name an address to listen on".into(),
+            ));
         }
         for (key, v) in [
             ("serve.max_batch", s.max_batch),

@@ -69,10 +69,7 @@ pub fn decode_file(path: &Path) -> Result<Audio, DecodeError> {
     if len == 0 {
         return Err(DecodeError::Empty);
     }
-    decode_source(
-        Box::new(file),
-        path.extension().and_then(|e| e.to_str()),
-    )
+    decode_source(Box::new(file), path.extension().and_then(|e| e.to_str()))
 }
 
 /// [`decode_file`] for audio held in memory (an uploaded file); `extension` is a format hint.

@@ -375,7 +375,8 @@ impl Decoder {
     fn finish_layer(&self, l: &Layer, x: &mut [f32], att: &[f32], rows: usize) {
         let c = &self.cfg;
         let h = c.hidden_size;
-        let o = l.o.forward(&Input::new(att, rows, c.num_heads * c.head_dim));
+        let o =
+            l.o.forward(&Input::new(att, rows, c.num_heads * c.head_dim));
         x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
 
         // MLP block.

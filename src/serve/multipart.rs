@@ -119,7 +119,15 @@ mod tests {
     #[test]
     fn malformed_bodies_are_errors() {
         assert!(parse(b"no boundary here", "XyZ").is_err());
-        assert!(parse(b"--XyZ\r\nContent-Disposition: form-data; name=\"a\"\r\n\r\nopen", "XyZ").is_err());
-        assert!(parse(b"--XyZ\r\nContent-Disposition: form-data\r\n\r\nx\r\n--XyZ--", "XyZ").is_err());
+        assert!(parse(
+            b"--XyZ\r\nContent-Disposition: form-data; name=\"a\"\r\n\r\nopen",
+            "XyZ"
+        )
+        .is_err());
+        assert!(parse(
+            b"--XyZ\r\nContent-Disposition: form-data\r\n\r\nx\r\n--XyZ--",
+            "XyZ"
+        )
+        .is_err());
     }
 }

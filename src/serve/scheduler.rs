@@ -39,9 +39,13 @@ pub enum GenEvent {
     },
     Frame(CodeFrame),
     /// The row ended: at EOS (`Some(step)`) or at the frame limit.
-    ChunkEnd { eos_step: Option<usize> },
+    ChunkEnd {
+        eos_step: Option<usize>,
+    },
     /// Every row is done.
-    Done { frames: usize },
+    Done {
+        frames: usize,
+    },
     /// The request failed; the message says why.
     Failed(String),
     /// The shutdown ended the request before it was done: its stream ends cleanly, shorter.

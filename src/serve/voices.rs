@@ -83,10 +83,12 @@ impl Entry {
 
     fn to_bytes(&self, model: &str) -> Result<Vec<u8>> {
         let x: Vec<u8> = self.xvector.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let codes: Option<Vec<u8>> = self
-            .ref_codes
-            .as_ref()
-            .map(|c| c.iter().flat_map(|f| f.0).flat_map(u32::to_le_bytes).collect());
+        let codes: Option<Vec<u8>> = self.ref_codes.as_ref().map(|c| {
+            c.iter()
+                .flat_map(|f| f.0)
+                .flat_map(u32::to_le_bytes)
+                .collect()
+        });
         let mut tensors = vec![(
             XVECTOR,
             safetensors::tensor::TensorView::new(
@@ -135,7 +137,9 @@ impl Entry {
         let ref_codes = match st.tensor(REF_CODES) {
             Ok(t) => {
                 ensure!(
-                    t.dtype() == safetensors::Dtype::U32 && t.shape().len() == 2 && t.shape()[1] == 16,
+                    t.dtype() == safetensors::Dtype::U32
+                        && t.shape().len() == 2
+                        && t.shape()[1] == 16,
                     "its reference codes have shape {:?}",
                     t.shape()
                 );
@@ -161,7 +165,10 @@ impl Entry {
             id: id.to_string(),
             name: meta.get("name").cloned().unwrap_or_default(),
             transcript,
-            created: meta.get("created").and_then(|c| c.parse().ok()).unwrap_or(0),
+            created: meta
+                .get("created")
+                .and_then(|c| c.parse().ok())
+                .unwrap_or(0),
             xvector,
             ref_codes,
         })
@@ -183,8 +190,8 @@ impl Registry {
         let dir = ws.serve_voices_dir();
         let mut entries = BTreeMap::new();
         if dir.is_dir() {
-            let listing =
-                std::fs::read_dir(&dir).with_context(|| format!("cannot list {}", dir.display()))?;
+            let listing = std::fs::read_dir(&dir)
+                .with_context(|| format!("cannot list {}", dir.display()))?;
             for item in listing {
                 let path = item?.path();
                 let Some(id) = path

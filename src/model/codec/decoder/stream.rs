@@ -246,9 +246,8 @@ impl<'d> StreamDecoder<'d> {
             .forward_range(&xx, off, st.first.seen, None, (a, st.first.seen));
         for (b, (hu, hr)) in d.blocks.iter().zip(st.blocks.iter_mut()) {
             let (xx, off, a) = hu.push(x);
-            x = b
-                .up
-                .forward_range(&xx, off, hu.seen, Some(&b.snake), (a, hu.seen));
+            x =
+                b.up.forward_range(&xx, off, hu.seen, Some(&b.snake), (a, hu.seen));
             for (r, h) in b.residuals.iter().zip(hr.iter_mut()) {
                 let (xx, off, a) = h.push(x);
                 x = r.forward_range(&xx, off, (a, h.seen));
