@@ -67,6 +67,7 @@ fn speak(ws: &Path, args: &[&str]) -> Vec<i16> {
 struct Server {
     child: Child,
     addr: String,
+    #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
     log: PathBuf,
 }
 
@@ -108,12 +109,22 @@ impl Server {
         Server { child, addr, log }
     }
 
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
     fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    fn health(&self) -> Value {
+        let r = request(&self.addr, "GET", "/health", &[], b"");
+        assert_eq!(r.status, 200);
+        r.json()
+    }
+}
+
+/// What the `test-hooks` tests (the slowed frame loop) use.
+#[cfg(feature = "test-hooks")]
+impl Server {
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     fn sigterm(&self) {
@@ -136,12 +147,6 @@ impl Server {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
-    }
-
-    fn health(&self) -> Value {
-        let r = request(&self.addr, "GET", "/health", &[], b"");
-        assert_eq!(r.status, 200);
-        r.json()
     }
 }
 
@@ -862,6 +867,7 @@ fn every_error_is_openai_style_json_with_a_clear_message() {
     assert_eq!(post(ok_body.as_bytes(), &[auth]).status, 200);
 }
 
+#[cfg(feature = "test-hooks")]
 /// Polls `/health` until `running` and `queued` are 0 (or panics after `limit`).
 fn wait_idle(server: &Server, limit: Duration) {
     let t = Instant::now();
