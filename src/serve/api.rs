@@ -478,6 +478,7 @@ async fn speech(
     if state.closing.load(Ordering::SeqCst) {
         return Err(shutting_down());
     }
+    let received = std::time::Instant::now();
     let body = http::read_body(req.into_body(), state.opts.max_body_bytes).await?;
     let p = parse_speech(state, &body)?;
     let seed = p.seed.unwrap_or_else(|| rand::random::<u32>() as u64);
@@ -546,7 +547,15 @@ async fn speech(
     let synth = state.synth.clone();
     let worker_cancel = cancel.clone();
     tokio::task::spawn_blocking(move || {
-        decode_worker(&synth, events_rx, tx, encoder, input_tokens, &worker_cancel)
+        decode_worker(
+            &synth,
+            events_rx,
+            tx,
+            encoder,
+            input_tokens,
+            &worker_cancel,
+            received,
+        )
     });
     let body = ChannelBody::new(rx, cancel, state.inflight.clone());
     Ok(Response::builder()
@@ -577,8 +586,11 @@ fn decode_worker(
     encoder: Encoder,
     input_tokens: usize,
     cancel: &AtomicBool,
+    received: std::time::Instant,
 ) {
     let send = |b: Bytes| out.blocking_send(Ok(b)).is_ok();
+    let mut first_audio: Option<std::time::Duration> = None;
+    let mut samples_out = 0usize;
     let gone = |cancel: &AtomicBool| {
         cancel.store(true, Ordering::SeqCst);
     };
@@ -622,6 +634,8 @@ fn decode_worker(
                     });
             match decoded {
                 Ok(samples) => {
+                    first_audio.get_or_insert_with(|| received.elapsed());
+                    samples_out += samples.len();
                     if !send(encoder.samples(&samples)) {
                         return gone(cancel);
                     }
@@ -651,6 +665,16 @@ fn decode_worker(
                 if let Some(b) = encoder.done(input_tokens, frames) {
                     send(b);
                 }
+                // Time to first audio: from the request's arrival to its first samples
+                // handed to the connection (docs/serving.md §4).
+                let total = received.elapsed().as_secs_f64();
+                let audio = samples_out as f64 / synth.codec.output_sample_rate() as f64;
+                eprintln!(
+                    "speech: {frames} frames ({audio:.2} s of audio), first audio after {:.0} \
+                     ms, done in {total:.2} s (real-time factor {:.2})",
+                    first_audio.map_or(f64::NAN, |d| d.as_secs_f64() * 1e3),
+                    if audio > 0.0 { total / audio } else { f64::NAN }
+                );
                 return;
             }
             Some(GenEvent::Ended(why)) => {

@@ -470,9 +470,19 @@ fn speech_equals_speak_in_every_format_and_streams_while_generating() {
 
 #[test]
 fn concurrent_requests_give_what_each_gives_alone() {
+    concurrent_equals_alone("auto");
+}
+
+/// q8 quantizes activations per row: a row's codes do not depend on the batch either.
+#[test]
+fn concurrent_requests_give_what_each_gives_alone_in_q8() {
+    concurrent_equals_alone("q8");
+}
+
+fn concurrent_equals_alone(precision: &str) {
     let ws = workspace("\n[serve]\nmax_batch = 4\n");
     let env = slow_frames(40);
-    let server = Server::start(ws.path(), &[], &env_refs(&env));
+    let server = Server::start(ws.path(), &["--precision", precision], &env_refs(&env));
     let texts = [
         "The first request of the batch.",
         "A second one, somewhat longer than the first request was.",
@@ -524,7 +534,7 @@ fn concurrent_requests_give_what_each_gives_alone() {
         .collect();
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let most = watcher.join().unwrap();
-    eprintln!("at most {most} rows ran together");
+    eprintln!("{precision}: at most {most} rows ran together");
     if cfg!(feature = "test-hooks") {
         assert!(most >= 2, "the requests never shared the batch");
     }
