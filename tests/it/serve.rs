@@ -1121,3 +1121,60 @@ fn readme_examples_run_against_the_server() {
         assert_eq!(pcm_samples(&file("hello-openai.pcm")), got);
     }
 }
+
+/// A CustomVoice model: its speakers are the voices (case-insensitive), a long text is split
+/// into chunks joined with pauses exactly as `speak` splits it, and cloning is refused.
+#[test]
+fn custom_voice_speakers_and_split_texts_equal_speak() {
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(
+        ws.path().join("voiceclone.toml"),
+        format!(
+            "[model]\nbase = {:?}\n\n[speak]\nmax_frames = 6\nmax_chunk_chars = 25\n",
+            model("tiny-0b6-custom")
+        ),
+    )
+    .unwrap();
+    let server = Server::start(ws.path(), &[], &[]);
+    let voices = request(&server.addr, "GET", "/v1/voices", &[], b"").json();
+    let ids: Vec<&str> = voices["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["alice", "bob", "carol"], "{voices}");
+    let text = "First sentence here. Second sentence follows. Third one ends it.";
+    let mut outputs = Vec::new();
+    for (voice, seed) in [("BOB", "5"), ("carol", "6")] {
+        let r = speech(
+            &server.addr,
+            &json!({"model": "m", "input": text, "voice": voice, "seed": seed.parse::<u64>().unwrap(),
+                    "response_format": "pcm"}),
+        );
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        let got = pcm_samples(&r.body);
+        let want = speak(ws.path(), &[text, "--speaker", voice, "--seed", seed]);
+        let d = max_step_diff(&got, &want);
+        assert!(d <= 1, "{voice}: differs from speak by {d} steps");
+        // Three chunks (at most 6 frames each) and two 0.12 s pauses.
+        assert!(got.len() > 2 * 2880, "{voice}: {} samples", got.len());
+        outputs.push(got);
+    }
+    assert_ne!(outputs[0], outputs[1]);
+    let clip = std::fs::read(ref_wav()).unwrap();
+    let r = register(&server.addr, &[("file", Some("clip.wav"), &clip)]);
+    let (s, code, msg) = r.error();
+    assert_eq!(
+        (s, code.as_str()),
+        (400, "voice_cloning_unavailable"),
+        "{msg}"
+    );
+    let r = speech(
+        &server.addr,
+        &json!({"model": "m", "input": "Hi.", "voice": "default"}),
+    );
+    let (s, code, msg) = r.error();
+    assert_eq!((s, code.as_str()), (400, "voice_not_found"), "{msg}");
+    assert!(msg.contains("alice, bob, carol"), "{msg}");
+}
