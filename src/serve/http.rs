@@ -173,7 +173,19 @@ pub async fn read_body(body: hyper::body::Incoming, limit: usize) -> Result<Byte
             format!("the request body is larger than the server's limit of {limit} bytes"),
         )
     };
-    match http_body_util::Limited::new(body, limit).collect().await {
+    let read = http_body_util::Limited::new(body, limit).collect();
+    let Ok(result) = tokio::time::timeout(super::BODY_TIMEOUT, read).await else {
+        return Err(ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            "request_timeout",
+            format!(
+                "the request body did not arrive within {} s",
+                super::BODY_TIMEOUT.as_secs()
+            ),
+        ));
+    };
+    match result {
         Ok(c) => Ok(c.to_bytes()),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
         Err(e) => Err(ApiError::invalid(

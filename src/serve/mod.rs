@@ -22,6 +22,10 @@ use crate::config::NonStreaming;
 use crate::generate::{DecodeOptions, Synthesizer, Voice};
 use crate::model::speaker::SpeakerEncoder;
 
+/// How long a client may take to send a request head, and then its body.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(120);
+
 /// Everything `voiceclone serve` is configured with (`[serve]`, and `[speak]` for synthesis).
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
@@ -149,7 +153,11 @@ async fn serve(state: Arc<State>, ready: impl FnOnce(SocketAddr)) -> Result<()> 
                         let st = st.clone();
                         async move { Ok::<_, std::convert::Infallible>(api::handle(req, st).await) }
                     });
+                    // A client that never finishes its request head is dropped after
+                    // HEADER_TIMEOUT (its body is bounded in time by `api`).
                     let conn = http1::Builder::new()
+                        .timer(hyper_util::rt::TokioTimer::new())
+                        .header_read_timeout(HEADER_TIMEOUT)
                         .keep_alive(true)
                         .serve_connection(TokioIo::new(stream), service);
                     let mut conn = std::pin::pin!(conn);

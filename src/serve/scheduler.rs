@@ -153,6 +153,8 @@ impl Scheduler {
         if q.closed || !self.shared.alive.load(Ordering::SeqCst) {
             return Err(Refused::ShuttingDown);
         }
+        // Requests whose client already went away give their place up.
+        q.jobs.retain(|j| !j.cancel.load(Ordering::SeqCst));
         if q.jobs.len() >= self.max_queue {
             return Err(Refused::QueueFull);
         }
