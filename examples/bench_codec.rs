@@ -56,6 +56,8 @@ fn main() -> Result<()> {
         }
     }
     let codec_dir = codec_dir.context("--codec DIR is required")?;
+    // The crate's memory-reuse policy, as the `voiceclone` binary applies it.
+    voiceclone::kernels::alloc::keep_freed_memory();
     let audio = audio.context("--audio WAV is required")?;
 
     let t = Instant::now();
@@ -96,7 +98,7 @@ fn main() -> Result<()> {
         "threads={} load {load_s:.1} s; input={n} samples ({audio_s:.2} s) frames={frames} output={} samples \
          rms={rms:.3} finite={}; encode {:.2}x real time, decode {:.2}x real time; process CPU seconds \
          encode {:.1}, decode {:.1}",
-        voiceclone::model::codec::conv::num_threads(),
+        voiceclone::kernels::num_threads(),
         out.len(),
         out.iter().all(|v| v.is_finite()),
         audio_s / enc,

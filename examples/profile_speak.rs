@@ -14,6 +14,8 @@ fn main() -> anyhow::Result<()> {
     let dir = std::env::args()
         .nth(1)
         .expect("usage: profile_speak MODEL_DIR [PRECISION] [FRAMES]");
+    // The crate's memory-reuse policy, as the `voiceclone` binary applies it.
+    voiceclone::kernels::alloc::keep_freed_memory();
     let prec = match std::env::args().nth(2).as_deref() {
         Some("f32") => Precision::F32,
         Some("q8") => Precision::Q8,

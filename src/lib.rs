@@ -19,15 +19,22 @@
 //! - [`generate`]: speech synthesis: prompt layouts, sampling, the frame loop, text splitting, the
 //!   voice-clone / custom-voice pipelines.
 //! - [`hub`]: model resolution: a local directory or file, or a Hugging Face hub repository.
-//! - [`kernels`]: the CPU inference kernels on slices (8-bit and bf16 matrix-vector products).
+//! - [`kernels`]: every CPU kernel, on slices (matrix views and GEMM, codec convolutions, 8-bit
+//!   and bf16 matrix-vector products, training kernels' inner loops, optimizer and loss loops).
 //! - [`model`]: the Qwen3-TTS port: config, model files, weights, tokenizer, talker, code
-//!   predictor, speaker encoder, 12 Hz codec, and the CPU kernels they use.
+//!   predictor, speaker encoder, 12 Hz codec; tensors and weights, the numbers go to `kernels`.
 //! - [`prep`]: the `prep` pipeline: sources, transcription (Whisper), segmentation, records.
 //! - [`progress`]: progress bars and warnings that do not garble each other.
 //! - [`rng`]: the one random generator (SplitMix64: data order, `speak --seed`).
 //! - [`train`]: fine-tuning: data, batches, the objective's units, optimizer, checkpoints, the
 //!   single-device and the sharded trainer, export.
 //! - [`workspace`]: the directory shared by the chained subcommands; the one owner of its paths.
+//!
+//! `kernels` holds every CPU kernel (on slices) and nearly all of the crate's `unsafe`, each
+//! block with its `// SAFETY:` argument (the lints below).
+
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod artifacts;
 pub mod audio;

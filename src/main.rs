@@ -4,6 +4,8 @@ use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
+    // The memory-reuse policy of every command (see `voiceclone::kernels::alloc`).
+    voiceclone::kernels::alloc::keep_freed_memory();
     let cli = voiceclone::cli::Cli::parse();
     let default_level = match cli.verbose {
         0 => "warn",

@@ -14,8 +14,12 @@ pub const OUTPUT_RATE: u32 = 24_000;
 /// Whisper's input rate.
 pub const WHISPER_RATE: u32 = 16_000;
 
-/// Decodes `path` and resamples it to `rate` Hz mono.
+/// Decodes `path` and resamples it to `rate` Hz mono. A damaged file gives its readable part,
+/// with a warning in the log.
 pub fn load_mono(path: &std::path::Path, rate: u32) -> anyhow::Result<Vec<f32>> {
     let audio = decode_file(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    if let Some(damage) = &audio.damage {
+        tracing::warn!("{}: {damage}", path.display());
+    }
     resample(&audio.samples, audio.sample_rate, rate)
 }

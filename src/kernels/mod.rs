@@ -1,16 +1,60 @@
-//! CPU kernels of inference on plain slices, and their `unsafe` (docs/performance.md §2): the
-//! model code above knows tensors and weights, this module only numbers. Outward every function
-//! is safe; each `unsafe` block says why it holds (`// SAFETY:`). Only `std`, `rayon` and `half`
-//! are used, so the module's tests can run under Miri on their own.
+//! Every CPU kernel of the crate, on slices — the model code above knows tensors and weights,
+//! this module only numbers — and nearly all of its `unsafe`.
 //!
 //! | module | what |
 //! |---|---|
+//! | [`mat`] | bounds-checked matrix views with a lifetime (`MatRef`, `MatMut`) |
+//! | [`gemm`] | the one GEMM wrapper over them (the `gemm` crate), serial or on the rayon pool |
+//! | [`buf`] | new output buffers written once, without a zero-filling pass, in parallel tiles |
+//! | [`simd`] | run-time choice of the AVX2 + FMA build of a loop |
+//! | [`math`] | the polynomial `exp` family every vectorised loop uses |
+//! | [`act`] | the codec's activations (ELU, SnakeBeta, GELU, SwiGLU gating, masked softmax) |
+//! | [`conv`], [`winograd`] | the codec's causal convolutions in row tiles |
 //! | [`isa`] | run-time detection of AVX2, AVX-VNNI, AVX-512 (VNNI, BF16) |
-//! | [`q8`] | 8-bit block-quantized matrices times activation rows (`vpdpbusd`) |
-//! | [`bf16_dot`] | bf16- or f32-stored matrices times activation rows (`vdpbf16ps`, FMA) |
-#![deny(unsafe_op_in_unsafe_fn)]
-#![warn(clippy::undocumented_unsafe_blocks)]
+//! | [`q8`] | 8-bit block-quantized matrices times activation rows (`vpdpbusd`), inference |
+//! | [`bf16_dot`] | bf16- or f32-stored matrices times activation rows (`vdpbf16ps`, FMA), inference |
+//! | [`matvec`] | `x · wᵀ` for a few f32 rows against bf16 candle weights (the tensor path) |
+//! | [`grad`] | inner loops of the training kernels with hand-written backward passes |
+//! | [`optim`], [`loss`] | AdamW's element-wise updates, the fused cross-entropy |
+//! | [`alloc`] | the memory-reuse policy |
+//!
+//! Rules the module keeps:
+//! - **Safety.** Outward every function is safe. `unsafe` appears only where the hardware or a
+//!   dependency needs it: the `gemm` crate's pointer interface (behind [`gemm::gemm`], whose
+//!   views guarantee the extents), the AVX2 paths' unaligned loads and their run-time feature
+//!   check, committing buffers that [`buf`] has verified are fully written, and `mallopt`.
+//!   Every block says why it holds (`// SAFETY:`, enforced by `clippy::undocumented_unsafe_blocks`).
+//!   `scripts/miri.sh` runs this module's tests under Miri, scalar and AVX2 builds.
+//! - **Parallelism.** All of it goes through rayon: outputs are split into disjoint chunks
+//!   (`par_chunks_mut`, [`buf::par_new_vec`]) that each task owns, with per-worker scratch
+//!   (`for_each_init`); no raw pointers are shared between threads and no threads are spawned
+//!   per call. Nested calls (a fused kernel running layers inside a tile) simply nest.
+//! - **Determinism.** Every reduction runs in a fixed order (per-block partials summed in block
+//!   order), so results do not depend on the thread count: exact training resume relies on it.
+//! - **Memory.** Kernels allocate plain `Vec`s for their outputs and keep nothing between
+//!   calls; reuse of freed memory is the allocator's job, configured once per process
+//!   ([`alloc`]).
+//! - **Self-contained.** Only `super::` paths inside the module and no dependency beyond
+//!   `gemm`, `rayon`, `half`, `anyhow` and `libc`: `scripts/miri.sh` compiles this directory as
+//!   a crate of its own (Miri cannot build candle or whisper.cpp).
 
+pub mod act;
+pub mod alloc;
 pub mod bf16_dot;
+pub mod buf;
+pub mod conv;
+pub mod gemm;
+pub mod grad;
 pub mod isa;
+pub mod loss;
+pub mod mat;
+pub mod math;
+pub mod matvec;
+pub mod optim;
 pub mod q8;
+pub mod simd;
+pub mod winograd;
+
+pub use conv::num_threads;
+pub use gemm::{Acc, Par};
+pub use mat::{MatMut, MatRef};

@@ -1,22 +1,26 @@
 //! `voiceclone prep`: recordings in, 24 kHz utterances and a training manifest out.
 //!
-//! decode (symphonia) -> resample (rubato) -> transcribe 16 kHz (Whisper) -> cut at segment
-//! boundaries -> write `data/segments/*.wav` (24 kHz mono 16-bit) and `data/train.jsonl`.
+//! decode (symphonia) -> resample (rubato) -> split the 16 kHz signal at pauses (`chunk`) ->
+//! transcribe each piece (Whisper) -> cut at segment boundaries -> write `data/segments/*.wav`
+//! (24 kHz mono 16-bit) and `data/train.jsonl`.
 //!
 //! Each source gets a record under `data/prep/sources/` keyed by its path, size, modification
 //! time and the prep settings; a re-run reuses the records and does no decoding or
 //! transcription for unchanged sources, and rewrites the manifest (atomically) from them.
 
+pub mod chunk;
 pub mod records;
 pub mod segment;
 pub mod sources;
 pub mod speakers;
 pub mod transcribe;
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
+use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
@@ -29,10 +33,11 @@ use crate::workspace::Workspace;
 use records::{round_ms, SourceRecord, UtteranceRecord};
 use segment::Rules;
 use sources::SourceFile;
-use transcribe::Transcriber;
+use transcribe::{Transcriber, Transcript};
 
 /// Bumped whenever prep's output for the same input and settings changes.
-const PREP_FORMAT_VERSION: u32 = 1;
+/// 2: transcription in pieces split at pauses (`chunk`), exact-phase resampling.
+const PREP_FORMAT_VERSION: u32 = 2;
 
 /// Reference clip length the automatic choice aims for (seconds).
 const REF_MIN_SECONDS: f64 = 3.0;
@@ -164,12 +169,12 @@ pub(crate) fn collect(
     if !todo.is_empty() {
         let transcriber = make_transcriber()?;
         let jobs = effective_jobs(opts.jobs, todo.len());
-        let threads_per_job = (available_cores() / jobs).max(1);
         let ctx = JobContext {
             ws,
             rules: &opts.rules,
             transcriber: transcriber.as_ref(),
-            threads: threads_per_job,
+            cores: available_cores(),
+            busy_workers: AtomicUsize::new(jobs),
         };
         let (tx, rx) = mpsc::channel();
         let next = AtomicUsize::new(0);
@@ -178,22 +183,29 @@ pub(crate) fn collect(
             for _ in 0..jobs {
                 let tx = tx.clone();
                 let (next, todo, ctx) = (&next, &todo, &ctx);
-                scope.spawn(move || loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some((file, key)) = todo.get(i) else {
-                        break;
-                    };
-                    let result = process_source(ctx, file, key);
-                    if tx.send((file.clone(), result)).is_err() {
-                        break;
+                scope.spawn(move || {
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some((file, key)) = todo.get(i) else {
+                            break;
+                        };
+                        let result = process_source(ctx, file, key);
+                        if tx.send((file.clone(), result)).is_err() {
+                            break;
+                        }
                     }
+                    // The workers still busy get this one's cores for their next pieces.
+                    ctx.busy_workers.fetch_sub(1, Ordering::Relaxed);
                 });
             }
             drop(tx);
             for (file, result) in rx {
                 progress.inc(1);
                 match result {
-                    Ok(record) => {
+                    Ok((record, warning)) => {
+                        if let Some(w) = warning {
+                            progress.warn(format!("{}: {w}", file.path.display()));
+                        }
                         audio_seconds += record.duration;
                         summary.files_processed += 1;
                         records.insert(file, record);
@@ -229,24 +241,58 @@ struct JobContext<'a> {
     ws: &'a Workspace,
     rules: &'a Rules,
     transcriber: &'a dyn Transcriber,
-    threads: usize,
+    cores: usize,
+    /// Workers still processing files; each Whisper call gets an equal share of the cores, so
+    /// threads are split between the workers, never multiplied, and the last file gets every
+    /// core once the others are done.
+    busy_workers: AtomicUsize,
 }
 
-/// Decodes, transcribes and cuts one source; the error is a reason for the user.
+impl JobContext<'_> {
+    fn threads(&self) -> usize {
+        (self.cores / self.busy_workers.load(Ordering::Relaxed).max(1)).max(1)
+    }
+}
+
+/// Decodes, transcribes and cuts one source; the error is a reason for the user, the optional
+/// string a warning about damage that was worked around.
 fn process_source(
     ctx: &JobContext,
     file: &SourceFile,
     key: &str,
-) -> std::result::Result<SourceRecord, String> {
+) -> std::result::Result<(SourceRecord, Option<String>), String> {
+    let t_start = Instant::now();
     let decoded = audio::decode_file(&file.path).map_err(|e| e.to_string())?;
-    let for_whisper = audio::resample(&decoded.samples, decoded.sample_rate, WHISPER_RATE)
-        .map_err(|e| format!("{e:#}"))?;
+    let warning = match &decoded.damage {
+        Some(damage) if decoded.duration_seconds() < ctx.rules.min_seconds => {
+            return Err(format!(
+                "{damage}; the {:.2} s that could be decoded are shorter than prep.min_seconds \
+                 ({} s)",
+                decoded.duration_seconds(),
+                ctx.rules.min_seconds
+            ));
+        }
+        Some(damage) => Some(format!(
+            "{damage}; using the {:.1} s that could be decoded",
+            decoded.duration_seconds()
+        )),
+        None => None,
+    };
+    let t_decoded = Instant::now();
+    let for_whisper: Cow<[f32]> = if decoded.sample_rate == WHISPER_RATE {
+        Cow::Borrowed(&decoded.samples)
+    } else {
+        Cow::Owned(
+            audio::resample(&decoded.samples, decoded.sample_rate, WHISPER_RATE)
+                .map_err(|e| format!("{e:#}"))?,
+        )
+    };
+    let t_resampled = Instant::now();
+    let transcript = transcribe_in_pieces(ctx, &for_whisper, ctx.rules.silence_db)?;
+    let t_transcribed = Instant::now();
+    drop(for_whisper);
     let output = audio::resample(&decoded.samples, decoded.sample_rate, OUTPUT_RATE)
         .map_err(|e| format!("{e:#}"))?;
-    let transcript = ctx
-        .transcriber
-        .transcribe(&for_whisper, ctx.threads)
-        .map_err(|e| format!("transcription failed: {e:#}"))?;
     let cut = segment::cut(&transcript.segments, &output, OUTPUT_RATE, ctx.rules);
 
     let stem = file.safe_stem();
@@ -278,7 +324,53 @@ fn process_source(
             .collect(),
     };
     records::write_record(&ctx.ws.prep_record(key), &record).map_err(|e| format!("{e:#}"))?;
-    Ok(record)
+    let t_done = Instant::now();
+    let ms = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1000.0;
+    tracing::debug!(
+        "{}: {:.1} s of audio: decode {:.0} ms, 16 kHz {:.0} ms, transcription {:.0} ms, \
+         24 kHz + cutting + writing {:.0} ms",
+        file.path.display(),
+        decoded.duration_seconds(),
+        ms(t_start, t_decoded),
+        ms(t_decoded, t_resampled),
+        ms(t_resampled, t_transcribed),
+        ms(t_transcribed, t_done),
+    );
+    Ok((record, warning))
+}
+
+/// Transcribes the 16 kHz signal piece by piece (`chunk::plan`), with segment times moved to
+/// the whole recording's clock. The language is the one Whisper found in most of the audio.
+fn transcribe_in_pieces(
+    ctx: &JobContext,
+    samples: &[f32],
+    silence_db: f64,
+) -> std::result::Result<Transcript, String> {
+    let mut segments = Vec::new();
+    let mut languages: BTreeMap<String, usize> = BTreeMap::new();
+    for piece in chunk::plan(samples, WHISPER_RATE, silence_db) {
+        let part = ctx
+            .transcriber
+            .transcribe(&samples[piece.start..piece.end], ctx.threads())
+            .map_err(|e| format!("transcription failed: {e:#}"))?;
+        let offset = piece.start as f64 / WHISPER_RATE as f64;
+        *languages.entry(part.language).or_default() += piece.len();
+        segments.extend(part.segments.into_iter().map(|mut s| {
+            s.start += offset;
+            s.end += offset;
+            for w in &mut s.words {
+                w.start += offset;
+                w.end += offset;
+            }
+            s
+        }));
+    }
+    let language = languages
+        .into_iter()
+        .max_by(|a, b| a.1.cmp(&b.1).then_with(|| b.0.cmp(&a.0)))
+        .map(|(language, _)| language)
+        .unwrap_or_else(|| "english".to_string());
+    Ok(Transcript { segments, language })
 }
 
 /// The record for `key`, if it exists and all of its utterance files are still there.

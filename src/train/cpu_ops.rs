@@ -3,19 +3,17 @@
 //! alone is 1.2 GB in f32 at full size), which dominates a CPU step. These kernels update the
 //! fp32 master, moments and accumulated gradients where they lie, in one pass each.
 //!
-//! Element-wise work is split into fixed-size chunks and reductions are summed chunk by chunk
-//! in order, so results do not depend on the number of threads (exact resume needs that).
-//! Only f32 contiguous CPU tensors; callers fall back to tensor ops elsewhere (CUDA).
+//! The loops are in [`crate::kernels::optim`] and [`crate::kernels::loss`] (fixed chunks,
+//! reductions in order: results do not depend on the number of threads, which exact resume
+//! needs); this module wraps them as candle ops. Only f32 contiguous CPU tensors; callers fall
+//! back to tensor ops elsewhere (CUDA).
 
 use candle_core::{
     bail, CpuStorage, CustomOp1, InplaceOp2, InplaceOp3, Layout, Result, Shape, Tensor,
 };
-use rayon::prelude::*;
 
-use crate::model::fast_math::{self, with_avx2};
+use crate::kernels::{loss, optim};
 use crate::model::grad_kernels::cpu_f32;
-
-const CHUNK: usize = 1 << 16;
 
 fn slice_mut<'a>(s: &'a mut CpuStorage, l: &Layout, what: &str) -> Result<&'a mut [f32]> {
     let CpuStorage::F32(v) = s else {
@@ -31,20 +29,6 @@ fn check_len(a: usize, b: usize, what: &str) -> Result<()> {
     if a != b {
         bail!("{what}: {a} vs {b} elements");
     }
-    Ok(())
-}
-
-/// `f(d, s)` for every pair of `dst` and `src` (same length, checked), in parallel chunks.
-fn update_with(
-    dst: &mut [f32],
-    src: &[f32],
-    what: &str,
-    f: impl Fn(&mut f32, f32) + Sync,
-) -> Result<()> {
-    check_len(dst.len(), src.len(), what)?;
-    dst.par_chunks_mut(CHUNK)
-        .zip(src.par_chunks(CHUNK))
-        .for_each(|(d, s)| d.iter_mut().zip(s).for_each(|(d, &s)| f(d, s)));
     Ok(())
 }
 
@@ -68,9 +52,10 @@ impl InplaceOp2 for AddAssign {
         l2: &Layout,
     ) -> Result<()> {
         let d = slice_mut(s1, l1, self.name())?;
-        update_with(d, cpu_f32(s2, l2, self.name())?, self.name(), |d, s| {
-            *d += s
-        })
+        let s = cpu_f32(s2, l2, self.name())?;
+        check_len(d.len(), s.len(), self.name())?;
+        optim::add_assign(d, s);
+        Ok(())
     }
 }
 
@@ -93,11 +78,10 @@ impl InplaceOp2 for FirstMoment {
         l2: &Layout,
     ) -> Result<()> {
         let m = slice_mut(s1, l1, self.name())?;
-        let (w, c) = (self.weight, self.clip);
-        update_with(m, cpu_f32(s2, l2, self.name())?, self.name(), |m, g| {
-            let g = if c == 1.0 { g } else { g * c };
-            *m += w * (g - *m);
-        })
+        let g = cpu_f32(s2, l2, self.name())?;
+        check_len(m.len(), g.len(), self.name())?;
+        optim::first_moment(m, g, self.weight, self.clip);
+        Ok(())
     }
 }
 
@@ -119,12 +103,10 @@ impl InplaceOp2 for SecondMoment {
         l2: &Layout,
     ) -> Result<()> {
         let v = slice_mut(s1, l1, self.name())?;
-        let (b2, c) = (self.beta2, self.clip);
-        let w = 1.0 - b2;
-        update_with(v, cpu_f32(s2, l2, self.name())?, self.name(), |v, g| {
-            let g = if c == 1.0 { g } else { g * c };
-            *v = *v * b2 + w * g * g;
-        })
+        let g = cpu_f32(s2, l2, self.name())?;
+        check_len(v.len(), g.len(), self.name())?;
+        optim::second_moment(v, g, self.beta2, self.clip);
+        Ok(())
     }
 }
 
@@ -155,15 +137,7 @@ impl InplaceOp3 for ParamUpdate {
         check_len(p.len(), m.len(), self.name())?;
         check_len(p.len(), v.len(), self.name())?;
         let (decay, step, bc2, eps) = (self.decay, self.step_size, self.bc2_sqrt, self.eps);
-        p.par_chunks_mut(CHUNK)
-            .zip(m.par_chunks(CHUNK))
-            .zip(v.par_chunks(CHUNK))
-            .for_each(|((p, m), v)| {
-                for ((p, m), v) in p.iter_mut().zip(m).zip(v) {
-                    let denom = v.sqrt() / bc2 + eps;
-                    *p = *p * decay - step * (*m / denom);
-                }
-            });
+        optim::param_update(p, m, v, decay, step, bc2, eps);
         Ok(())
     }
 }
@@ -177,11 +151,8 @@ impl CustomOp1 for SumSquares {
     }
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let x = cpu_f32(s, l, self.name())?;
-        let parts: Vec<f64> = x
-            .par_chunks(CHUNK)
-            .map(|c| c.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>())
-            .collect();
-        Ok((CpuStorage::F64(vec![parts.iter().sum()]), Shape::from(())))
+        let ss = optim::sum_squares(x);
+        Ok((CpuStorage::F64(vec![ss]), Shape::from(())))
     }
 }
 
@@ -193,7 +164,7 @@ mod tests {
     #[test]
     fn kernels_match_the_tensor_formulas() {
         let dev = Device::Cpu;
-        let n = 3 * CHUNK + 17;
+        let n = 3 * optim::CHUNK + 17;
         let mk = |seed: f32| {
             let v: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37 + seed).sin()).collect();
             Tensor::from_vec(v, n, &dev).unwrap()
@@ -268,6 +239,9 @@ fn ce_inputs<'a>(
 ) -> Result<(&'a [f32], usize, usize, &'a [u32])> {
     let x = cpu_f32(s1, l1, "cross-entropy logits")?;
     let (m, v) = l1.shape().dims2()?;
+    if v == 0 {
+        bail!("cross-entropy: logits {:?} have no classes", l1.dims());
+    }
     let CpuStorage::U32(t) = s2 else {
         bail!("cross-entropy: targets must be u32")
     };
@@ -282,45 +256,6 @@ fn ce_inputs<'a>(
     Ok((x, m, v, t))
 }
 
-/// Lanes of the vectorised row loops.
-const LANES: usize = 8;
-
-/// `(max, Σ exp(x − max))` of one row. Eight-lane f32 partial sums over blocks of 64 values
-/// (so the loop vectorises), the blocks summed in f64.
-fn row_stats(row: &[f32]) -> (f32, f64) {
-    with_avx2(|| {
-        let mut lanes = [f32::NEG_INFINITY; LANES];
-        let chunks = row.chunks_exact(LANES);
-        let mut max = chunks
-            .remainder()
-            .iter()
-            .fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-        for c in chunks {
-            for (m, &x) in lanes.iter_mut().zip(c) {
-                *m = m.max(x);
-            }
-        }
-        max = lanes.iter().fold(max, |a, &b| a.max(b));
-        let mut sum = 0f64;
-        for block in row.chunks(LANES * LANES) {
-            let mut acc = [0f32; LANES];
-            let chunks = block.chunks_exact(LANES);
-            let tail: f32 = chunks
-                .remainder()
-                .iter()
-                .map(|&x| fast_math::exp(x - max))
-                .sum();
-            for c in chunks {
-                for (a, &x) in acc.iter_mut().zip(c) {
-                    *a += fast_math::exp(x - max);
-                }
-            }
-            sum += acc.iter().map(|&a| a as f64).sum::<f64>() + tail as f64;
-        }
-        (max, sum)
-    })
-}
-
 impl candle_core::CustomOp2 for CrossEntropy {
     fn name(&self) -> &'static str {
         "cross-entropy"
@@ -333,17 +268,8 @@ impl candle_core::CustomOp2 for CrossEntropy {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (x, m, v, t) = ce_inputs(s1, l1, s2, l2)?;
-        let stats: Vec<(f32, f64)> = x.par_chunks(v).map(row_stats).collect();
-        let rows: Vec<f64> = x
-            .chunks(v)
-            .zip(t)
-            .zip(&stats)
-            .map(|((row, &target), &(max, sum))| {
-                sum.ln() + max as f64 - row[target as usize] as f64
-            })
-            .collect();
-        let mean = rows.iter().sum::<f64>() / m.max(1) as f64;
+        let (x, _, v, t) = ce_inputs(s1, l1, s2, l2)?;
+        let (stats, mean) = loss::forward(x, v, t);
         *self.row_stats.lock().expect("poisoned") = Some(std::sync::Arc::new(stats));
         Ok((CpuStorage::F32(vec![mean as f32]), Shape::from(())))
     }
@@ -384,33 +310,14 @@ impl candle_core::CustomOp2 for CrossEntropyGrad {
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let (x, m, v, t) = ce_inputs(s1, l1, s2, l2)?;
-        let k = self.scale / m.max(1) as f32;
-        // Every value is written below, so the (logits-sized) buffer is not zero-filled first.
-        let mut out: Vec<f32> = Vec::with_capacity(m * v);
-        out.spare_capacity_mut()[..m * v]
-            .par_chunks_mut(v)
-            .zip(x.par_chunks(v))
-            .zip(t.par_iter())
-            .enumerate()
-            .for_each(|(r, ((o, row), &target))| {
-                let (max, sum) = match &self.stats {
-                    Some(s) if s.len() == m => s[r],
-                    _ => row_stats(row),
-                };
-                let inv = (1.0 / sum) as f32;
-                with_avx2(|| {
-                    for (o, &x) in o.iter_mut().zip(row) {
-                        o.write(fast_math::exp(x - max) * inv * k);
-                    }
-                });
-                let t = &mut o[target as usize];
-                // SAFETY: written by the loop above (targets are checked to be < v).
-                let p = unsafe { t.assume_init_read() };
-                t.write(p - k);
-            });
-        // SAFETY: every row of m·v values was written above.
-        unsafe { out.set_len(m * v) };
-        Ok((CpuStorage::F32(out), Shape::from((m, v))))
+        let g = loss::grad(
+            x,
+            v,
+            t,
+            self.stats.as_deref().map(|s| s.as_slice()),
+            self.scale,
+        );
+        Ok((CpuStorage::F32(g), Shape::from((m, v))))
     }
 }
 

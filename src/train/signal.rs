@@ -31,6 +31,7 @@ mod unix {
     extern "C" fn on_signal(sig: libc::c_int) {
         if STOP.swap(true, Ordering::SeqCst) && sig == libc::SIGINT {
             // Second Ctrl-C: leave now (only async-signal-safe calls here).
+            // SAFETY: `_exit` is async-signal-safe and takes no pointers.
             unsafe { libc::_exit(130) };
         }
     }

@@ -132,6 +132,82 @@ fn stereo_is_downmixed_by_averaging() {
     check_tone(&path, 24000, 0.5, LEVEL_DB - 6.0206, 0.02);
 }
 
+/// The first `fraction` of `bytes`, written to `dir/name`.
+fn cut_file(dir: &Path, name: &str, bytes: &[u8], fraction: f64) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, &bytes[..(bytes.len() as f64 * fraction) as usize]).unwrap();
+    path
+}
+
+#[test]
+fn truncated_files_keep_their_readable_part() {
+    let dir = tempfile::tempdir().unwrap();
+    let wav = dir.path().join("full.wav");
+    let spec = hound::WavSpec {
+        channels: 1,
+        sample_rate: 16000,
+        bits_per_sample: 16,
+        sample_format: hound::SampleFormat::Int,
+    };
+    write_wav(&wav, spec, &[sine(FREQ, 0.5, 16000, 16000)]);
+    // (file, fraction of its bytes kept, rate, shortest and longest readable part in s).
+    // ffmpeg's FLAC files start with 8 KiB of padding, so only the last 45 % holds audio.
+    let cases = [
+        (fixture("tone-44100.flac"), 0.8, 44100, 0.15, 0.3),
+        (fixture("tone-44100.mp3"), 0.5, 44100, 0.2, 0.3),
+        (wav, 1.0 / 3.0, 16000, 0.3, 0.35),
+    ];
+    for (path, fraction, rate, shortest, longest) in cases {
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let bytes = std::fs::read(&path).unwrap();
+        let cut = cut_file(dir.path(), &format!("cut-{name}"), &bytes, fraction);
+        let audio = decode_file(&cut).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let damage = audio.damage.clone().unwrap_or_default();
+        assert!(
+            damage.contains("truncated") && damage.contains("announces"),
+            "{name}: {damage:?}"
+        );
+        let dur = audio.duration_seconds();
+        assert!((shortest..=longest).contains(&dur), "{name}: {dur} s");
+        assert_eq!(audio.sample_rate, rate);
+        // The readable part is the tone, at its level.
+        let n = audio.samples.len();
+        let mid = &audio.samples[n / 5..n * 4 / 5];
+        assert!((rms_db(mid) - LEVEL_DB).abs() < 0.3, "{name}");
+        assert!(
+            (goertzel_db(mid, FREQ, rate) - rms_db(mid)).abs() < 0.15,
+            "{name}"
+        );
+    }
+    // Complete files report no damage.
+    for name in ["tone-44100.flac", "tone-44100.mp3", "tone-48000.ogg"] {
+        assert_eq!(decode_file(&fixture(name)).unwrap().damage, None, "{name}");
+    }
+}
+
+#[test]
+fn a_damaged_flac_frame_becomes_silence_of_its_length() {
+    let mut bytes = std::fs::read(fixture("tone-44100.flac")).unwrap();
+    // Garble 200 bytes in the middle of the audio frames (after the 8 KiB padding block).
+    let at = bytes.len() * 3 / 4;
+    for b in &mut bytes[at..at + 200] {
+        *b ^= 0x5a;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = cut_file(dir.path(), "garbled.flac", &bytes, 1.0);
+    let audio = decode_file(&path).unwrap();
+    let damage = audio.damage.clone().unwrap_or_default();
+    assert!(damage.contains("replaced by silence"), "{damage:?}");
+    // Everything after the damage keeps its time: the length is the full 0.5 s.
+    assert!(
+        (audio.duration_seconds() - 0.5).abs() < 0.001,
+        "{}",
+        audio.duration_seconds()
+    );
+    let silent = audio.samples.iter().filter(|&&v| v == 0.0).count();
+    assert!(silent > 1000, "only {silent} silent samples");
+}
+
 #[test]
 fn bad_files_give_reasons() {
     let dir = tempfile::tempdir().unwrap();
@@ -163,29 +239,16 @@ fn bad_files_give_reasons() {
         .unwrap();
     assert!(matches!(decode_file(&zero), Err(DecodeError::NoSamples)));
 
+    // Cut off before any audio: the FLAC inside its padding block, the M4A before its index.
     for name in ["tone-44100.flac", "tone-22050-alac.m4a"] {
         let bytes = std::fs::read(fixture(name)).unwrap();
-        let cut = dir.path().join(format!("cut-{name}"));
-        std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+        let cut = cut_file(dir.path(), &format!("cut-{name}"), &bytes, 0.5);
         let err = decode_file(&cut).expect_err(name);
         assert!(
-            matches!(
-                err,
-                DecodeError::Corrupt(_) | DecodeError::UnknownFormat(_) | DecodeError::NoTrack
-            ),
+            matches!(&err, DecodeError::Corrupt(m) if m.contains("truncated") || m.contains("moov")),
             "{name}: {err:?}"
         );
     }
-
-    let wav = dir.path().join("trunc.wav");
-    write_wav(&wav, spec, &[sine(FREQ, 0.5, 16000, 16000)]);
-    let bytes = std::fs::read(&wav).unwrap();
-    std::fs::write(&wav, &bytes[..bytes.len() / 3]).unwrap();
-    assert!(
-        matches!(decode_file(&wav), Err(DecodeError::Corrupt(_))),
-        "{:?}",
-        decode_file(&wav)
-    );
 
     let missing = dir.path().join("gone.wav");
     std::os::unix::fs::symlink(dir.path().join("nowhere"), &missing).unwrap();

@@ -16,12 +16,13 @@
 use anyhow::{bail, ensure, Result};
 
 use super::config::{CodecConfig, DecoderConfig};
-use super::conv::{
-    CausalConv1d, CausalConvTranspose1d, DepthwiseCausalConv1d, Linear, PadMode, ResidualUnit, Seq,
-};
-use super::kernels::{gelu_erf_inplace, Act, SnakeParams};
 use super::quantizer::{vec_of, RvqDecoder};
 use super::transformer::{layer_norm_rows, rms_norm_rows, Flavour, Transformer, TransformerDims};
+use super::winograd_outputs;
+use crate::kernels::act::{gelu_erf_inplace, Act, SnakeParams};
+use crate::kernels::conv::{
+    CausalConv1d, CausalConvTranspose1d, DepthwiseCausalConv1d, Linear, PadMode, ResidualUnit, Seq,
+};
 use crate::model::weights::Weights;
 
 mod stream;
@@ -246,6 +247,7 @@ impl Decoder {
                     causal_conv(w, &format!("{u}.conv1"), (out_dim, out_dim, 7), dilation)?,
                     snake(w, &format!("{u}.act2"), out_dim)?,
                     causal_conv(w, &format!("{u}.conv2"), (out_dim, out_dim, 1), 1)?,
+                    winograd_outputs(),
                 )?);
             }
             blocks.push(Block {
@@ -347,30 +349,25 @@ impl Decoder {
         }
         for (up, cnx) in &self.upsample {
             let u = up.forward(&x, None);
-            std::mem::replace(&mut x, cnx.forward(&u)?).recycle();
-            u.recycle();
+            x = cnx.forward(&u)?;
             if let Some(t) = trace.as_deref_mut() {
                 t.upsample.push(x.clone());
             }
         }
-        let y = self.first.forward(&x, None);
-        std::mem::replace(&mut x, y).recycle();
+        x = self.first.forward(&x, None);
         if let Some(t) = trace.as_deref_mut() {
             t.decoder.push(x.clone());
         }
         for b in &self.blocks {
-            let y = b.up.forward(&x, Some(&b.snake));
-            std::mem::replace(&mut x, y).recycle();
+            x = b.up.forward(&x, Some(&b.snake));
             for r in &b.residuals {
-                let y = r.forward(&x);
-                std::mem::replace(&mut x, y).recycle();
+                x = r.forward(&x);
             }
             if let Some(t) = trace.as_deref_mut() {
                 t.decoder.push(x.clone());
             }
         }
         let wav = self.final_conv.forward(&x, Some(&self.final_snake)).data;
-        x.recycle();
         Ok(wav)
     }
 

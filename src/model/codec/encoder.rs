@@ -9,12 +9,12 @@
 use anyhow::{ensure, Result};
 
 use super::config::{CodecConfig, EncoderConfig};
-use super::conv::{
-    buffer, num_threads, par_tiles, CausalConv1d, PadMode, ResidualUnit, Seq, SyncPtr,
-};
-use super::kernels::Act;
 use super::quantizer::{vec_of, SplitRvqEncoder};
 use super::transformer::{Flavour, Transformer, TransformerDims};
+use super::winograd_outputs;
+use crate::kernels::act::Act;
+use crate::kernels::buf::par_new_vec;
+use crate::kernels::conv::{num_threads, CausalConv1d, PadMode, ResidualUnit, Seq};
 use crate::model::weights::Weights;
 
 /// Intermediate results of one encode, for parity tests.
@@ -113,7 +113,13 @@ impl Encoder {
                     1,
                     pad,
                 )?;
-                residuals.push(ResidualUnit::new(Act::Elu, conv1, Act::Elu, conv2)?);
+                residuals.push(ResidualUnit::new(
+                    Act::Elu,
+                    conv1,
+                    Act::Elu,
+                    conv2,
+                    winograd_outputs(),
+                )?);
                 idx += 1;
             }
             idx += 1; // ELU
@@ -196,15 +202,11 @@ impl Encoder {
         let mut h = self.stem(wav);
         for stage in &self.stages[1..] {
             for r in &stage.residuals {
-                let y = r.forward(&h);
-                std::mem::replace(&mut h, y).recycle();
+                h = r.forward(&h);
             }
-            let y = stage.down.forward(&h, Some(&Act::Elu));
-            std::mem::replace(&mut h, y).recycle();
+            h = stage.down.forward(&h, Some(&Act::Elu));
         }
-        let y = self.last.forward(&h, Some(&Act::Elu));
-        h.recycle();
-        y
+        self.last.forward(&h, Some(&Act::Elu))
     }
 
     /// The full-rate part of SEANet — first conv, first stage's residual units, ELU and its
@@ -225,38 +227,39 @@ impl Encoder {
             .collect();
         let halo_res: usize = halos.iter().sum();
         let cout = down.cout;
-        let mut out = buffer(t_out * cout);
-        let optr = SyncPtr(out.as_mut_ptr());
         let tile = (4096 / down.stride)
             .max(64)
             .min(t_out.div_ceil(num_threads()))
             .max(1);
-        par_tiles(t_out, tile, |a, b, _| {
-            // Full-rate rows the strided conv reads, and the first conv's rows they need.
-            let (r0, r1) = down.input_rows(a, b, total);
-            let q0 = r0.saturating_sub(halo_res);
-            let w0 = q0.saturating_sub(halo0);
-            let mut h = self
-                .first
-                .forward(&Seq::new(wav[w0..r1].to_vec(), r1 - w0, 1), None);
-            // First row whose whole receptive field was inside the window (0: the window
-            // starts at the signal's start, where the zero padding is the real one).
-            let mut valid = if w0 == 0 { 0 } else { w0 + halo0 };
-            for (r, halo) in stage.residuals.iter().zip(&halos) {
-                let y = r.forward(&h);
-                std::mem::replace(&mut h, y).recycle();
-                if valid > 0 {
-                    valid += halo;
+        // Each tile runs the layers on its window (they parallelise inside, rayon nests).
+        let out = par_new_vec(
+            t_out * cout,
+            tile * cout,
+            || (),
+            |i, part, _| {
+                let a = i * tile;
+                let b = a + part.len() / cout;
+                // Full-rate rows the strided conv reads, and the first conv's rows they need.
+                let (r0, r1) = down.input_rows(a, b, total);
+                let q0 = r0.saturating_sub(halo_res);
+                let w0 = q0.saturating_sub(halo0);
+                let mut h = self
+                    .first
+                    .forward(&Seq::new(wav[w0..r1].to_vec(), r1 - w0, 1), None);
+                // First row whose whole receptive field was inside the window (0: the window
+                // starts at the signal's start, where the zero padding is the real one).
+                let mut valid = if w0 == 0 { 0 } else { w0 + halo0 };
+                for (r, halo) in stage.residuals.iter().zip(&halos) {
+                    h = r.forward(&h);
+                    if valid > 0 {
+                        valid += halo;
+                    }
                 }
-            }
-            debug_assert!(valid <= r0.max(w0));
-            let y = down.forward_window(&h, w0, total, Some(&Act::Elu), (a, b));
-            h.recycle();
-            // SAFETY: rows a..b of `out` belong to this tile.
-            let dst =
-                unsafe { std::slice::from_raw_parts_mut(optr.get().add(a * cout), (b - a) * cout) };
-            dst.copy_from_slice(&y.data);
-        });
+                debug_assert!(valid <= r0.max(w0));
+                let y = down.forward_window(&h, w0, total, Some(&Act::Elu), (a, b));
+                part.copy_from(&y.data)
+            },
+        );
         Seq::new(out, t_out, cout)
     }
 

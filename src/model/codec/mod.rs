@@ -2,10 +2,12 @@
 //! of 16 codes at 12.5 Hz (1920 samples per frame; code 0 = semantic codebook).
 //!
 //! Every size comes from `speech_tokenizer/config.json` ([`config`]). Runs on the CPU in f32 with
-//! its own kernels: convolutions as GEMMs over strided views of channels-last activations, tiled
-//! over time with the preceding activation fused in ([`conv`]); the residual units' k7 convs as
-//! Winograd F(2,7) ([`winograd`]; `VOICECLONE_CODEC_WINOGRAD=0` for direct convolution, `4` for
-//! F(4,7): faster, ~3× the rounding error); vectorised ELU / SnakeBeta / GELU ([`kernels`]).
+//! its own kernels (in [`crate::kernels`]): convolutions as GEMMs over strided views of
+//! channels-last activations, tiled over time with the preceding activation fused in ([`conv`]);
+//! the residual units' k7 convs as Winograd F(2,7) ([`crate::kernels::winograd`];
+//! `VOICECLONE_CODEC_WINOGRAD=0` for direct convolution, `4` for F(4,7): faster, ~3× the
+//! rounding error, see [`winograd_outputs`]); vectorised ELU / SnakeBeta / GELU
+//! ([`crate::kernels::act`]).
 //! Both directions use all cores (`RAYON_NUM_THREADS` caps them). Parity with the official
 //! code: `tests/it/codec_parity.rs`; speed: `scripts/bench_codec.sh`.
 //!
@@ -21,13 +23,13 @@
 //! ```
 
 pub mod config;
-pub mod conv;
 pub mod decoder;
 pub mod encoder;
-pub mod kernels;
 pub mod quantizer;
 pub mod transformer;
-pub mod winograd;
+
+/// The convolution kernels and the channels-last [`conv::Seq`] (moved to [`crate::kernels`]).
+pub use crate::kernels::conv;
 
 use std::path::{Path, PathBuf};
 
@@ -53,10 +55,13 @@ pub struct Codec {
     decoder: Decoder,
 }
 
-impl Drop for Codec {
-    fn drop(&mut self) {
-        conv::release_buffers();
-    }
+/// Outputs per Winograd tile for the residual units' first conv: `VOICECLONE_CODEC_WINOGRAD`
+/// (0 = direct GEMM convolution), default 2 (F(2,7): 4 instead of 7 GEMM products per output).
+pub fn winograd_outputs() -> usize {
+    std::env::var("VOICECLONE_CODEC_WINOGRAD")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2)
 }
 
 impl Codec {
@@ -104,12 +109,6 @@ impl Codec {
             encoder,
             decoder,
         })
-    }
-
-    /// Frees the activation buffers kept for reuse between calls (at most
-    /// [`conv::pool::MAX_KEPT_BYTES`]); also done when the codec is dropped.
-    pub fn release_buffers(&self) {
-        conv::release_buffers();
     }
 
     pub fn config(&self) -> &CodecConfig {

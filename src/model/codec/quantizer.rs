@@ -12,7 +12,11 @@
 
 use anyhow::{ensure, Result};
 
-use super::conv::{gemm_rows, par_tiles, tile_rows, Linear, Seq};
+use rayon::prelude::*;
+
+use crate::kernels::conv::{tile_rows, Linear, Seq};
+use crate::kernels::gemm::{gemm, Acc, Par};
+use crate::kernels::mat::{MatMut, MatRef};
 use crate::model::weights::Weights;
 
 /// Reads a tensor as a flat f32 vector after checking its shape.
@@ -73,53 +77,36 @@ impl Codebook {
     pub fn nearest(&self, x: &[f32], rows: usize) -> Vec<u32> {
         assert_eq!(x.len(), rows * self.dim);
         let mut out = vec![0u32; rows];
-        let optr = OutPtr(out.as_mut_ptr());
-        let tile = tile_rows(rows, self.dim, self.entries).min(256);
-        par_tiles(rows, tile, |a, b, scratch| {
-            let n = self.entries;
-            scratch.clear();
-            scratch.resize((b - a) * n, 0.0);
-            // SAFETY: `scratch` holds (b−a)×n values; x rows a..b exist.
-            unsafe {
-                gemm_rows(
-                    b - a,
-                    n,
-                    self.dim,
-                    scratch.as_mut_ptr(),
-                    n,
-                    false,
-                    x.as_ptr().add(a * self.dim),
-                    self.dim,
-                    self.embed_t.as_ptr(),
+        let (n, dim) = (self.entries, self.dim);
+        let tile = tile_rows(rows, dim, n).min(256);
+        out.par_chunks_mut(tile)
+            .enumerate()
+            .for_each_init(Vec::new, |scratch, (i, best)| {
+                let (a, rows) = (i * tile, best.len());
+                scratch.clear();
+                scratch.resize(rows * n, 0.0);
+                gemm(
+                    MatMut::new(scratch, rows, n),
+                    MatRef::new(&x[a * dim..(a + rows) * dim], rows, dim),
+                    MatRef::new(&self.embed_t, dim, n),
+                    Acc::Set,
+                    1.0,
+                    Par::Seq,
                 );
-            }
-            for (r, dots) in scratch.chunks_exact(n).enumerate() {
-                let mut best = 0usize;
-                let mut best_d = f32::INFINITY;
-                for (e, (&dot, &nrm)) in dots.iter().zip(&self.norms).enumerate() {
-                    let d = nrm - 2.0 * dot;
-                    if d < best_d {
-                        best_d = d;
-                        best = e;
+                for (dots, best) in scratch.chunks_exact(n).zip(best.iter_mut()) {
+                    let mut arg = 0usize;
+                    let mut best_d = f32::INFINITY;
+                    for (e, (&dot, &nrm)) in dots.iter().zip(&self.norms).enumerate() {
+                        let d = nrm - 2.0 * dot;
+                        if d < best_d {
+                            best_d = d;
+                            arg = e;
+                        }
                     }
+                    *best = arg as u32;
                 }
-                // SAFETY: row a + r belongs to this tile.
-                unsafe { *optr.get().add(a + r) = best as u32 };
-            }
-        });
+            });
         out
-    }
-}
-
-#[derive(Clone, Copy)]
-struct OutPtr(*mut u32);
-// SAFETY: tiles write disjoint entries of a buffer that outlives the scope.
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    fn get(&self) -> *mut u32 {
-        self.0
     }
 }
 
@@ -297,7 +284,7 @@ impl RvqDecoder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::codec::conv::tests::rand_vec;
+    use crate::kernels::conv::tests::rand_vec;
 
     #[test]
     fn nearest_matches_exact_search() {

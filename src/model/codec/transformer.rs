@@ -12,9 +12,13 @@
 
 use anyhow::{ensure, Result};
 
-use super::conv::{gemm_strided, par_tiles, Linear, Seq, SyncPtr};
-use super::kernels::{gelu_erf_inplace, silu_mul_inplace, softmax_range};
+use rayon::prelude::*;
+
 use super::quantizer::vec_of;
+use crate::kernels::act::{gelu_erf_inplace, silu_mul_inplace, softmax_range};
+use crate::kernels::conv::{Linear, Seq};
+use crate::kernels::gemm::{gemm, Acc, Par};
+use crate::kernels::mat::{MatMut, MatRef};
 use crate::model::weights::Weights;
 
 /// Queries per attention work item.
@@ -418,65 +422,77 @@ impl Transformer {
         let v_off = k_off + d.kv_heads * hd;
         let rep = d.heads / d.kv_heads;
         let out_w = d.heads * hd;
-        let mut out = vec![0.0f32; t * out_w];
-        let optr = SyncPtr(out.as_mut_ptr());
         let blocks = t.div_ceil(QUERY_BLOCK);
         let scale = 1.0 / (hd as f32).sqrt();
-        par_tiles(d.heads * blocks, 1, |item, _, scores| {
-            let (head, blk) = (item / blocks, item % blocks);
-            let kvh = head / rep;
-            let a = blk * QUERY_BLOCK;
-            let b = (a + QUERY_BLOCK).min(t);
-            // Keys any query in [a, b) can see.
-            let k0 = match d.window {
-                Some(w) => (a + 1).saturating_sub(w),
-                None => 0,
-            };
-            let nk = b - k0;
-            scores.clear();
-            scores.resize((b - a) * nk, 0.0);
-            let base = qkv.data.as_ptr();
-            // SAFETY: all pointers stay inside `qkv`, `scores` and this item's (rows, head)
-            // block of `out`, which no other item writes.
-            unsafe {
-                gemm_strided(
-                    b - a,
-                    nk,
-                    hd,
-                    scores.as_mut_ptr(),
-                    nk,
-                    false,
-                    base.add(a * width + head * hd),
-                    (width, 1),
-                    base.add(k0 * width + k_off + kvh * hd),
-                    (1, width),
-                    scale,
-                );
-            }
-            for (r, row) in scores.chunks_exact_mut(nk).enumerate() {
-                let i = a + r;
-                let lo = match d.window {
-                    Some(w) => (i + 1).saturating_sub(w).max(k0),
+        // Work items (head, block of queries), each writing its own rows of a head-major
+        // `(heads, T, head_dim)` buffer, transposed to `(T, heads·head_dim)` at the end.
+        let mut by_head = vec![0.0f32; d.heads * t * hd];
+        let items: Vec<(usize, usize, &mut [f32])> = by_head
+            .chunks_mut((t * hd).max(1))
+            .enumerate()
+            .flat_map(|(head, plane)| {
+                let rows = plane.chunks_mut(QUERY_BLOCK * hd).enumerate();
+                rows.map(move |(blk, o)| (head, blk, o))
+            })
+            .collect();
+        debug_assert_eq!(items.len(), d.heads * blocks);
+        items
+            .into_par_iter()
+            .for_each_init(Vec::new, |scores, (head, blk, o)| {
+                let kvh = head / rep;
+                let a = blk * QUERY_BLOCK;
+                let b = (a + QUERY_BLOCK).min(t);
+                // Keys any query in [a, b) can see.
+                let k0 = match d.window {
+                    Some(w) => (a + 1).saturating_sub(w),
                     None => 0,
                 };
-                softmax_range(row, lo - k0, i + 1 - k0);
-            }
-            unsafe {
-                gemm_strided(
-                    b - a,
-                    hd,
-                    nk,
-                    optr.get().add(a * out_w + head * hd),
-                    out_w,
-                    false,
-                    scores.as_ptr(),
-                    (nk, 1),
-                    base.add(k0 * width + v_off + kvh * hd),
-                    (width, 1),
-                    1.0,
+                let nk = b - k0;
+                scores.clear();
+                scores.resize((b - a) * nk, 0.0);
+                let data = &qkv.data;
+                let queries = MatRef::strided(&data[a * width + head * hd..], b - a, hd, width, 1);
+                // Keys k0..b of this head, transposed: (hd, nk).
+                let keys =
+                    MatRef::strided(&data[k0 * width + k_off + kvh * hd..], hd, nk, 1, width);
+                gemm(
+                    MatMut::new(scores, b - a, nk),
+                    queries,
+                    keys,
+                    Acc::Set,
+                    scale,
+                    Par::Seq,
                 );
-            }
-        });
+                for (r, row) in scores.chunks_exact_mut(nk).enumerate() {
+                    let i = a + r;
+                    let lo = match d.window {
+                        Some(w) => (i + 1).saturating_sub(w).max(k0),
+                        None => 0,
+                    };
+                    softmax_range(row, lo - k0, i + 1 - k0);
+                }
+                let values =
+                    MatRef::strided(&data[k0 * width + v_off + kvh * hd..], nk, hd, width, 1);
+                gemm(
+                    MatMut::new(o, b - a, hd),
+                    MatRef::new(scores, b - a, nk),
+                    values,
+                    Acc::Set,
+                    1.0,
+                    Par::Seq,
+                );
+            });
+        let mut out = vec![0.0f32; t * out_w];
+        out.par_chunks_mut(out_w * QUERY_BLOCK)
+            .enumerate()
+            .for_each(|(blk, rows)| {
+                for (r, row) in rows.chunks_exact_mut(out_w).enumerate() {
+                    let i = blk * QUERY_BLOCK + r;
+                    for (head, dst) in row.chunks_exact_mut(hd).enumerate() {
+                        dst.copy_from_slice(&by_head[(head * t + i) * hd..(head * t + i + 1) * hd]);
+                    }
+                }
+            });
         Seq::new(out, t, out_w)
     }
 }
@@ -484,7 +500,7 @@ impl Transformer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::codec::conv::tests::rand_vec;
+    use crate::kernels::conv::tests::rand_vec;
 
     /// Plain f64 attention with an explicit mask, for one sequence.
     fn reference_attention(

@@ -2,8 +2,9 @@
 
 use candle_core::{bail, CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 
-use super::linear::{gemm_raw, matmuls_new, Mat};
 use super::{cpu_f32, new_tensor, with_values};
+use crate::kernels::gemm::{gemm, matmuls_new, Acc, Par};
+use crate::kernels::mat::{MatMut, MatRef};
 
 /// The teacher-forced code-predictor heads (docs/model.md §5.1, §10.3): head `j` reads position
 /// `j+1` of `x` `(N, G, H)` and `heads` is `(G−1, V, H)`; returns logits `(G−1, N, V)`,
@@ -27,13 +28,9 @@ impl ShiftedHeads {
         Ok((n, g, h, v))
     }
 
-    /// Position `j+1` of every row of `x` as an `(N, H)` view.
-    fn position(x: &[f32], g: usize, h: usize, j: usize) -> Mat {
-        Mat {
-            ptr: x[(j + 1) * h..].as_ptr(),
-            rs: g * h,
-            cs: 1,
-        }
+    /// Position `j+1` of every row of `x` `(N, G, H)` as an `(N, H)` view.
+    fn position(x: &[f32], n: usize, g: usize, h: usize, j: usize) -> MatRef<'_> {
+        MatRef::strided(&x[(j + 1) * h..], n, h, g * h, 1)
     }
 }
 
@@ -51,9 +48,9 @@ impl CustomOp2 for ShiftedHeads {
     ) -> Result<(CpuStorage, Shape)> {
         let (n, g, h, v) = Self::dims(l1.dims(), l2.dims())?;
         let (x, w) = (cpu_f32(s1, l1, self.name())?, cpu_f32(s2, l2, self.name())?);
-        let y = matmuls_new(g - 1, n, v, h, |j| {
+        let y = matmuls_new(g - 1, n, v, Par::Rayon, |j| {
             let wj = &w[j * v * h..(j + 1) * v * h];
-            (Self::position(x, g, h, j), Mat::transposed(wj, h))
+            (Self::position(x, n, g, h, j), MatRef::new(wj, v, h).t())
         });
         Ok((CpuStorage::F32(y), Shape::from((g - 1, n, v))))
     }
@@ -75,22 +72,18 @@ impl CustomOp2 for ShiftedHeads {
                     for j in 0..g - 1 {
                         let gj = &gv[j * n * v..(j + 1) * n * v];
                         let wj = &wv[j * v * h..(j + 1) * v * h];
-                        // SAFETY: rows of position j+1 lie inside dx (N·G·H values).
-                        unsafe {
-                            gemm_raw(
-                                dx[(j + 1) * h..].as_mut_ptr(),
-                                g * h,
-                                n,
-                                h,
-                                v,
-                                Mat::rows(gj, v),
-                                Mat::rows(wj, h),
-                            );
-                        }
+                        gemm(
+                            MatMut::strided(&mut dx[(j + 1) * h..], n, h, g * h),
+                            MatRef::new(gj, n, v),
+                            MatRef::new(wj, v, h),
+                            Acc::Set,
+                            1.0,
+                            Par::Rayon,
+                        );
                     }
-                    let dw = matmuls_new(g - 1, v, h, n, |j| {
+                    let dw = matmuls_new(g - 1, v, h, Par::Rayon, |j| {
                         let gj = &gv[j * n * v..(j + 1) * n * v];
-                        (Mat::transposed(gj, v), Self::position(xv, g, h, j))
+                        (MatRef::new(gj, n, v).t(), Self::position(xv, n, g, h, j))
                     });
                     Ok((dx, dw))
                 })

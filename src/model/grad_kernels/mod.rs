@@ -10,9 +10,10 @@
 //! elsewhere (CUDA, inference) the plain ops run.
 //!
 //! Layouts are token-major, `(B, S, heads·head_dim)` as the projections produce them, so
-//! attention needs no transposes. Work is split over independent rows or (batch, kv-head)
-//! pairs and every sum runs in a fixed order, so results do not depend on the thread count
-//! (exact resume relies on that).
+//! attention needs no transposes. The loops themselves are in [`crate::kernels::grad`] (and
+//! the products in [`crate::kernels::gemm`]): work is split over independent rows or
+//! (batch, kv-head) pairs and every sum runs in a fixed order, so results do not depend on the
+//! thread count (exact resume relies on that).
 
 mod attention;
 mod heads;
@@ -61,17 +62,4 @@ pub(crate) fn with_values<R>(
 
 pub(crate) fn new_tensor(values: Vec<f32>, like: &Tensor) -> Result<Tensor> {
     Tensor::from_vec(values, like.shape(), like.device())
-}
-
-/// Rows per parallel task for row-wise kernels; also the block size of ordered reductions.
-pub(crate) const ROW_BLOCK: usize = 64;
-
-/// The element-wise sum of per-block partial vectors (`len` values each), added in block order
-/// so the result does not depend on how the blocks were scheduled.
-pub(crate) fn sum_in_order(partial: &[Vec<f32>], len: usize) -> Vec<f32> {
-    let mut sum = vec![0f32; len];
-    for p in partial {
-        sum.iter_mut().zip(p).for_each(|(s, v)| *s += v);
-    }
-    sum
 }

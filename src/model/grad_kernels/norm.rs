@@ -3,9 +3,9 @@
 use std::sync::Arc;
 
 use candle_core::{bail, CpuStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
-use rayon::prelude::*;
 
-use super::{cpu_f32, new_tensor, sum_in_order, with_values, ROW_BLOCK};
+use super::{cpu_f32, new_tensor, with_values};
+use crate::kernels::grad::norm::{self as kernel, Rope};
 
 /// `x · rsqrt(mean(x²) + eps) · weight` over the last dimension (docs/model.md §4.1), with
 /// gradients for `x` and `weight`.
@@ -17,11 +17,6 @@ pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
 #[derive(Clone, Copy)]
 struct RmsNorm {
     eps: f32,
-}
-
-fn inv_rms(row: &[f32], eps: f32) -> f32 {
-    let ss: f32 = row.iter().map(|v| v * v).sum();
-    1.0 / (ss / row.len() as f32 + eps).sqrt()
 }
 
 impl CustomOp2 for RmsNorm {
@@ -42,14 +37,7 @@ impl CustomOp2 for RmsNorm {
         if h == 0 || l1.dims().last() != Some(&h) {
             bail!("rms-norm: input {:?} vs weight {:?}", l1.dims(), l2.dims());
         }
-        let mut y = vec![0f32; x.len()];
-        y.par_chunks_mut(h * ROW_BLOCK)
-            .zip(x.par_chunks(h * ROW_BLOCK))
-            .for_each(|(y, x)| {
-                for (y, x) in y.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
-                    norm_vec(y, x, w, self.eps);
-                }
-            });
+        let y = kernel::rms_norm(x, w, self.eps);
         Ok((CpuStorage::F32(y), l1.shape().clone()))
     }
 
@@ -60,81 +48,14 @@ impl CustomOp2 for RmsNorm {
         _y: &Tensor,
         dy: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let h = w.elem_count();
         let (dx, dw) = with_values(x, "rms-norm bwd", |xv| {
             with_values(w, "rms-norm bwd", |wv| {
                 with_values(dy, "rms-norm bwd", |dyv| {
-                    Ok(rowwise_grad(xv, dyv, h, h, |_, dx, x, g, dw| {
-                        norm_vec_grad(dx, dw, x, wv, g, self.eps)
-                    }))
+                    Ok(kernel::rms_norm_grad(xv, wv, dyv, self.eps))
                 })
             })
         })?;
         Ok((Some(new_tensor(dx, x)?), Some(new_tensor(dw, w)?)))
-    }
-}
-
-/// `y = x·r·w` with `r = rsqrt(mean(x²) + eps)`, for one vector.
-fn norm_vec(y: &mut [f32], x: &[f32], w: &[f32], eps: f32) {
-    let r = inv_rms(x, eps);
-    for ((y, x), w) in y.iter_mut().zip(x).zip(w) {
-        *y = x * r * w;
-    }
-}
-
-/// Gradient of [`norm_vec`] for the output gradient `dn`: `dx = r·dn·w − x·r³·mean(dn·w·x)`,
-/// and `dw += dn·x·r`.
-fn norm_vec_grad(dx: &mut [f32], dw: &mut [f32], x: &[f32], w: &[f32], dn: &[f32], eps: f32) {
-    let r = inv_rms(x, eps);
-    let gx: f32 = dn.iter().zip(w).zip(x).map(|((d, w), x)| d * w * x).sum();
-    let k = r * r * r * gx / x.len() as f32;
-    for i in 0..x.len() {
-        dx[i] = r * dn[i] * w[i] - k * x[i];
-        dw[i] += dn[i] * x[i] * r;
-    }
-}
-
-/// Runs `f(row, dx_row, x_row, dy_row, dw)` over the rows (`width` values each) of `x` and
-/// `dy`, blocks of rows in parallel, each block with its own weight gradient (`d` values); the
-/// blocks' weight gradients are summed in order. Returns `(dx, dw)`.
-fn rowwise_grad(
-    x: &[f32],
-    dy: &[f32],
-    width: usize,
-    d: usize,
-    f: impl Fn(usize, &mut [f32], &[f32], &[f32], &mut [f32]) + Sync,
-) -> (Vec<f32>, Vec<f32>) {
-    let mut dx = vec![0f32; x.len()];
-    let block = width * ROW_BLOCK;
-    let partial: Vec<Vec<f32>> = dx
-        .par_chunks_mut(block)
-        .zip(x.par_chunks(block).zip(dy.par_chunks(block)))
-        .enumerate()
-        .map(|(b, (dx, (x, dy)))| {
-            let mut dw = vec![0f32; d];
-            let rows = dx
-                .chunks_exact_mut(width)
-                .zip(x.chunks_exact(width))
-                .zip(dy.chunks_exact(width));
-            for (r, ((dx, x), dy)) in rows.enumerate() {
-                f(b * ROW_BLOCK + r, dx, x, dy, &mut dw);
-            }
-            dw
-        })
-        .collect();
-    (dx, sum_in_order(&partial, d))
-}
-
-/// Rotates the two halves of `x` by the angles whose cosines and sines are `c`, `s`
-/// (`sign = -1`: by the opposite angles, the transpose used in the backward pass).
-fn rotate(y: &mut [f32], x: &[f32], c: &[f32], s: &[f32], sign: f32) {
-    let half = c.len();
-    let (x1, x2) = x.split_at(half);
-    let (y1, y2) = y.split_at_mut(half);
-    for i in 0..half {
-        let sv = sign * s[i];
-        y1[i] = x1[i] * c[i] + -x2[i] * sv;
-        y2[i] = x2[i] * c[i] + x1[i] * sv;
     }
 }
 
@@ -180,15 +101,19 @@ impl RopeHalfTables {
         )
     }
 
-    /// `(cos, sin)` rows of batch row `b`, position `s`.
-    fn at(&self, b: usize, s: usize) -> (&[f32], &[f32]) {
-        let p = if self.rows == 1 { 0 } else { b };
-        let at = (p * self.seq + s) * self.half;
-        (&self.cos[at..at + self.half], &self.sin[at..at + self.half])
+    /// The tables as slices.
+    fn view(&self) -> Rope<'_> {
+        Rope {
+            cos: &self.cos,
+            sin: &self.sin,
+            rows: self.rows,
+            seq: self.seq,
+            half: self.half,
+        }
     }
 
-    /// Checks `(B, S, heads·d)` against the tables; returns S.
-    fn check(&self, dims: &[usize], d: usize) -> Result<usize> {
+    /// Checks `(B, S, heads·d)` against the tables.
+    fn check(&self, dims: &[usize], d: usize) -> Result<()> {
         let &[b, s, width] = dims else {
             bail!("rope: expected (B, S, heads·head_dim), got {dims:?}")
         };
@@ -204,7 +129,7 @@ impl RopeHalfTables {
                 self.half
             );
         }
-        Ok(s)
+        Ok(())
     }
 }
 
@@ -226,21 +151,9 @@ impl CustomOp2 for NormRope {
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let (x, w) = (cpu_f32(s1, l1, self.name())?, cpu_f32(s2, l2, self.name())?);
-        let d = w.len();
-        let s = self.tables.check(l1.dims(), d)?;
+        self.tables.check(l1.dims(), w.len())?;
         let width = l1.dims()[2];
-        let mut y = vec![0f32; x.len()];
-        y.par_chunks_mut(width)
-            .zip(x.par_chunks(width))
-            .enumerate()
-            .for_each(|(t, (y, x))| {
-                let (c, sn) = self.tables.at(t / s, t % s);
-                let mut n = vec![0f32; d];
-                for (y, x) in y.chunks_exact_mut(d).zip(x.chunks_exact(d)) {
-                    norm_vec(&mut n, x, w, self.eps);
-                    rotate(y, &n, c, sn, 1.0);
-                }
-            });
+        let y = kernel::norm_rope(x, width, w, self.tables.view(), self.eps);
         Ok((CpuStorage::F32(y), l1.shape().clone()))
     }
 
@@ -254,21 +167,13 @@ impl CustomOp2 for NormRope {
         dy: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let what = "norm-rope bwd";
-        let d = w.elem_count();
-        let s = self.tables.check(x.dims(), d)?;
+        self.tables.check(x.dims(), w.elem_count())?;
         let width = x.dims()[2];
+        let rope = self.tables.view();
         let (dx, dw) = with_values(x, what, |xv| {
             with_values(w, what, |wv| {
                 with_values(dy, what, |g| {
-                    Ok(rowwise_grad(xv, g, width, d, |t, dx, x, g, dw| {
-                        let (c, sn) = self.tables.at(t / s, t % s);
-                        let mut dn = vec![0f32; d];
-                        let heads = dx.chunks_exact_mut(d).zip(x.chunks_exact(d));
-                        for ((dx, x), g) in heads.zip(g.chunks_exact(d)) {
-                            rotate(&mut dn, g, c, sn, -1.0);
-                            norm_vec_grad(dx, dw, x, wv, &dn, self.eps);
-                        }
-                    }))
+                    Ok(kernel::norm_rope_grad(xv, width, wv, rope, self.eps, g))
                 })
             })
         })?;

@@ -1,10 +1,9 @@
 //! SwiGLU gating.
 
 use candle_core::{bail, CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
-use rayon::prelude::*;
 
 use super::{cpu_f32, new_tensor, with_values};
-use crate::model::fast_math::{self, with_avx2};
+use crate::kernels::grad::swiglu as kernel;
 
 /// `silu(gate) · up` (the MLP's gating, docs/model.md §4.1).
 pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
@@ -12,14 +11,6 @@ pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
 }
 
 struct SwiGlu;
-
-/// Values per parallel task.
-const CHUNK: usize = 1 << 14;
-
-#[inline(always)]
-fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + fast_math::exp(-x))
-}
 
 impl CustomOp2 for SwiGlu {
     fn name(&self) -> &'static str {
@@ -37,17 +28,7 @@ impl CustomOp2 for SwiGlu {
         if l1.dims() != l2.dims() {
             bail!("swiglu: gate {:?} vs up {:?}", l1.dims(), l2.dims());
         }
-        let mut y = vec![0f32; g.len()];
-        y.par_chunks_mut(CHUNK)
-            .zip(g.par_chunks(CHUNK).zip(u.par_chunks(CHUNK)))
-            .for_each(|(y, (g, u))| {
-                with_avx2(|| {
-                    for ((y, &g), &u) in y.iter_mut().zip(g).zip(u) {
-                        *y = g / (1.0 + fast_math::exp(-g)) * u;
-                    }
-                })
-            });
-        Ok((CpuStorage::F32(y), l1.shape().clone()))
+        Ok((CpuStorage::F32(kernel::forward(g, u)), l1.shape().clone()))
     }
 
     /// `d gate = dy·up·σ(g)(1 + g(1 − σ(g)))`, `d up = dy·silu(g)`.
@@ -61,28 +42,7 @@ impl CustomOp2 for SwiGlu {
         let what = "swiglu bwd";
         let (dg, du) = with_values(gate, what, |g| {
             with_values(up, what, |u| {
-                with_values(dy, what, |d| {
-                    let mut dg = vec![0f32; g.len()];
-                    let mut du = vec![0f32; g.len()];
-                    dg.par_chunks_mut(CHUNK)
-                        .zip(du.par_chunks_mut(CHUNK))
-                        .zip(
-                            g.par_chunks(CHUNK)
-                                .zip(u.par_chunks(CHUNK))
-                                .zip(d.par_chunks(CHUNK)),
-                        )
-                        .for_each(|((dg, du), ((g, u), d))| {
-                            with_avx2(|| {
-                                let outs = dg.iter_mut().zip(du.iter_mut());
-                                for ((dg, du), ((&g, &u), &d)) in outs.zip(g.iter().zip(u).zip(d)) {
-                                    let sg = sigmoid(g);
-                                    *dg = d * u * sg * (1.0 + g * (1.0 - sg));
-                                    *du = d * g * sg;
-                                }
-                            })
-                        });
-                    Ok((dg, du))
-                })
+                with_values(dy, what, |d| Ok(kernel::backward(g, u, d)))
             })
         })?;
         Ok((Some(new_tensor(dg, gate)?), Some(new_tensor(du, up)?)))

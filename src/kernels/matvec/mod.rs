@@ -1,0 +1,9 @@
+//! Products of a few activation rows with a weight matrix stored row-major in `(N, K)`
+//! (PyTorch's layout): `out (M, N) = x (M, K) · wᵀ`, for the memory-bound decode steps of
+//! generation, one module per weight format.
+//!
+//! Each format streams its weight rows once per call, output rows split across threads in
+//! fixed tasks, and accumulates in f32. Planned next to [`bf16`]: `q8` (8-bit blocks) and
+//! AVX-512 variants (issue 13), with the same signature.
+
+pub mod bf16;
