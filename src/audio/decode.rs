@@ -80,8 +80,42 @@ pub fn decode_file(path: &Path) -> Result<Audio, DecodeError> {
     if len == 0 {
         return Err(DecodeError::Empty);
     }
+    decode_source(
+        Box::new(file),
+        || {
+            let file = File::open(path).map_err(DecodeError::Open)?;
+            Ok(Box::new(ReadOnlySource::new(file)))
+        },
+        path.extension().and_then(|e| e.to_str()),
+    )
+}
+
+/// [`decode_file`] for audio held in memory (an uploaded file); `extension` is a format hint.
+pub fn decode_bytes(bytes: Vec<u8>, extension: Option<&str>) -> Result<Audio, DecodeError> {
+    if bytes.is_empty() {
+        return Err(DecodeError::Empty);
+    }
+    let bytes: std::sync::Arc<[u8]> = bytes.into();
+    decode_source(
+        Box::new(std::io::Cursor::new(bytes.clone())),
+        || {
+            Ok(Box::new(ReadOnlySource::new(std::io::Cursor::new(
+                bytes.clone(),
+            ))))
+        },
+        extension,
+    )
+}
+
+/// Decodes `source`; `as_stream` opens the same bytes again as a plain (unseekable) stream,
+/// for the readers that fail on a seekable source whose end was cut off.
+fn decode_source(
+    source: Box<dyn MediaSource>,
+    as_stream: impl Fn() -> Result<Box<dyn MediaSource>, DecodeError>,
+    extension: Option<&str>,
+) -> Result<Audio, DecodeError> {
     let mut hint = Hint::new();
-    if let Some(ext) = path.extension().and_then(|e| e.to_str()) {
+    if let Some(ext) = extension {
         hint.with_extension(ext);
     }
     let probe = |source: Box<dyn MediaSource>| {
@@ -93,15 +127,14 @@ pub fn decode_file(path: &Path) -> Result<Audio, DecodeError> {
         )
     };
     let mut read_as_stream = false;
-    let probed = match probe(Box::new(file)) {
+    let probed = match probe(source) {
         Ok(probed) => probed,
         // Some readers look at the end of a seekable file while opening it (Ogg reads its
         // last page for the duration) and fail when the end was cut off; read as a plain
         // stream, they start from the beginning and never look there.
         Err(SymError::IoError(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-            let file = File::open(path).map_err(DecodeError::Open)?;
             read_as_stream = true;
-            probe(Box::new(ReadOnlySource::new(file))).map_err(|e| match e {
+            probe(as_stream()?).map_err(|e| match e {
                 SymError::IoError(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
                     DecodeError::Corrupt("truncated: the file ends before its first audio".into())
                 }

@@ -6,7 +6,7 @@ pub mod decode;
 pub mod resample;
 pub mod wav;
 
-pub use decode::{decode_file, Audio, DecodeError};
+pub use decode::{decode_bytes, decode_file, Audio, DecodeError};
 pub use resample::resample;
 
 /// Output rate of every utterance and of synthesis (the Qwen3-TTS codec's rate).

@@ -6,6 +6,7 @@ pub mod codes;
 pub mod embed;
 pub mod export;
 pub mod prep;
+pub mod serve;
 pub mod speak;
 pub mod speakers;
 pub mod train;
@@ -52,6 +53,10 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Speak(args) => {
             let resolved = resolve(&ws, &cli, &args.overrides())?;
             speak::run(&ws, &resolved.config, args)
+        }
+        Command::Serve(args) => {
+            let resolved = resolve(&ws, &cli, &args.overrides())?;
+            serve::run(&ws, &resolved.config)
         }
         Command::Speakers(args) => {
             let resolved = resolve(&ws, &cli, &[])?;

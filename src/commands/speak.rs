@@ -129,7 +129,7 @@ pub fn run(ws: &Workspace, config: &Config, args: &SpeakArgs) -> Result<()> {
 }
 
 /// `speak.model`, else the workspace's exported model, else `model.base`.
-fn speak_model(ws: &Workspace, config: &Config) -> Result<ModelSource> {
+pub(crate) fn speak_model(ws: &Workspace, config: &Config) -> Result<ModelSource> {
     if !config.speak.model.is_empty() {
         return ws.model_source(&config.speak.model);
     }
@@ -144,7 +144,7 @@ fn speak_model(ws: &Workspace, config: &Config) -> Result<ModelSource> {
 /// with the reason it was chosen. `auto` never lowers what the checkpoint stores
 /// ([`Precision::auto`]): bf16 on a GPU; on a CPU bf16-weights for bf16-stored matrices and f32
 /// otherwise. `q8` runs on the CPU (a GPU present is not used for it).
-fn compute_device(
+pub(crate) fn compute_device(
     precision: config::Precision,
     files: &ModelFiles,
 ) -> Result<(Device, Precision, String)> {
@@ -172,7 +172,7 @@ fn compute_device(
 }
 
 /// The model's generation defaults with the `[speak]` values that are set (non-zero).
-fn decode_options(synth: &Synthesizer, s: &SpeakConfig) -> DecodeOptions {
+pub(crate) fn decode_options(synth: &Synthesizer, s: &SpeakConfig) -> DecodeOptions {
     let mut o = DecodeOptions::from_generation_config(&synth.files.generation);
     let set = |v: f64, d: &mut f64| {
         if v > 0.0 {
@@ -203,12 +203,12 @@ fn decode_options(synth: &Synthesizer, s: &SpeakConfig) -> DecodeOptions {
 }
 
 /// How one text asks for its voice (flags, or a JSONL line's fields over the flags).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct VoiceSpec {
-    speaker: Option<String>,
-    ref_audio: Option<PathBuf>,
-    ref_text: Option<String>,
-    x_vector_only: bool,
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub(crate) struct VoiceSpec {
+    pub speaker: Option<String>,
+    pub ref_audio: Option<PathBuf>,
+    pub ref_text: Option<String>,
+    pub x_vector_only: bool,
 }
 
 struct Job {
@@ -423,7 +423,11 @@ impl VoiceCache {
     }
 }
 
-fn resolve_voice(ws: &Workspace, synth: &mut Synthesizer, spec: &VoiceSpec) -> Result<Voice> {
+pub(crate) fn resolve_voice(
+    ws: &Workspace,
+    synth: &mut Synthesizer,
+    spec: &VoiceSpec,
+) -> Result<Voice> {
     if let Some(name) = &spec.speaker {
         ensure!(
             spec.ref_audio.is_none(),

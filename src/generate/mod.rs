@@ -3,9 +3,10 @@
 //! splitting, and the voice-clone / custom-voice pipelines that turn frames into 24 kHz audio.
 
 pub mod prompt;
+pub mod rows;
 pub mod sampling;
 pub mod synthesizer;
 pub mod talker_loop;
 pub mod text_split;
 
-pub use synthesizer::{DecodeOptions, Precision, Request, Speech, Synthesizer, Voice};
+pub use synthesizer::{DecodeOptions, Precision, Request, RowPlan, Speech, Synthesizer, Voice};

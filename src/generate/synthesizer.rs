@@ -101,6 +101,17 @@ pub struct Speech {
     pub icl_branches: Vec<Option<IclBranch>>,
 }
 
+/// One row of the frame loop for a caller that drives it (see [`Synthesizer::row_plans`]).
+#[derive(Debug, Clone)]
+pub struct RowPlan {
+    pub prompt: prompt::TalkerPrompt,
+    /// In-context cloning: the reference codes decoded in front of the generated frames and
+    /// cut off again (docs/model.md §7).
+    pub ref_codes: Option<Vec<CodeFrame>>,
+    /// Tokens of the text's assistant prompt (usage reporting).
+    pub text_tokens: usize,
+}
+
 /// Number formats of inference (`speak.precision`, docs/performance.md §2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Precision {
@@ -382,18 +393,7 @@ impl Synthesizer {
                 rows.push((i, c, spec));
             }
         }
-        let t = &self.config().talker_config;
-        let loop_opts = LoopOptions {
-            code0: opts.code0,
-            sub_codes: opts.sub_codes,
-            processors: Code0Processors {
-                repetition_penalty: opts.repetition_penalty,
-                eos: t.codec_eos_token_id,
-                min_new_tokens: 2,
-                suppress_from: t.vocab_size.saturating_sub(1024),
-            },
-            max_frames: opts.max_frames,
-        };
+        let loop_opts = self.loop_options(opts);
         let mut generated: Vec<(Generated, Option<IclBranch>)> = Vec::with_capacity(rows.len());
         let mut done = 0;
         for group in rows.chunks(opts.batch_size) {
@@ -446,8 +446,7 @@ impl Synthesizer {
                 icl_branches: Vec::new(),
             })
             .collect();
-        let pause =
-            vec![0.0f32; (CHUNK_PAUSE_SECONDS * self.codec.output_sample_rate() as f32) as usize];
+        let pause = vec![0.0f32; self.chunk_pause_samples()];
         for ((i, _, spec), (g, branch)) in rows.iter().zip(generated) {
             let wav = self.decode(&g.frames, spec.icl.as_ref())?;
             let s = &mut speech[*i];
@@ -460,6 +459,62 @@ impl Synthesizer {
             s.icl_branches.push(branch);
         }
         Ok(speech)
+    }
+
+    /// The frame loop's settings for `opts` (docs/model.md §7).
+    pub fn loop_options(&self, opts: &DecodeOptions) -> LoopOptions {
+        let t = &self.config().talker_config;
+        LoopOptions {
+            code0: opts.code0,
+            sub_codes: opts.sub_codes,
+            processors: Code0Processors {
+                repetition_penalty: opts.repetition_penalty,
+                eos: t.codec_eos_token_id,
+                min_new_tokens: 2,
+                suppress_from: t.vocab_size.saturating_sub(1024),
+            },
+            max_frames: opts.max_frames,
+        }
+    }
+
+    /// The rows [`Self::synthesize`] generates for one request — its text split into chunks
+    /// by `opts.max_chunk_chars` — with their prompts, for a caller that runs the frame loop
+    /// itself (`voiceclone serve`'s continuous batching, `crate::generate::rows`). Row `c` of
+    /// request line `i` draws from `RowRng::new(seed, i, c)`.
+    pub fn row_plans(&self, req: &Request, opts: &DecodeOptions) -> Result<Vec<RowPlan>> {
+        let text = req.text.trim();
+        ensure!(!text.is_empty(), "the text is empty");
+        let ref_codes = match &req.voice {
+            Voice::Icl { ref_codes, .. } => Some(ref_codes.clone()),
+            _ => None,
+        };
+        text_split::split(text, opts.max_chunk_chars)
+            .into_iter()
+            .map(|chunk| {
+                let spec = self.prompt_spec(req, &chunk)?;
+                let (prompt, _) = prompt::build(
+                    Self::embedder_of(&self.backend),
+                    self.config(),
+                    &self.special,
+                    &spec,
+                )?;
+                Ok(RowPlan {
+                    prompt,
+                    ref_codes: ref_codes.clone(),
+                    text_tokens: spec.text.ids.len(),
+                })
+            })
+            .collect()
+    }
+
+    /// `tts_pad_embed` `(1, H)`: the text vector of frames after the text (docs/model.md §5.4).
+    pub fn pad_embed(&self) -> &Tensor {
+        &self.special.pad
+    }
+
+    /// Samples of silence between the chunks of a split text.
+    pub fn chunk_pause_samples(&self) -> usize {
+        (CHUNK_PAUSE_SECONDS * self.codec.output_sample_rate() as f32) as usize
     }
 
     /// Waveform of generated frames; for ICL the reference codes are decoded in front and the

@@ -340,6 +340,39 @@ impl CausalConv1d {
 }
 
 impl CausalConv1d {
+    /// Output rows `a..b` of `conv(act(input))` for an input of `total` rows of which `x` holds
+    /// rows `offset..offset + x.t` (at least [`Self::input_rows`] of `a..b`), on all threads:
+    /// the streaming decoder's step (docs/model.md §9.2), where `x` is the rows kept from the
+    /// previous steps followed by the new ones.
+    pub fn forward_range(
+        &self,
+        x: &Seq,
+        offset: usize,
+        total: usize,
+        act: Option<&Act>,
+        (a, b): (usize, usize),
+    ) -> Seq {
+        assert_eq!(x.c, self.cin, "conv input channels");
+        let rows = b.saturating_sub(a);
+        if rows == 0 {
+            return Seq::new(Vec::new(), 0, self.cout);
+        }
+        let (n, k_eff) = (self.cout, self.k_eff());
+        let tile = tile_rows(rows, self.kernel * self.cin, n);
+        let out = par_new_vec(rows * n, tile * n, Vec::new, |i, part, buf| {
+            let (t0, tr) = (a + i * tile, part.len() / n);
+            let p0 = t0 * self.stride;
+            let p1 = (t0 + tr - 1) * self.stride + k_eff;
+            self.build_input(x, offset, total, act, p0, p1, buf);
+            let mut o = self.init_rows(part);
+            self.gemm_tile(buf, MatMut::new(&mut o, tr, n));
+            o
+        });
+        Seq::new(out, rows, n)
+    }
+}
+
+impl CausalConv1d {
     /// One input channel (the waveform conv): a GEMM with inner size `kernel` would waste most
     /// of its time packing, so this runs directly, vectorised over the output channels.
     fn forward_single_input(&self, x: &Seq) -> Seq {
@@ -436,6 +469,21 @@ impl CausalConvTranspose1d {
         Seq::new(y.data, y.t * self.stride, self.cout)
     }
 
+    /// Output blocks `a..b` (`stride` rows each) for an input of `total` rows of which `x`
+    /// holds rows `offset..` (at least the last `taps() − 1` before `a`), as
+    /// [`CausalConv1d::forward_range`].
+    pub fn forward_range(
+        &self,
+        x: &Seq,
+        offset: usize,
+        total: usize,
+        act: Option<&Act>,
+        range: (usize, usize),
+    ) -> Seq {
+        let y = self.conv.forward_range(x, offset, total, act, range);
+        Seq::new(y.data, y.t * self.stride, self.cout)
+    }
+
     /// Input samples each output block reads (`ceil(kernel / stride)`).
     pub fn taps(&self) -> usize {
         self.conv.kernel
@@ -476,6 +524,37 @@ impl DepthwiseCausalConv1d {
             w,
             bias,
         })
+    }
+
+    /// Output rows `a..b` for an input of which `x` holds rows `offset..` (at least the
+    /// `kernel − 1` before `a`), zeros before row 0.
+    pub fn forward_range(&self, x: &Seq, offset: usize, (a, b): (usize, usize)) -> Seq {
+        let c = self.channels;
+        assert_eq!(x.c, c);
+        let pad = self.kernel - 1;
+        assert!(
+            offset <= a.saturating_sub(pad) && b <= offset + x.t,
+            "dwconv window needs rows {}..{b}, has {offset}..{}",
+            a.saturating_sub(pad),
+            offset + x.t
+        );
+        let mut out = Vec::with_capacity(b.saturating_sub(a) * c);
+        for t in a..b {
+            let start = out.len();
+            out.extend_from_slice(&self.bias);
+            let row = &mut out[start..];
+            for k in 0..self.kernel {
+                if t + k < pad {
+                    continue;
+                }
+                let xi = x.row(t + k - pad - offset);
+                let wk = &self.w[k * c..(k + 1) * c];
+                for ((o, &xv), &wv) in row.iter_mut().zip(xi).zip(wk) {
+                    *o += xv * wv;
+                }
+            }
+        }
+        Seq::new(out, b.saturating_sub(a), c)
     }
 
     pub fn forward(&self, x: &Seq) -> Seq {
@@ -695,15 +774,34 @@ impl ResidualUnit {
     }
 
     pub fn forward(&self, x: &Seq) -> Seq {
+        self.forward_range(x, 0, (0, x.t))
+    }
+
+    /// Output rows `a..b` for an input of which `x` holds rows `offset..` (at least the
+    /// `k_eff − 1` before `a`), zeros before row 0: [`Self::forward`] is the whole range; the
+    /// streaming decoder (docs/model.md §9.2) passes the kept rows followed by the new ones.
+    pub fn forward_range(&self, x: &Seq, offset: usize, (a, b): (usize, usize)) -> Seq {
         let c = self.conv1.cin;
         let hidden = self.conv1.cout;
         assert_eq!(x.c, c);
         let k_eff = self.conv1.k_eff();
-        let tile = tile_rows(x.t, self.conv1.kernel * c, hidden.max(c));
+        let pad = k_eff - 1;
+        let n = b.saturating_sub(a);
+        assert!(
+            offset <= a.saturating_sub(pad) && b <= offset + x.t,
+            "residual unit window needs rows {}..{b}, has {offset}..{}",
+            a.saturating_sub(pad),
+            offset + x.t
+        );
+        if n == 0 {
+            return Seq::new(Vec::new(), 0, c);
+        }
+        let tile = tile_rows(n, self.conv1.kernel * c, hidden.max(c));
         // Per worker: the tile's padded input and hidden rows, and the Winograd transforms.
         let scratch = || (Vec::new(), Vec::new());
-        let out = par_new_vec(x.t * c, tile * c, scratch, |i, part, (buf, wino_buf)| {
-            let (a, rows) = (i * tile, part.len() / c);
+        let out = par_new_vec(n * c, tile * c, scratch, |i, part, (buf, wino_buf)| {
+            let rows = part.len() / c;
+            let a = a + i * tile;
             let b = a + rows;
             // Padded coordinates: output row t reads padded rows t .. t + k_eff.
             let in_rows = match &self.wino {
@@ -717,11 +815,10 @@ impl ResidualUnit {
             let (inp, rest) = buf.split_at_mut(in_len);
             let h = &mut rest[..h_len];
             // Activated input rows (zero rows before the start of x and after the tile).
-            let pad = k_eff - 1;
             let r0 = a.saturating_sub(pad);
             let skip = (pad.saturating_sub(a)) * c;
             self.act1.apply(
-                &x.data[r0 * c..b * c],
+                &x.data[(r0 - offset) * c..(b - offset) * c],
                 &mut inp[skip..skip + (b - r0) * c],
                 c,
             );
@@ -733,7 +830,7 @@ impl ResidualUnit {
                 }
             }
             self.act2.apply_inplace(h, hidden);
-            let mut o = part.copy_from(&x.data[a * c..b * c]);
+            let mut o = part.copy_from(&x.data[(a - offset) * c..(b - offset) * c]);
             if let Some(bias) = &self.conv2.bias {
                 for row in o.chunks_exact_mut(c) {
                     for (v, &bv) in row.iter_mut().zip(bias) {
@@ -744,7 +841,7 @@ impl ResidualUnit {
             self.conv2.gemm_tile(h, MatMut::new(&mut o, rows, c));
             o
         });
-        Seq::new(out, x.t, c)
+        Seq::new(out, n, c)
     }
 }
 

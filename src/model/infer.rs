@@ -17,6 +17,8 @@ use super::layers::DecoderConfig;
 use super::linear::{Input, LinearWeight, Table, WeightFormat};
 use super::weights::MappedWeights;
 
+mod rows;
+
 /// One decoder layer's weights.
 struct Layer {
     input_norm: Vec<f32>,
@@ -275,31 +277,12 @@ impl Decoder {
         past: usize,
     ) {
         let c = &self.cfg;
-        let (h, hd) = (c.hidden_size, c.head_dim);
+        let hd = c.head_dim;
         let (nh, nkv) = (c.num_heads, c.num_kv_heads);
         let rows = b * s;
-        let eps = c.rms_norm_eps;
 
         // Attention block.
-        let mut hn = x.to_vec();
-        rms_norm_rows(&mut hn, &l.input_norm, eps);
-        let inp = Input::new(&hn, rows, h);
-        let mut q = l.q.forward(&inp);
-        let mut k = l.k.forward(&inp);
-        let v = l.v.forward(&inp);
-        drop(inp);
-        for (t, row) in q.chunks_exact_mut(nh * hd).enumerate() {
-            for head in row.chunks_exact_mut(hd) {
-                rms_norm_row(head, &l.q_norm, eps);
-                rope.apply(t, head);
-            }
-        }
-        for (t, row) in k.chunks_exact_mut(nkv * hd).enumerate() {
-            for head in row.chunks_exact_mut(hd) {
-                rms_norm_row(head, &l.k_norm, eps);
-                rope.apply(t, head);
-            }
-        }
+        let (q, k, v) = self.qkv(l, x, rows, rope);
         let cap = cache.capacity;
         {
             let (kc, vc) = &mut cache.kv[li];
@@ -329,43 +312,16 @@ impl Decoder {
                 let (r, head) = (rh / nh, rh % nh);
                 let g = head / rep;
                 let base = (r * nkv + g) * cap * hd;
-                let keys = &kc[base..base + total * hd];
-                let vals = &vc[base..base + total * hd];
-                let mut out = vec![0f32; s * hd];
-                let mut scores = vec![0f32; total];
-                for i in 0..s {
-                    let qpos = past + i;
-                    let qv = &q[((r * s + i) * nh + head) * hd..((r * s + i) * nh + head + 1) * hd];
-                    let mut max = f32::NEG_INFINITY;
-                    for (j, sc) in scores.iter_mut().enumerate().take(qpos + 1) {
-                        let allowed = j == qpos || key_valid.is_none_or(|kv| kv[r][j]);
-                        *sc = if allowed {
-                            dot(qv, &keys[j * hd..(j + 1) * hd]) * scale
-                        } else {
-                            f32::NEG_INFINITY
-                        };
-                        max = max.max(*sc);
-                    }
-                    let mut sum = 0f32;
-                    for sc in scores.iter_mut().take(qpos + 1) {
-                        *sc = if *sc == f32::NEG_INFINITY {
-                            0.0
-                        } else {
-                            (*sc - max).exp()
-                        };
-                        sum += *sc;
-                    }
-                    let o = &mut out[i * hd..(i + 1) * hd];
-                    for (j, p) in scores.iter().enumerate().take(qpos + 1) {
-                        if *p != 0.0 {
-                            let p = p / sum;
-                            o.iter_mut()
-                                .zip(&vals[j * hd..(j + 1) * hd])
-                                .for_each(|(a, v)| *a += p * v);
-                        }
-                    }
-                }
-                out
+                attend(
+                    s,
+                    past,
+                    hd,
+                    scale,
+                    |i| &q[((r * s + i) * nh + head) * hd..((r * s + i) * nh + head + 1) * hd],
+                    &kc[base..base + total * hd],
+                    &vc[base..base + total * hd],
+                    key_valid.map(|kv| kv[r].as_slice()),
+                )
             })
             .collect();
         let mut att = vec![0f32; rows * nh * hd];
@@ -376,12 +332,56 @@ impl Decoder {
                 att[dst..dst + hd].copy_from_slice(&out[i * hd..(i + 1) * hd]);
             }
         }
-        let o = l.o.forward(&Input::new(&att, rows, nh * hd));
+        self.finish_layer(l, x, &att, rows);
+    }
+
+    /// The attention inputs of `rows` token rows: input RMSNorm, q/k/v projections, the per-head
+    /// q/k norms and RoPE (token t of the rope tables for row t).
+    fn qkv(
+        &self,
+        l: &Layer,
+        x: &[f32],
+        rows: usize,
+        rope: &RopeRows<'_>,
+    ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+        let c = &self.cfg;
+        let (h, hd) = (c.hidden_size, c.head_dim);
+        let (nh, nkv) = (c.num_heads, c.num_kv_heads);
+        let eps = c.rms_norm_eps;
+        let mut hn = x.to_vec();
+        rms_norm_rows(&mut hn, &l.input_norm, eps);
+        let inp = Input::new(&hn, rows, h);
+        let mut q = l.q.forward(&inp);
+        let mut k = l.k.forward(&inp);
+        let v = l.v.forward(&inp);
+        drop(inp);
+        for (t, row) in q.chunks_exact_mut(nh * hd).enumerate() {
+            for head in row.chunks_exact_mut(hd) {
+                rms_norm_row(head, &l.q_norm, eps);
+                rope.apply(t, head);
+            }
+        }
+        for (t, row) in k.chunks_exact_mut(nkv * hd).enumerate() {
+            for head in row.chunks_exact_mut(hd) {
+                rms_norm_row(head, &l.k_norm, eps);
+                rope.apply(t, head);
+            }
+        }
+        (q, k, v)
+    }
+
+    /// The rest of a layer once the attention output `att` `(rows, heads · head_dim)` is known:
+    /// `o_proj` and the residual, then the MLP block.
+    fn finish_layer(&self, l: &Layer, x: &mut [f32], att: &[f32], rows: usize) {
+        let c = &self.cfg;
+        let h = c.hidden_size;
+        let o =
+            l.o.forward(&Input::new(att, rows, c.num_heads * c.head_dim));
         x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
 
         // MLP block.
         let mut hn = x.to_vec();
-        rms_norm_rows(&mut hn, &l.post_norm, eps);
+        rms_norm_rows(&mut hn, &l.post_norm, c.rms_norm_eps);
         let inp = Input::new(&hn, rows, h);
         let gate = l.gate.forward(&inp);
         let mut up = l.up.forward(&inp);
@@ -392,6 +392,58 @@ impl Decoder {
         let down = l.down.forward(&Input::new(&up, rows, c.intermediate_size));
         x.iter_mut().zip(&down).for_each(|(a, b)| *a += b);
     }
+}
+
+/// Causal attention of one (row, head): queries `query(i)`, i < s, at positions `past + i`
+/// against the row's first `past + s` cached `keys` / `vals` (`head_dim` each); `valid[j]`
+/// false masks cached left padding (`None`: every key is real).
+#[allow(clippy::too_many_arguments)]
+fn attend<'q>(
+    s: usize,
+    past: usize,
+    hd: usize,
+    scale: f32,
+    query: impl Fn(usize) -> &'q [f32],
+    keys: &[f32],
+    vals: &[f32],
+    valid: Option<&[bool]>,
+) -> Vec<f32> {
+    let total = past + s;
+    let mut out = vec![0f32; s * hd];
+    let mut scores = vec![0f32; total];
+    for i in 0..s {
+        let qpos = past + i;
+        let qv = query(i);
+        let mut max = f32::NEG_INFINITY;
+        for (j, sc) in scores.iter_mut().enumerate().take(qpos + 1) {
+            let allowed = j == qpos || valid.is_none_or(|kv| kv[j]);
+            *sc = if allowed {
+                dot(qv, &keys[j * hd..(j + 1) * hd]) * scale
+            } else {
+                f32::NEG_INFINITY
+            };
+            max = max.max(*sc);
+        }
+        let mut sum = 0f32;
+        for sc in scores.iter_mut().take(qpos + 1) {
+            *sc = if *sc == f32::NEG_INFINITY {
+                0.0
+            } else {
+                (*sc - max).exp()
+            };
+            sum += *sc;
+        }
+        let o = &mut out[i * hd..(i + 1) * hd];
+        for (j, p) in scores.iter().enumerate().take(qpos + 1) {
+            if *p != 0.0 {
+                let p = p / sum;
+                o.iter_mut()
+                    .zip(&vals[j * hd..(j + 1) * hd])
+                    .for_each(|(a, v)| *a += p * v);
+            }
+        }
+    }
+    out
 }
 
 /// Positions of the new tokens, updating the cache's padding and next positions — the rules of

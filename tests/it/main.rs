@@ -20,6 +20,8 @@ mod model_talker_parity;
 mod model_tokenizer_parity;
 mod prep_real_speech;
 mod prep_rerun_and_bad_input;
+mod serve;
+mod serve_stream;
 mod speak_cli;
 mod speak_parity;
 mod speakers_cli;

@@ -25,6 +25,9 @@ use crate::kernels::conv::{
 };
 use crate::model::weights::Weights;
 
+mod stream;
+pub use stream::StreamDecoder;
+
 /// `chunked_decode` defaults of the official decoder (not in the config).
 pub const CHUNK_FRAMES: usize = 300;
 pub const LEFT_CONTEXT_FRAMES: usize = 25;
@@ -71,7 +74,11 @@ impl ConvNeXt {
     }
 
     fn forward(&self, x: &Seq) -> Result<Seq> {
-        let mut h = self.dwconv.forward(x);
+        self.finish(self.dwconv.forward(x), x)
+    }
+
+    /// The block after its depth-wise conv: `h = dwconv(x)` for the rows of `x`.
+    fn finish(&self, mut h: Seq, x: &Seq) -> Result<Seq> {
         layer_norm_rows(&mut h, &self.norm_w, &self.norm_b, 1e-6);
         let mut h = self.pw1.forward(&h, None);
         gelu_erf_inplace(&mut h.data);

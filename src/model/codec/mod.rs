@@ -37,7 +37,7 @@ use anyhow::{Context, Result};
 use candle_core::{DType, Device};
 
 pub use config::CodecConfig;
-pub use decoder::{Decoder, DecoderTrace};
+pub use decoder::{Decoder, DecoderTrace, StreamDecoder};
 pub use encoder::{Encoder, EncoderTrace};
 
 use crate::hub::ModelSource;

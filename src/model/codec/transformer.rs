@@ -118,6 +118,26 @@ pub struct TransformerDims {
     pub window: Option<usize>,
 }
 
+/// Keys and values of the positions [`Transformer::forward_cached`] has seen, per layer:
+/// positions `first..len`, `kv_heads · head_dim` values each.
+#[derive(Debug, Clone, Default)]
+pub struct KvCache {
+    layers: Vec<(Vec<f32>, Vec<f32>)>,
+    first: usize,
+    len: usize,
+}
+
+impl KvCache {
+    /// Positions seen so far.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Transformer {
     dims: TransformerDims,
@@ -235,24 +255,123 @@ impl Transformer {
             self.apply_rope(&mut qkv, &cos, &sin);
             let att = self.attention(&qkv);
             h = layer.o.forward(&att, Some(&h));
-            let m = layer.post_norm.forward(&h);
-            h = match &layer.mlp {
-                Mlp::Gelu { fc1, fc2 } => {
-                    let mut u = fc1.forward(&m, None);
-                    gelu_erf_inplace(&mut u.data);
-                    fc2.forward(&u, Some(&h))
+            h = self.mlp(layer, &h);
+        }
+        h
+    }
+
+    /// `h + MLP(post_norm(h))` (the LayerScale is folded into the output projection).
+    fn mlp(&self, layer: &Layer, h: &Seq) -> Seq {
+        let m = layer.post_norm.forward(h);
+        match &layer.mlp {
+            Mlp::Gelu { fc1, fc2 } => {
+                let mut u = fc1.forward(&m, None);
+                gelu_erf_inplace(&mut u.data);
+                fc2.forward(&u, Some(h))
+            }
+            Mlp::SwiGlu { gate_up, down } => {
+                let gu = gate_up.forward(&m, None);
+                let n = self.dims.intermediate;
+                let mut g = Seq::zeros(h.t, n);
+                for (row, src) in g.data.chunks_exact_mut(n).zip(gu.data.chunks_exact(2 * n)) {
+                    row.copy_from_slice(&src[..n]);
+                    silu_mul_inplace(row, &src[n..]);
                 }
-                Mlp::SwiGlu { gate_up, down } => {
-                    let gu = gate_up.forward(&m, None);
-                    let n = self.dims.intermediate;
-                    let mut g = Seq::zeros(t, n);
-                    for (row, src) in g.data.chunks_exact_mut(n).zip(gu.data.chunks_exact(2 * n)) {
-                        row.copy_from_slice(&src[..n]);
-                        silu_mul_inplace(row, &src[n..]);
+                down.forward(&g, Some(h))
+            }
+        }
+    }
+
+    /// A cache for [`Self::forward_cached`].
+    pub fn new_cache(&self) -> KvCache {
+        KvCache {
+            layers: vec![(Vec::new(), Vec::new()); self.layers.len()],
+            first: 0,
+            len: 0,
+        }
+    }
+
+    /// The next `x.t` positions of a sequence whose earlier positions are in `cache` (positions
+    /// continue from `cache.len()`): the same layers as [`Self::forward`], one row at a time
+    /// for the streaming decoder (docs/model.md §9.2). With a sliding window the cache keeps
+    /// only the keys a later query can still see.
+    pub fn forward_cached(&self, x: &Seq, cache: &mut KvCache) -> Seq {
+        let d = &self.dims;
+        let (n, hd) = (x.t, d.head_dim);
+        let mut h = x.clone();
+        if n == 0 {
+            return h;
+        }
+        let t0 = cache.len;
+        let half = self.inv_freq.len();
+        let mut cos = Vec::with_capacity(n * half);
+        let mut sin = Vec::with_capacity(n * half);
+        for p in t0..t0 + n {
+            for &f in &self.inv_freq {
+                let a = p as f32 * f;
+                cos.push(a.cos());
+                sin.push(a.sin());
+            }
+        }
+        let kvd = d.kv_heads * hd;
+        let k_off = d.heads * hd;
+        let v_off = k_off + kvd;
+        let rep = d.heads / d.kv_heads;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let out_w = d.heads * hd;
+        for (li, layer) in self.layers.iter().enumerate() {
+            let a = layer.input_norm.forward(&h);
+            let mut qkv = layer.qkv.forward(&a, None);
+            self.apply_rope(&mut qkv, &cos, &sin);
+            let (keys, vals) = &mut cache.layers[li];
+            for row in qkv.data.chunks_exact(qkv.c) {
+                keys.extend_from_slice(&row[k_off..k_off + kvd]);
+                vals.extend_from_slice(&row[v_off..v_off + kvd]);
+            }
+            let mut att = vec![0.0f32; n * out_w];
+            let mut scores = Vec::new();
+            for i in 0..n {
+                let p = t0 + i;
+                let lo = match d.window {
+                    Some(w) => (p + 1).saturating_sub(w),
+                    None => 0,
+                };
+                let q_row = &qkv.data[i * qkv.c..i * qkv.c + k_off];
+                for head in 0..d.heads {
+                    let g = head / rep;
+                    let q = &q_row[head * hd..(head + 1) * hd];
+                    scores.clear();
+                    for j in lo..=p {
+                        let kr = &keys[(j - cache.first) * kvd + g * hd..][..hd];
+                        scores.push(scale * q.iter().zip(kr).map(|(a, b)| a * b).sum::<f32>());
                     }
-                    down.forward(&g, Some(&h))
+                    let len = scores.len();
+                    softmax_range(&mut scores, 0, len);
+                    let o = &mut att[i * out_w + head * hd..i * out_w + (head + 1) * hd];
+                    for (jj, &pr) in scores.iter().enumerate() {
+                        let vr = &vals[(lo + jj - cache.first) * kvd + g * hd..][..hd];
+                        for (ov, &vv) in o.iter_mut().zip(vr) {
+                            *ov += pr * vv;
+                        }
+                    }
                 }
-            };
+            }
+            let att = Seq::new(att, n, out_w);
+            h = layer.o.forward(&att, Some(&h));
+            h = self.mlp(layer, &h);
+        }
+        cache.len = t0 + n;
+        if let Some(w) = d.window {
+            // Later queries see positions > len − w only.
+            let keep_from = cache.len.saturating_sub(w);
+            if keep_from > cache.first {
+                let drop = (keep_from - cache.first) * kvd;
+                for (k, v) in &mut cache.layers {
+                    k.drain(..drop);
+                    v.drain(..drop);
+                }
+                cache.first = keep_from;
+            }
         }
         h
     }

@@ -1,0 +1,120 @@
+//! `voiceclone serve`: load the model and the workspace's voice once, then serve the HTTP API
+//! (`crate::serve`, docs/serving.md) until SIGTERM or Ctrl-C.
+
+use std::io::Write;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use candle_core::Device;
+
+use super::speak::{decode_options, resolve_voice, speak_model, VoiceSpec};
+use crate::config::{self, Config};
+use crate::generate::{Precision, Synthesizer};
+use crate::hub::ModelSource;
+use crate::model::files::ModelFiles;
+use crate::serve::{self, voices::Registry, ServeOptions, State};
+use crate::workspace::Workspace;
+
+pub fn run(ws: &Workspace, config: &Config) -> Result<()> {
+    let s = &config.serve;
+    let source = if s.model.is_empty() {
+        speak_model(ws, config)?
+    } else {
+        ws.model_source(&s.model)?
+    };
+    let started = std::time::Instant::now();
+    let files = ModelFiles::resolve(&source)
+        .with_context(|| format!("cannot load the model {}", source.describe()))?;
+    // The server runs the talker on the CPU inference path (continuous batching with per-row
+    // caches, docs/serving.md §3).
+    let stored = Precision::stored(&files);
+    use config::Precision as P;
+    let (precision, why) = match config.speak.precision {
+        P::Auto => (
+            Precision::auto(stored, false),
+            format!("auto, the checkpoint stores {stored:?}"),
+        ),
+        P::F32 => (Precision::F32, "as asked".into()),
+        P::Bf16Weights => (Precision::Bf16Weights, "as asked".into()),
+        P::Q8 => (Precision::Q8, "as asked".into()),
+        P::Bf16 => bail!(
+            "voiceclone serve runs on the CPU inference path: precision bf16 (the GPU path) is \
+             not available; use auto, f32, bf16-weights or q8 (speak.precision / --precision)"
+        ),
+    };
+    eprintln!(
+        "loading {} (precision {precision}: {why})",
+        source.describe()
+    );
+    let mut synth = Synthesizer::from_files(files, precision, &Device::Cpu)
+        .with_context(|| format!("cannot load the model {}", source.describe()))?;
+    eprintln!(
+        "loaded in {:.2} s: {}",
+        started.elapsed().as_secs_f64(),
+        synth.describe_backend()
+    );
+    let default_voice = match resolve_voice(ws, &mut synth, &VoiceSpec::default()) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            eprintln!("no \"default\" voice: {e:#}");
+            None
+        }
+    };
+    let speakers = synth.speakers();
+    let hidden = synth.config().talker_config.hidden_size;
+    let model_id = match &synth.files.source {
+        ModelSource::Local(p) => p
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| p.display().to_string()),
+        ModelSource::Hub { repo } => repo.clone(),
+    };
+    let voices = Registry::open(ws, &synth.files.source.describe(), hidden)?;
+    let mut defaults = decode_options(&synth, &config.speak);
+    defaults.seed = 0;
+    let opts = ServeOptions {
+        host: s.host.clone(),
+        port: s.port,
+        api_key: (!s.api_key.is_empty()).then(|| s.api_key.clone()),
+        max_batch: s.max_batch,
+        max_queue: s.max_queue,
+        max_input_chars: s.max_input_chars,
+        max_body_bytes: (s.max_body_mb * 1024.0 * 1024.0) as usize,
+        max_voice_seconds: s.max_voice_seconds,
+        shutdown_grace: Duration::from_secs_f64(s.shutdown_seconds),
+        defaults,
+        language: config.speak.language.clone(),
+        non_streaming: config.speak.non_streaming,
+        model_id,
+    };
+    let voice_list = {
+        let mut v = Vec::new();
+        if default_voice.is_some() {
+            v.push("default".to_string());
+        }
+        v.extend(speakers);
+        let n = voices.list().len();
+        if n > 0 {
+            v.push(format!("{n} registered"));
+        }
+        v
+    };
+    let auth = opts.api_key.is_some();
+    let state = State::new(synth, opts, voices, default_voice)?;
+    serve::run(state, |addr| {
+        println!(
+            "voiceclone serve: listening on http://{addr} (voices: {}; {})",
+            if voice_list.is_empty() {
+                "none yet, register one with POST /v1/voices".to_string()
+            } else {
+                voice_list.join(", ")
+            },
+            if auth {
+                "API key required"
+            } else {
+                "no API key"
+            }
+        );
+        let _ = std::io::stdout().flush();
+    })
+}

@@ -1,0 +1,197 @@
+//! HTTP plumbing of the API: the response body types, OpenAI-style errors, bounded body reads.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body, Frame};
+use http_body_util::{combinators::BoxBody, BodyExt, Full};
+use hyper::{Response, StatusCode};
+
+/// Error of a streamed body (the stream failed after it began: the connection is aborted).
+#[derive(Debug)]
+pub struct StreamError(pub String);
+
+impl std::fmt::Display for StreamError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for StreamError {}
+
+pub type RespBody = BoxBody<Bytes, StreamError>;
+
+pub fn full(bytes: impl Into<Bytes>) -> RespBody {
+    Full::new(bytes.into())
+        .map_err(|e: Infallible| match e {})
+        .boxed()
+}
+
+/// A JSON response.
+pub fn json(status: StatusCode, v: &serde_json::Value) -> Response<RespBody> {
+    Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(full(v.to_string()))
+        .expect("static response parts")
+}
+
+/// An error in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    pub kind: &'static str,
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+}
+
+impl ApiError {
+    /// 400 `invalid_request_error` about `param`.
+    pub fn invalid(param: Option<&str>, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: param.map(str::to_string),
+            code: Some(code),
+        }
+    }
+
+    pub fn new(
+        status: StatusCode,
+        kind: &'static str,
+        code: &'static str,
+        message: impl Into<String>,
+    ) -> Self {
+        ApiError {
+            status,
+            message: message.into(),
+            kind,
+            param: None,
+            code: Some(code),
+        }
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            "internal_error",
+            message,
+        )
+    }
+
+    pub fn response(&self) -> Response<RespBody> {
+        let mut r = json(
+            self.status,
+            &serde_json::json!({"error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }}),
+        );
+        if self.status == StatusCode::UNAUTHORIZED {
+            r.headers_mut().insert(
+                "www-authenticate",
+                hyper::header::HeaderValue::from_static("Bearer"),
+            );
+        }
+        r
+    }
+}
+
+/// Counts the streams being sent; the shutdown waits for it to reach 0.
+#[derive(Debug, Default)]
+pub struct InFlight(AtomicUsize);
+
+impl InFlight {
+    pub fn count(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// A streamed response body fed by a request's decode worker. Dropping it (the client went
+/// away, or the response finished) sets `cancel`, which frees the request's batch row.
+pub struct ChannelBody {
+    rx: tokio::sync::mpsc::Receiver<Result<Bytes, StreamError>>,
+    cancel: Arc<AtomicBool>,
+    inflight: Arc<InFlight>,
+}
+
+impl ChannelBody {
+    pub fn new(
+        rx: tokio::sync::mpsc::Receiver<Result<Bytes, StreamError>>,
+        cancel: Arc<AtomicBool>,
+        inflight: Arc<InFlight>,
+    ) -> Self {
+        inflight.0.fetch_add(1, Ordering::SeqCst);
+        ChannelBody {
+            rx,
+            cancel,
+            inflight,
+        }
+    }
+}
+
+impl Drop for ChannelBody {
+    fn drop(&mut self) {
+        self.cancel.store(true, Ordering::SeqCst);
+        self.inflight.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Body for ChannelBody {
+    type Data = Bytes;
+    type Error = StreamError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, StreamError>>> {
+        match self.rx.poll_recv(cx) {
+            Poll::Ready(Some(Ok(b))) => Poll::Ready(Some(Ok(Frame::data(b)))),
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+/// Reads a whole request body of at most `limit` bytes (413 beyond).
+pub async fn read_body(body: hyper::body::Incoming, limit: usize) -> Result<Bytes, ApiError> {
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            "request_too_large",
+            format!("the request body is larger than the server's limit of {limit} bytes"),
+        )
+    };
+    let read = http_body_util::Limited::new(body, limit).collect();
+    let Ok(result) = tokio::time::timeout(super::BODY_TIMEOUT, read).await else {
+        return Err(ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            "request_timeout",
+            format!(
+                "the request body did not arrive within {} s",
+                super::BODY_TIMEOUT.as_secs()
+            ),
+        ));
+    };
+    match result {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
+        Err(e) => Err(ApiError::invalid(
+            None,
+            "bad_body",
+            format!("cannot read the request body: {e}"),
+        )),
+    }
+}

@@ -1,0 +1,94 @@
+//! Streaming codec decoding (issue 14, acceptance 2; docs/serving.md §4): the samples
+//! [`StreamDecoder`] gives frame by frame, in any grouping of the frames, equal the offline
+//! `Codec::decode` of the whole sequence (the official chunked decoder: 300-frame chunks with
+//! 25 frames of left context) within 1e-4, across the chunk boundary, and with in-context
+//! reference frames primed in front.
+
+use crate::common::fixtures;
+
+use candle_core::{DType, Device};
+use voiceclone::hub::ModelSource;
+use voiceclone::model::codec::{Codec, StreamDecoder};
+
+fn codec() -> &'static Codec {
+    static CODEC: std::sync::OnceLock<Codec> = std::sync::OnceLock::new();
+    CODEC.get_or_init(|| {
+        let source = ModelSource::parse(fixtures().join("tiny-0b6").to_str().unwrap()).unwrap();
+        Codec::load(&source).unwrap()
+    })
+}
+
+/// The 330 frames the official decoder was recorded on (`scripts/make_fixtures.py`).
+fn long_codes() -> Vec<Vec<u32>> {
+    let path = fixtures().join("refs/codec.safetensors");
+    let refs = candle_core::safetensors::load(&path, &Device::Cpu).unwrap();
+    refs["decode.long.codes"]
+        .to_dtype(DType::I64)
+        .unwrap()
+        .to_vec2::<i64>()
+        .unwrap()
+        .into_iter()
+        .map(|r| r.into_iter().map(|v| v as u32).collect())
+        .collect()
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "sample counts differ");
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// Pushes `codes` in groups of the sizes `groups` cycles through.
+fn streamed(codes: &[Vec<u32>], groups: &[usize], prime: &[Vec<u32>]) -> Vec<f32> {
+    let mut s = StreamDecoder::new(codec().decoder());
+    if !prime.is_empty() {
+        s.prime(prime).unwrap();
+    }
+    let mut out = Vec::new();
+    let (mut i, mut g) = (0, 0);
+    while i < codes.len() {
+        let n = groups[g % groups.len()].min(codes.len() - i);
+        let samples = s.push(&codes[i..i + n]).unwrap();
+        assert_eq!(
+            samples.len(),
+            n * 1920,
+            "frames {i}..{} give 1920 samples each",
+            i + n
+        );
+        out.extend_from_slice(&samples);
+        i += n;
+        g += 1;
+    }
+    assert_eq!(s.frames(), prime.len() + codes.len());
+    out
+}
+
+#[test]
+fn streamed_decoding_equals_the_offline_decoder_across_the_chunk_boundary() {
+    let codes = long_codes();
+    assert_eq!(codes.len(), 330);
+    let offline = codec().decode(&codes).unwrap();
+    for groups in [&[1][..], &[3, 1, 7], &[64], &[299, 2, 29]] {
+        let err = max_abs_diff(&streamed(&codes, groups, &[]), &offline);
+        eprintln!("groups {groups:?}: max abs diff {err:.3e}");
+        assert!(
+            err <= 1e-4,
+            "groups {groups:?}: streamed differs by {err:.3e}"
+        );
+    }
+}
+
+#[test]
+fn primed_reference_frames_equal_decoding_them_and_cutting_their_samples() {
+    let codes = long_codes();
+    let (reference, generated) = (&codes[..40], &codes[40..120]);
+    let whole = codec().decode(&codes[..120]).unwrap();
+    let want = &whole[40 * 1920..];
+    for groups in [&[1][..], &[5, 2]] {
+        let err = max_abs_diff(&streamed(generated, groups, reference), want);
+        eprintln!("primed, groups {groups:?}: max abs diff {err:.3e}");
+        assert!(err <= 1e-4, "primed stream differs by {err:.3e}");
+    }
+}
