@@ -5,9 +5,9 @@
 #   scripts/bench_regression.sh 9547a80          # best of 3 alternating rounds
 #   ROUNDS=5 FRAMES=40 scripts/bench_regression.sh 9547a80
 #
-# The old commit is checked out into a temporary git worktree and built in release mode into
-# its own target directory (OLD_TARGET, kept between runs so a second run builds nothing); this
-# tree is built into target/. Both sides then run the same three jobs, alternating old / new in
+# The old commit is checked out into a git worktree under OLD_TARGET and built in release mode
+# there (kept between runs, so a second run builds nothing); this tree is built into target/.
+# The timed rounds wait up to five minutes for the builds' load to settle. Both sides then run the same three jobs, alternating old / new in
 # every round, each as a whole process (loading included):
 #   speak  `voiceclone speak --greedy --max-frames FRAMES` on the 0.6B-shaped random model
 #          (MODEL, bf16-stored) cloning the fixture reference clip, in every precision both
@@ -41,13 +41,8 @@ OLD_TARGET=${OLD_TARGET:-target/regression}
 TEXT="The quick brown fox jumps over the lazy dog, and then it runs far away into the quiet forest."
 REF=tests/fixtures/audio/ref24k.wav
 OUT=$(mktemp -d)
-OLD_TREE=$OUT/old-tree
 mkdir -p "$OUT/ws"
-cleanup() {
-    git worktree remove --force "$OLD_TREE" 2>/dev/null || true
-    rm -rf "$OUT"
-}
-trap cleanup EXIT
+trap 'rm -rf "$OUT"' EXIT
 
 old_sha=$(git rev-parse --verify "$OLD_REV^{commit}")
 new_sha=$(git rev-parse HEAD)
@@ -62,14 +57,26 @@ if [[ ! -f $MODEL/model.safetensors ]]; then
 fi
 
 echo "== building the old commit $old_sha (release, into $OLD_TARGET)" >&2
-git worktree add --detach --quiet "$OLD_TREE" "$old_sha"
 mkdir -p "$OLD_TARGET"
 OLD_TARGET=$(cd "$OLD_TARGET" && pwd)
+# A fixed place for the old tree, so that a second run finds its build up to date.
+OLD_TREE=$OLD_TARGET/tree
+if [[ $(git -C "$OLD_TREE" rev-parse HEAD 2>/dev/null) != "$old_sha" ]]; then
+    git worktree remove --force "$OLD_TREE" 2>/dev/null || rm -rf "$OLD_TREE"
+    git worktree prune
+    git worktree add --detach --quiet "$OLD_TREE" "$old_sha"
+fi
 (cd "$OLD_TREE" && CARGO_TARGET_DIR=$OLD_TARGET cargo build --release --quiet --locked \
     --bin voiceclone --example profile_train --example bench_codec)
 echo "== building this tree (release)" >&2
 cargo build --release --quiet --locked --bin voiceclone --example profile_train --example bench_codec
 
+# The builds above load the machine: give the load average up to five minutes to settle.
+for _ in $(seq 30); do
+    python3 -c "import sys; sys.exit(0 if float(open('/proc/loadavg').read().split()[0]) < 0.5 else 1)" &&
+        break
+    sleep 10
+done
 load=$(cut -d' ' -f1 /proc/loadavg)
 if python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) < 0.5 else 1)" "$load"; then
     LOAD_NOTE="load average $load before the timed rounds"
