@@ -300,22 +300,17 @@ impl Synthesizer {
                 let per_frame = t.step_weight_bytes() + t.code_predictor.weight_bytes_per_frame();
                 let kernels = match self.precision {
                     Precision::Q8 => isa.q8_path(),
-                    // f32 never multiplies through `vdpbf16ps` (`model::linear`).
-                    Precision::F32 => crate::kernels::isa::Isa {
-                        avx512_bf16: false,
-                        ..isa
-                    }
-                    .bf16_path(),
                     _ => isa.bf16_path(),
                 };
-                let widened = t.matrices().iter().any(|(_, w)| {
-                    matches!(w, crate::model::linear::LinearWeight::F32FromBf16 { .. })
-                });
+                let widened = t
+                    .matrices()
+                    .iter()
+                    .any(|(_, w)| matches!(w, crate::model::linear::LinearWeight::Bf16 { .. }));
                 format!(
                     "{} on the CPU ({kernels} kernels{}, {:.1} MB read per frame, {bytes} bytes)",
                     self.precision,
                     if widened {
-                        ", bf16-stored matrices widened to f32 in registers"
+                        ", bf16 matrices widened to f32 in registers"
                     } else {
                         ""
                     },

@@ -6,20 +6,18 @@
 //! one to a few rows, so the kernels are bound by memory traffic and only have to keep up with
 //! it. Paths, picked at run time ([`Isa`]):
 //!
-//! - **AVX-512 BF16** (`vdpbf16ps`, bf16 weights): the instruction multiplies bf16 pairs exactly
-//!   and accumulates in f32. The f32 activations are split into three bf16 parts
-//!   `x = hi + mid + lo` (each the bf16 rounding of what the previous parts leave; together the
-//!   24 bits of an f32 significand), so the products are the f32 products and the arithmetic
-//!   stays f32 — only the order of the sums changes, as with any other kernel (denormal parts
-//!   are flushed to zero, far below f32 resolution of the sums).
 //! - **AVX-512 F** / **AVX2 + FMA**: weights widened in registers (bf16 → f32 is a 16-bit shift),
-//!   fused multiply-adds with several accumulators.
+//!   fused multiply-adds with several accumulators, so the products and sums are f32 ones.
 //! - **scalar**: the reference the tests hold the others to.
+//!
+//! AVX-512 BF16's `vdpbf16ps` is not used. It multiplies bf16 pairs, so exact f32 products need
+//! the activation split into three bf16 parts: three dot instructions and three activation reads
+//! per weight vector, against one shift and one FMA per activation row here. Measured on the
+//! 0.6B shapes (2 threads, docs/performance.md §3), that path took 300 ms per frame against
+//! 230 ms for widening, and at 4 batched rows it fell further behind (§10 there).
 //!
 //! Output rows are split across the rayon pool in chunks of [`ROWS_PER_TASK`]; each task owns
 //! its rows' outputs.
-
-use std::sync::OnceLock;
 
 use rayon::prelude::*;
 
@@ -47,57 +45,20 @@ impl Dense<'_> {
     }
 }
 
-/// Activation rows prepared for a product: the f32 values, and for the `vdpbf16ps` path their
-/// three bf16 parts. Prepare once, use for every matrix that reads the same input.
+/// Activation rows for a product: `x (m, k)`, f32.
 #[derive(Debug, Clone)]
 pub struct Rows<'a> {
     x: &'a [f32],
     m: usize,
     k: usize,
-    /// `[part][row][k]` bf16 bits, made when a bf16 product on the AVX-512 BF16 path first
-    /// needs them.
-    parts: OnceLock<Vec<u16>>,
 }
 
 impl<'a> Rows<'a> {
     /// `x (m, k)`.
     pub fn new(x: &'a [f32], m: usize, k: usize) -> Self {
         assert_eq!(x.len(), m * k, "{} activations for ({m}, {k})", x.len());
-        Self {
-            x,
-            m,
-            k,
-            parts: OnceLock::new(),
-        }
+        Self { x, m, k }
     }
-
-    fn parts(&self) -> &[u16] {
-        self.parts.get_or_init(|| {
-            #[cfg(target_arch = "x86_64")]
-            {
-                if Isa::detected().avx512_bf16 {
-                    // SAFETY: the CPU has AVX-512 F/BW/VL + BF16 (checked above).
-                    return unsafe { x86::split3_avx512(self.x) };
-                }
-            }
-            split3(self.x)
-        })
-    }
-}
-
-/// `x = hi + mid + lo` in bf16 parts, `[part][i]`.
-fn split3(x: &[f32]) -> Vec<u16> {
-    let n = x.len();
-    let mut out = vec![0u16; 3 * n];
-    for (i, v) in x.iter().enumerate() {
-        let mut rest = *v;
-        for p in 0..3 {
-            let b = half::bf16::from_f32(rest);
-            out[p * n + i] = b.to_bits();
-            rest -= b.to_f32();
-        }
-    }
-    out
 }
 
 /// `out (m, n) = x (m, k) · wᵀ` for `w (n, k)` on the best path of this CPU.
@@ -113,13 +74,8 @@ pub fn matmul_t_with(isa: Isa, w: Dense<'_>, n: usize, x: &Rows<'_>, out: &mut [
         avx_vnni: false,
         avx512: isa.avx512 && d.avx512,
         avx512_vnni: false,
-        avx512_bf16: isa.avx512_bf16 && d.avx512_bf16 && x.k.is_multiple_of(32),
     };
     let (m, k) = (x.m, x.k);
-    if isa.avx512_bf16 && matches!(w, Dense::Bf16(_)) {
-        // Split once, before the parallel part reads it.
-        x.parts();
-    }
     assert_eq!(w.len(), n * k, "{} weights for ({n}, {k})", w.len());
     assert_eq!(
         out.len(),
@@ -173,21 +129,9 @@ fn row<const G: usize>(isa: Isa, w: Dense<'_>, r: usize, x: &Rows<'_>, i0: usize
             let wr = &w[r * k..(r + 1) * k];
             #[cfg(target_arch = "x86_64")]
             {
-                if isa.avx512_bf16 {
-                    let parts = x.parts();
-                    let n = x.m * k;
-                    let p = [
-                        &parts[i0 * k..(i0 + G) * k],
-                        &parts[n + i0 * k..n + (i0 + G) * k],
-                        &parts[2 * n + i0 * k..2 * n + (i0 + G) * k],
-                    ];
+                if isa.avx512 {
                     // SAFETY: the CPU has the features (capped by detection in the caller); the
                     // kernel reads only within the slices, whose lengths it asserts.
-                    unsafe { x86::bf16_row_dpbf16::<G>(wr, p, out) };
-                    return;
-                }
-                if isa.avx512 {
-                    // SAFETY: as above.
                     unsafe { x86::bf16_row_avx512::<G>(wr, xs, out) };
                     return;
                 }
@@ -235,103 +179,6 @@ fn row<const G: usize>(isa: Isa, w: Dense<'_>, r: usize, x: &Rows<'_>, i0: usize
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
-
-    /// # Safety
-    /// The CPU must have AVX-512 F/BW/VL + BF16. `w.len()` = k, a multiple of 32; each part
-    /// holds `G · k` values; `out.len() == G`.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
-    pub(super) unsafe fn bf16_row_dpbf16<const G: usize>(
-        w: &[u16],
-        parts: [&[u16]; 3],
-        out: &mut [f32],
-    ) {
-        let k = w.len();
-        assert!(k.is_multiple_of(32) && out.len() == G);
-        assert!(parts.iter().all(|p| p.len() == G * k));
-        // [part][row] accumulators: 3·G independent chains.
-        let mut acc = [[_mm512_setzero_ps(); G]; 3];
-        let mut c = 0;
-        while c < k {
-            // SAFETY: c + 32 <= k = w.len(); likewise for every row of every part below.
-            let wv: __m512bh =
-                unsafe { _mm512_loadu_si512(w.as_ptr().add(c) as *const _) }.into_bh();
-            for (p, part) in parts.iter().enumerate() {
-                for (g, a) in acc[p].iter_mut().enumerate() {
-                    // SAFETY: row g of the part covers g·k..g·k + k.
-                    let xv =
-                        unsafe { _mm512_loadu_si512(part.as_ptr().add(g * k + c) as *const _) };
-                    *a = _mm512_dpbf16_ps(*a, wv, xv.into_bh());
-                }
-            }
-            c += 32;
-        }
-        for (g, o) in out.iter_mut().enumerate() {
-            // hi + mid + lo, each summed over the row.
-            *o = _mm512_reduce_add_ps(acc[0][g])
-                + (_mm512_reduce_add_ps(acc[1][g]) + _mm512_reduce_add_ps(acc[2][g]));
-        }
-    }
-
-    /// [`super::split3`] with `vcvtneps2bf16` (round to nearest even, as `half` does; inputs
-    /// below the smallest normal f32 count as zero, far below the sums' resolution).
-    ///
-    /// # Safety
-    /// The CPU must have AVX-512 F/BW/VL + BF16.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
-    pub(super) unsafe fn split3_avx512(x: &[f32]) -> Vec<u16> {
-        let n = x.len();
-        let mut out = vec![0u16; 3 * n];
-        let n16 = n / 16 * 16;
-        let mut i = 0;
-        while i < n16 {
-            // SAFETY: i + 16 <= n.
-            let mut rest = unsafe { _mm512_loadu_ps(x.as_ptr().add(i)) };
-            for p in 0..3 {
-                let b = _mm512_cvtneps_pbh(rest);
-                let bits: __m256i = b.into_i();
-                let back = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-                rest = _mm512_sub_ps(rest, back);
-                // SAFETY: p·n + i + 16 <= 3·n.
-                unsafe {
-                    _mm256_storeu_si256(out.as_mut_ptr().add(p * n + i) as *mut __m256i, bits)
-                };
-            }
-            i += 16;
-        }
-        for (j, v) in x.iter().enumerate().skip(n16) {
-            let mut rest = *v;
-            for p in 0..3 {
-                let b = half::bf16::from_f32(rest);
-                out[p * n + j] = b.to_bits();
-                rest -= b.to_f32();
-            }
-        }
-        out
-    }
-
-    /// `__m256bh` → `__m256i` (same bits).
-    trait IntoI {
-        fn into_i(self) -> __m256i;
-    }
-    impl IntoI for __m256bh {
-        #[inline(always)]
-        fn into_i(self) -> __m256i {
-            // SAFETY: both are 32-byte plain vector types; every bit pattern is valid in each.
-            unsafe { std::mem::transmute::<__m256bh, __m256i>(self) }
-        }
-    }
-
-    /// `__m512i` → `__m512bh` (same bits).
-    trait IntoBh {
-        fn into_bh(self) -> __m512bh;
-    }
-    impl IntoBh for __m512i {
-        #[inline(always)]
-        fn into_bh(self) -> __m512bh {
-            // SAFETY: both are 64-byte plain vector types; every bit pattern is valid in each.
-            unsafe { std::mem::transmute::<__m512i, __m512bh>(self) }
-        }
-    }
 
     /// # Safety
     /// The CPU must have AVX-512 F/BW/VL; `xs.len() == G · w.len()`, `out.len() == G`.
@@ -519,34 +366,6 @@ mod tests {
                     }
                 }
             }
-        }
-    }
-
-    #[test]
-    fn vector_split_matches_the_scalar_one() {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if Isa::detected().avx512_bf16 {
-                let x = values(37, 9);
-                // SAFETY: the CPU has the features (checked above).
-                let v = unsafe { x86::split3_avx512(&x) };
-                assert_eq!(v, split3(&x));
-            }
-        }
-    }
-
-    #[test]
-    fn split_parts_sum_to_the_value() {
-        let x = [1.0f32 / 3.0, -7.123_456_7e3, 1e-30, 0.0];
-        let p = split3(&x);
-        for (i, v) in x.iter().enumerate() {
-            let s: f64 = (0..3)
-                .map(|j| f32::from_bits((p[j * x.len() + i] as u32) << 16) as f64)
-                .sum();
-            assert!(
-                (s - *v as f64).abs() <= (*v as f64).abs() * 1e-7,
-                "{v}: {s}"
-            );
         }
     }
 }

@@ -17,8 +17,6 @@ pub struct Isa {
     pub avx512: bool,
     /// AVX-512 VNNI: `vpdpbusd` on 512-bit vectors.
     pub avx512_vnni: bool,
-    /// AVX-512 BF16: `vdpbf16ps`, `vcvtne2ps2bf16`.
-    pub avx512_bf16: bool,
 }
 
 impl Isa {
@@ -28,7 +26,6 @@ impl Isa {
         avx_vnni: false,
         avx512: false,
         avx512_vnni: false,
-        avx512_bf16: false,
     };
 
     /// What this CPU has (detected once).
@@ -83,9 +80,7 @@ impl Isa {
 
     /// A short name of the widest bf16 path ([`super::bf16_dot`]).
     pub fn bf16_path(self) -> &'static str {
-        if self.avx512_bf16 {
-            "avx512-bf16"
-        } else if self.avx512 {
+        if self.avx512 {
             "avx512"
         } else if self.avx2 {
             "avx2"
@@ -109,7 +104,6 @@ fn detect() -> Isa {
         avx_vnni: avx2 && is_x86_feature_detected!("avxvnni"),
         avx512,
         avx512_vnni: avx512 && is_x86_feature_detected!("avx512vnni"),
-        avx512_bf16: avx512 && is_x86_feature_detected!("avx512bf16"),
     }
 }
 
@@ -131,6 +125,5 @@ fn detect() -> Isa {
         avx_vnni: avx2 && cfg!(target_feature = "avxvnni"),
         avx512,
         avx512_vnni: avx512 && cfg!(target_feature = "avx512vnni"),
-        avx512_bf16: avx512 && cfg!(target_feature = "avx512bf16"),
     }
 }

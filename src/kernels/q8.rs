@@ -204,7 +204,6 @@ impl Q8Matrix {
             avx_vnni: isa.avx_vnni && d.avx_vnni,
             avx512: isa.avx512 && d.avx512,
             avx512_vnni: isa.avx512_vnni && d.avx512_vnni,
-            avx512_bf16: isa.avx512_bf16 && d.avx512_bf16,
         };
         assert_eq!(
             x.k, self.k,

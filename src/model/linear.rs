@@ -12,16 +12,16 @@ use anyhow::{Context, Result};
 
 use super::weights::{Bf16Data, MappedWeights};
 use crate::kernels::bf16_dot::{self, Dense, Rows};
-use crate::kernels::isa::Isa;
 use crate::kernels::q8::{Q8Matrix, Q8Rows};
 
 /// How the matrices of the CPU inference path are held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WeightFormat {
-    /// f32 (exact for every checkpoint; a bf16-stored matrix is widened in registers, not
-    /// copied).
+    /// f32 (exact for every checkpoint; a bf16-stored matrix is held as [`Self::Bf16`] holds
+    /// it, since its f32 values are its bf16 bits widened).
     F32,
     /// bf16: the stored values of a bf16 checkpoint, read in place; rounded from f32 otherwise.
+    /// The arithmetic is f32 either way: the kernels widen the weights in registers.
     Bf16,
     /// 8-bit blocks with an f16 scale per 32 weights ([`crate::kernels::q8`]).
     Q8,
@@ -35,14 +35,8 @@ pub enum LinearWeight {
         n: usize,
         k: usize,
     },
-    /// f32 precision over a bf16-stored matrix: its f32 values are the bf16 bits widened, so they
-    /// are read in place and widened in registers, with the f32 kernels' fused multiply-adds
-    /// (never `vdpbf16ps`), instead of a converted copy that would double the bytes per frame.
-    F32FromBf16 {
-        w: Bf16Data,
-        n: usize,
-        k: usize,
-    },
+    /// bf16 bits (in place in the mapped checkpoint where it stores bf16), widened to f32 in
+    /// registers by the kernels: the f32 precision over a bf16-stored matrix, and `bf16-weights`.
     Bf16 {
         w: Bf16Data,
         n: usize,
@@ -63,19 +57,14 @@ impl LinearWeight {
     ) -> Result<Self> {
         let shape = [n, k];
         Ok(match format {
-            WeightFormat::F32 if src.stored_dtype(name) == Some(safetensors::Dtype::BF16) => {
-                let w = src.bf16(name, &shape)?;
-                if w.is_mapped() {
-                    src.populate(name);
+            WeightFormat::F32 if src.stored_dtype(name) != Some(safetensors::Dtype::BF16) => {
+                LinearWeight::F32 {
+                    w: src.f32(name, &shape)?,
+                    n,
+                    k,
                 }
-                LinearWeight::F32FromBf16 { w, n, k }
             }
-            WeightFormat::F32 => LinearWeight::F32 {
-                w: src.f32(name, &shape)?,
-                n,
-                k,
-            },
-            WeightFormat::Bf16 => {
+            WeightFormat::F32 | WeightFormat::Bf16 => {
                 let w = src.bf16(name, &shape)?;
                 if w.is_mapped() {
                     src.populate(name);
@@ -99,9 +88,7 @@ impl LinearWeight {
     /// `(n, k)`.
     pub fn dims(&self) -> (usize, usize) {
         match self {
-            LinearWeight::F32 { n, k, .. }
-            | LinearWeight::F32FromBf16 { n, k, .. }
-            | LinearWeight::Bf16 { n, k, .. } => (*n, *k),
+            LinearWeight::F32 { n, k, .. } | LinearWeight::Bf16 { n, k, .. } => (*n, *k),
             LinearWeight::Q8(q) => q.dims(),
         }
     }
@@ -110,9 +97,7 @@ impl LinearWeight {
     pub fn bytes(&self) -> usize {
         match self {
             LinearWeight::F32 { w, .. } => 4 * w.len(),
-            LinearWeight::F32FromBf16 { w, .. } | LinearWeight::Bf16 { w, .. } => {
-                2 * w.bits().len()
-            }
+            LinearWeight::Bf16 { w, .. } => 2 * w.bits().len(),
             LinearWeight::Q8(q) => q.bytes(),
         }
     }
@@ -129,13 +114,6 @@ impl LinearWeight {
         match self {
             LinearWeight::F32 { w, .. } => {
                 bf16_dot::matmul_t(Dense::F32(w), n, x.dense(), &mut out)
-            }
-            LinearWeight::F32FromBf16 { w, .. } => {
-                let f32_paths = Isa {
-                    avx512_bf16: false,
-                    ..Isa::detected()
-                };
-                bf16_dot::matmul_t_with(f32_paths, Dense::Bf16(w.bits()), n, x.dense(), &mut out)
             }
             LinearWeight::Bf16 { w, .. } => {
                 bf16_dot::matmul_t(Dense::Bf16(w.bits()), n, x.dense(), &mut out)

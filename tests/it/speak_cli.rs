@@ -377,16 +377,24 @@ fn every_precision_reaches_the_synthesizer() {
         lines.insert(flag, loaded);
     }
     // What was loaded differs as the format says: f32 over this bf16-stored checkpoint reads the
-    // stored values in place and widens them in registers (exact, no converted copy), so it
-    // holds the bytes of bf16 and says so; the 8-bit blocks hold yet another amount (1 byte +
-    // 1/16 of an f16 scale per weight, but rows padded to 32 and tiles to 16 rows: on this tiny
-    // model more than bf16, on real shapes ~0.53×).
+    // stored values in place and widens them in registers (exact, no converted copy), as
+    // bf16-weights does, so both hold the bytes of bf16 and say so; the 8-bit blocks hold yet
+    // another amount (1 byte + 1/16 of an f16 scale per weight, but rows padded to 32 and tiles
+    // to 16 rows: on this tiny model more than bf16, on real shapes ~0.53×).
     assert_eq!(bytes["f32"], bytes["bf16-weights"], "{bytes:?}");
+    for flag in ["f32", "bf16-weights"] {
+        assert!(
+            lines[flag].contains("bf16 matrices widened to f32 in registers"),
+            "{lines:?}"
+        );
+    }
+    assert!(!lines["q8"].contains("widened"), "{lines:?}");
+    // The same products over the same stored values: the same audio, sample for sample.
+    let samples = |flag: &str| std::fs::read(ws.path().join(format!("{flag}.wav"))).unwrap();
     assert!(
-        lines["f32"].contains("bf16-stored matrices widened to f32 in registers"),
-        "{lines:?}"
+        samples("f32") == samples("bf16-weights"),
+        "f32 and bf16-weights differ on a bf16-stored checkpoint"
     );
-    assert!(!lines["bf16-weights"].contains("widened"), "{lines:?}");
     assert!(
         bytes["q8"] != bytes["bf16-weights"] && bytes["q8"] != bytes["f32"],
         "{bytes:?}"

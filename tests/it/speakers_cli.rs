@@ -279,6 +279,18 @@ fn two_speakers_train_export_and_speak_apart() {
     );
     let worst = check_rows(ws, ["alice", "Bob"]);
     eprintln!("export rows vs x-vectors: max |diff| {worst:.3e} (bf16 rounding)");
+    // VOICECLONE_KEEP_WORKSPACE=DIR keeps a copy of this workspace, so that the official package
+    // can be run on its export by hand (`scripts/check_export_official.py DIR/model --speaker
+    // alice --xvector DIR/data/speakers/alice.safetensors`; README, `voiceclone export`).
+    if let Some(keep) = std::env::var_os("VOICECLONE_KEEP_WORKSPACE") {
+        let st = std::process::Command::new("cp")
+            .arg("-r")
+            .arg(ws)
+            .arg(&keep)
+            .status()
+            .unwrap();
+        assert!(st.success(), "copying the workspace to {keep:?}");
+    }
     // Training again has nothing to do, and the export is up to date.
     let o = train(ws, &["--max-steps", "3"]);
     ok(&o);
