@@ -92,7 +92,7 @@ run_rust() { # precision threads
     audio=$(sed -n 's/^\([0-9.]*\) s of audio in .*/\1/p' "$OUT/rust.err")
     frames=$(sed -n 's/.*s, \([0-9]*\) frames.*/\1/p' "$OUT/rust.out")
     rss=$(sed -n 's/.*Maximum resident set size (kbytes): \([0-9]*\)/\1/p' "$OUT/rust.err")
-    mb=$(sed -n 's/.* kernels, \([0-9.]*\) MB read per frame.*/\1/p' "$OUT/rust.err")
+    mb=$(sed -n 's/.*, \([0-9.]*\) MB read per frame.*/\1/p' "$OUT/rust.err")
     whole=$(python3 -c "print(f'{$end - $start:.3f}')")
     echo "$secs $frames $audio $((rss / 1024)) $whole $mb"
 }
