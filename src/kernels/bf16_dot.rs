@@ -13,8 +13,8 @@
 //! AVX-512 BF16's `vdpbf16ps` is not used. It multiplies bf16 pairs, so exact f32 products need
 //! the activation split into three bf16 parts: three dot instructions and three activation reads
 //! per weight vector, against one shift and one FMA per activation row here. Measured on the
-//! 0.6B shapes (2 threads, docs/performance.md §3), that path took 300 ms per frame against
-//! 230 ms for widening, and at 4 batched rows it fell further behind (§10 there).
+//! 0.6B shapes, that path took 300 ms per frame against 230 ms for widening, and fell further
+//! behind with batched rows (docs/performance.md §2.3).
 //!
 //! Output rows are split across the rayon pool in chunks of [`ROWS_PER_TASK`]; each task owns
 //! its rows' outputs.

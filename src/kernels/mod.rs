@@ -12,7 +12,7 @@
 //! | [`conv`], [`winograd`] | the codec's causal convolutions in row tiles |
 //! | [`isa`] | run-time detection of AVX2, AVX-VNNI, AVX-512 (VNNI, BF16) |
 //! | [`q8`] | 8-bit block-quantized matrices times activation rows (`vpdpbusd`), inference |
-//! | [`bf16_dot`] | bf16- or f32-stored matrices times activation rows (`vdpbf16ps`, FMA), inference |
+//! | [`bf16_dot`] | bf16- or f32-stored matrices times activation rows (widening + FMA), inference |
 //! | [`matvec`] | `x · wᵀ` for a few f32 rows against bf16 candle weights (the tensor path) |
 //! | [`grad`] | inner loops of the training kernels with hand-written backward passes |
 //! | [`optim`], [`loss`] | AdamW's element-wise updates, the fused cross-entropy |
