@@ -362,7 +362,23 @@ mod tests {
         }
         let r = vals(y.len(), 4);
         let grads = on_threads(1, || att.backward(&q, &k, &v, &r));
-        assert_eq!(on_threads(3, || att.backward(&q, &k, &v, &r)), grads);
+        let threaded = on_threads(3, || att.backward(&q, &k, &v, &r));
+        if cfg!(miri) {
+            // Miri gives `f32::exp` a random error of a few ulps at every call (its precision
+            // is not guaranteed), so two runs differ there in the last bits whatever the
+            // threads; the bit-for-bit check runs on real hardware.
+            for (a, b) in [
+                (&threaded.0, &grads.0),
+                (&threaded.1, &grads.1),
+                (&threaded.2, &grads.2),
+            ] {
+                for (x, y) in a.iter().zip(b.iter()) {
+                    assert!((x - y).abs() <= 1e-5 * (1.0 + y.abs()), "{x} vs {y}");
+                }
+            }
+        } else {
+            assert_eq!(threaded, grads);
+        }
         let loss = |q: &[f32], k: &[f32], v: &[f32]| -> f64 {
             let y = att.forward(q, k, v);
             y.iter().zip(&r).map(|(a, b)| (a * b) as f64).sum()
