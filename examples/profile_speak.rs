@@ -32,15 +32,10 @@ fn main() -> anyhow::Result<()> {
     );
     let talker = s.cpu_talker().expect("the CPU inference path");
     let h = talker.hidden_size();
-    let mut rng = 1u64;
+    let mut rng = voiceclone::rng::SplitMix64::new(1);
     let mut noise = |len: usize| -> Vec<f32> {
         (0..len)
-            .map(|_| {
-                rng ^= rng << 13;
-                rng ^= rng >> 7;
-                rng ^= rng << 17;
-                ((rng >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
+            .map(|_| rng.next_f64() as f32 * 2.0 - 1.0)
             .collect()
     };
     let prompt = 12;

@@ -29,15 +29,19 @@ fn extent(rows: usize, cols: usize, rs: usize, cs: usize) -> usize {
         .expect("matrix view extent overflows usize")
 }
 
+/// The check of both views' dense constructors: `len` values are exactly `rows·cols`.
+fn check_dense(len: usize, rows: usize, cols: usize) {
+    assert_eq!(
+        Some(len),
+        rows.checked_mul(cols),
+        "matrix view: {len} values for {rows}×{cols}"
+    );
+}
+
 impl<'a> MatRef<'a> {
     /// `rows` contiguous rows of `cols` values: `data` must hold exactly `rows·cols` values.
     pub fn new(data: &'a [f32], rows: usize, cols: usize) -> Self {
-        assert_eq!(
-            Some(data.len()),
-            rows.checked_mul(cols),
-            "matrix view: {} values for {rows}×{cols}",
-            data.len()
-        );
+        check_dense(data.len(), rows, cols);
         Self {
             data,
             rows,
@@ -121,12 +125,7 @@ pub struct MatMut<'a> {
 impl<'a> MatMut<'a> {
     /// `rows` contiguous rows of `cols` values: `data` must hold exactly `rows·cols` values.
     pub fn new(data: &'a mut [f32], rows: usize, cols: usize) -> Self {
-        assert_eq!(
-            Some(data.len()),
-            rows.checked_mul(cols),
-            "matrix view: {} values for {rows}×{cols}",
-            data.len()
-        );
+        check_dense(data.len(), rows, cols);
         Self {
             data,
             rows,

@@ -694,19 +694,8 @@ fn f16_to_f32(bits: u16) -> f32 {
 
 #[cfg(test)]
 mod tests {
+    use super::super::grad::tests::vals as values;
     use super::*;
-
-    fn values(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(1);
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect()
-    }
 
     /// f64 products of the dequantized operands: what every path must reproduce up to the f32
     /// rounding of the block accumulation.

@@ -1,20 +1,12 @@
 //! Each kernel against the same function built from plain candle ops, values and gradients
 //! (candle's autograd on the plain ops is the reference).
 use super::*;
+use crate::kernels::grad::tests::vals;
 use candle_core::{Device, Var, D};
 
 fn randn(shape: &[usize], seed: u64) -> Tensor {
     let n: usize = shape.iter().product();
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let v: Vec<f32> = (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect();
-    Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+    Tensor::from_vec(vals(n, seed), shape, &Device::Cpu).unwrap()
 }
 
 fn max_rel(a: &Tensor, b: &Tensor) -> f32 {
