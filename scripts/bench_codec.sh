@@ -8,10 +8,13 @@
 # `scripts/bench_codec_official.py --make-full-size`), read the same 24 kHz 16-bit WAV (real
 # speech from .test-assets/speech/bench5, resampled once to 24 kHz with librosa and written to
 # disk, so both get identical samples), loop it to the same length, warm up on 2 s, and time one
-# encode of the whole input and one decode of its codes. Rounds alternate official / Rust; the
-# best time of each side is reported (the machine is shared, so the minimum is the least
-# disturbed measurement), as throughput (audio seconds per wall second) and as Rust/official
-# ratios (> 1: Rust is faster).
+# encode of the whole input and one decode of its codes. The official side runs with the codec in
+# float32 and in bfloat16 (its `dtype` argument; bf16 decodes faster on AVX-512-BF16 CPUs), and
+# ratios are against the faster of the two. Rounds alternate official f32 / official bf16 / Rust;
+# the best time of each side is reported (the minimum is the least disturbed measurement), as
+# throughput (audio seconds per wall second) and as Rust/official ratios (> 1: Rust is faster).
+# The machine must be quiet: the 1-minute load average must be under 0.5 (FORCE=1 runs anyway and
+# says so).
 #
 # First, a parity check at full size on the same speech (PARITY_SECONDS, default 8): the codes of
 # both sides must be identical and the Rust decode of the official codes within 2e-3 of the
@@ -20,7 +23,7 @@
 # Environment: PYTHON (a Python with torch + qwen-tts, default /work/fixtures-venv/bin/python),
 # CODEC_DIR (default .big-fixtures/codec-full), SECONDS_OF_AUDIO (default 60), ROUNDS (default 1),
 # THREADS (both sides; default: every core), PARITY_SECONDS (0 skips the check; ROUNDS=0 runs
-# only the check).
+# only the check), FORCE.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,6 +36,18 @@ PARITY_SECONDS=${PARITY_SECONDS:-8}
 WAV=.big-fixtures/bench/speech24k.wav
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
+
+load=$(cut -d' ' -f1 /proc/loadavg)
+if python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) < 0.5 else 1)" "$load"; then
+    LOAD_NOTE="load average $load before starting"
+elif [[ ${FORCE:-0} == 1 ]]; then
+    LOAD_NOTE="load average $load before starting: NOT QUIET (FORCE=1), figures are disturbed"
+    echo "warning: $LOAD_NOTE" >&2
+else
+    echo "error: the 1-minute load average is $load (>= 0.5): other jobs share the CPU and the" \
+        "figures would be wrong (docs/performance.md §1). Wait, or FORCE=1 to run anyway." >&2
+    exit 1
+fi
 
 if ! "$PYTHON" -c 'import torch, qwen_tts, librosa' 2>/dev/null; then
     echo "error: $PYTHON lacks torch / qwen-tts / librosa (see scripts/make_fixtures.py for the setup)" >&2
@@ -99,41 +114,48 @@ if [[ $ROUNDS == 0 ]]; then
 fi
 
 for round in $(seq 1 "$ROUNDS"); do
-    echo "== round $round/$ROUNDS: official (torch, $THREADS threads)" >&2
-    "$PYTHON" scripts/bench_codec_official.py --bench "$CODEC_DIR" --audio "$WAV" \
-        --seconds "$SECONDS_OF_AUDIO" --threads "$THREADS" 2>"$OUT/official.$round.log" \
-        >"$OUT/official.$round.json" || { cat "$OUT/official.$round.log" >&2; exit 1; }
-    grep -E '^threads=' "$OUT/official.$round.log" >&2 || true
+    for dtype in float32 bfloat16; do
+        echo "== round $round/$ROUNDS: official $dtype (torch, $THREADS threads)" >&2
+        "$PYTHON" scripts/bench_codec_official.py --bench "$CODEC_DIR" --audio "$WAV" \
+            --seconds "$SECONDS_OF_AUDIO" --threads "$THREADS" --dtype "$dtype" \
+            2>"$OUT/official_$dtype.$round.log" >"$OUT/official_$dtype.$round.json" \
+            || { cat "$OUT/official_$dtype.$round.log" >&2; exit 1; }
+        grep -E '^threads=' "$OUT/official_$dtype.$round.log" >&2 || true
+    done
     echo "== round $round/$ROUNDS: rust ($THREADS threads)" >&2
     RAYON_NUM_THREADS=$THREADS ./target/release/examples/bench_codec --codec "$CODEC_DIR" \
         --audio "$WAV" --seconds "$SECONDS_OF_AUDIO" >"$OUT/rust.$round.json"
 done
 
-"$PYTHON" - "$OUT" "$ROUNDS" <<'EOF'
+"$PYTHON" - "$OUT" "$ROUNDS" "$LOAD_NOTE" <<'EOF'
 import json, sys
-out, rounds = sys.argv[1], int(sys.argv[2])
+out, rounds, load_note = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 def load(side):
     runs = [json.loads(open(f"{out}/{side}.{r}.json").read().strip().splitlines()[-1]) for r in range(1, rounds + 1)]
     best = {k: min(r[k] for r in runs) for k in ("encode_seconds", "decode_seconds")}
     frames = {r["frames"] for r in runs}
     assert len(frames) == 1, frames
     return runs[0]["audio_seconds"], frames.pop(), best, runs
-audio_o, frames_o, off, runs_o = load("official")
+audio_f, frames_f, f32, runs_f = load("official_float32")
+audio_b, frames_b, bf16, runs_b = load("official_bfloat16")
 audio_r, frames_r, rust, runs_r = load("rust")
-assert audio_o == audio_r and frames_o == frames_r, (audio_o, audio_r, frames_o, frames_r)
-print(f"audio: {audio_r:.1f} s, {frames_r} frames; best of {rounds} round(s) each")
-print(f"{'':8} {'official':>22} {'rust':>22} {'rust/official':>14}")
+assert audio_f == audio_b == audio_r and frames_f == frames_b == frames_r, (audio_f, audio_b, audio_r)
+print(f"audio: {audio_r:.1f} s, {frames_r} frames; best of {rounds} round(s) each; {load_note}")
+print(f"{'':8} {'official float32':>22} {'official bfloat16':>22} {'rust':>22} {'rust/faster official':>21}")
+speedup = {}
 for step in ("encode", "decode"):
-    o, r = off[f"{step}_seconds"], rust[f"{step}_seconds"]
-    print(f"{step:8} {o:8.2f} s {audio_o / o:7.2f}x RT {r:8.2f} s {audio_r / r:7.2f}x RT {o / r:13.2f}x")
+    o32, o16, r = (side[f"{step}_seconds"] for side in (f32, bf16, rust))
+    best = min(o32, o16)
+    speedup[step] = round(best / r, 3)
+    cells = " ".join(f"{t:8.2f} s {audio_r / t:7.2f}x RT" for t in (o32, o16, r))
+    print(f"{step:8} {cells} {best / r:20.2f}x")
 try:
     parity = json.load(open(f"{out}/parity.json"))
     print(f"parity (first {parity['frames']} frames): codes differing {parity['codes_differing']}, "
           f"decoded audio max abs diff {parity['wav_max_abs_diff']:.2e}")
 except FileNotFoundError:
     parity = None
-print(json.dumps({"audio_seconds": audio_r, "frames": frames_r, "parity": parity,
-                  "official": runs_o, "rust": runs_r,
-                  "encode_speedup": round(off["encode_seconds"] / rust["encode_seconds"], 3),
-                  "decode_speedup": round(off["decode_seconds"] / rust["decode_seconds"], 3)}))
+print(json.dumps({"audio_seconds": audio_r, "frames": frames_r, "parity": parity, "load": load_note,
+                  "official_float32": runs_f, "official_bfloat16": runs_b, "rust": runs_r,
+                  "encode_speedup": speedup["encode"], "decode_speedup": speedup["decode"]}))
 EOF

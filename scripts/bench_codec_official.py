@@ -146,11 +146,11 @@ def make_full_size(dest: Path) -> None:
          "the official Qwen3TTSTokenizer loads it")
 
 
-def bench(model_dir: Path, wav: Path, seconds: float, threads: int) -> None:
+def bench(model_dir: Path, wav: Path, seconds: float, threads: int, dtype: str) -> None:
     torch, np, librosa = mf.torch, mf.np, mf.librosa
     torch.use_deterministic_algorithms(False)  # make_fixtures sets it for the fixtures; not wanted here
     torch.set_num_threads(threads)
-    tok = mf.Qwen3TTSTokenizer.from_pretrained(str(model_dir), dtype=torch.float32, device_map="cpu")
+    tok = mf.Qwen3TTSTokenizer.from_pretrained(str(model_dir), dtype=getattr(torch, dtype), device_map="cpu")
     sr = int(tok.feature_extractor.sampling_rate)
     audio, file_sr = librosa.load(str(wav), sr=None, mono=True)
     if file_sr != sr:
@@ -190,6 +190,8 @@ def main() -> None:
     ap.add_argument("--audio", metavar="WAV", help="audio to encode (looped to --seconds)")
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="the codec's weights and compute type (the wrapper's dtype argument)")
     args = ap.parse_args()
     mf._import_stack()
     if args.make_full_size:
@@ -197,7 +199,7 @@ def main() -> None:
     else:
         if not args.audio:
             ap.error("--bench needs --audio WAV")
-        bench(Path(args.bench).resolve(), Path(args.audio), args.seconds, args.threads)
+        bench(Path(args.bench).resolve(), Path(args.audio), args.seconds, args.threads, args.dtype)
 
 
 if __name__ == "__main__":
