@@ -8,7 +8,8 @@
 //! reads WAV at 24 kHz, loops it to `--seconds`, warms up with an encode + decode of the first
 //! 2 s, then times `encode` of the whole input and `decode` of its codes (chunked, 300 + 25
 //! frames), and with `--stream` the same codes through `serve`'s streaming decoder one frame at a
-//! time (about four times the decode's time, so not by default). Prints `{"encode_seconds",
+//! time (several times the decode's time, so not by default), checking that its samples equal
+//! the decode's bit for bit. Prints `{"encode_seconds",
 //! "decode_seconds", "audio_seconds", "frames"}` (and `"stream_decode_seconds"`) on stdout;
 //! diagnostics go to stderr. `RAYON_NUM_THREADS` sets the threads (default: every core).
 //!
@@ -93,15 +94,25 @@ fn main() -> Result<()> {
     let stream_dec = if stream_too {
         let t = Instant::now();
         let mut stream = voiceclone::model::codec::StreamDecoder::new(codec.decoder());
-        let mut streamed = 0usize;
+        let mut streamed = Vec::with_capacity(out.len());
         for f in &codes {
-            streamed += stream.push(std::slice::from_ref(f))?.len();
+            streamed.extend(stream.push(std::slice::from_ref(f))?);
         }
-        if streamed != out.len() {
+        // The streaming decoder gives the offline samples bit for bit (docs/model.md §9.3).
+        if streamed.len() != out.len() {
             bail!(
-                "the streaming decoder gave {streamed} samples, the decoder {}",
+                "the streaming decoder gave {} samples, the decoder {}",
+                streamed.len(),
                 out.len()
             );
+        }
+        let differing = streamed
+            .iter()
+            .zip(&out)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        if differing > 0 {
+            bail!("{differing} streamed samples differ from the offline decode");
         }
         Some(t.elapsed().as_secs_f64())
     } else {

@@ -1,5 +1,16 @@
 //! The one GEMM entry point of the crate: `dst (=|+=) β · lhs · rhs` on bounds-checked views,
 //! through the `gemm` crate (candle's CPU matmul uses the same crate).
+//!
+//! Every product is **row-invariant**: an element's value depends on its row of `lhs`, its
+//! column of `rhs` and `k`, never on how many other rows or columns the call has, where it sits
+//! in them, or the thread count (docs/model.md §9.5). That is what lets the streaming codec
+//! decoder give bit for bit the samples of the offline one. The crate's general kernel already
+//! sums each element as one FMA chain per block of the inner dimension; what this module adds:
+//! the inner dimension is cut into blocks of [`K_BLOCK`] at fixed places (the crate's own block
+//! size depends on `m` and `n`), and the shapes for which the crate switches to other
+//! summation orders (matrix–vector products for one row or column, dot-product kernels for
+//! small outputs with both operands contiguous along `k`, `k ≤ 2`) are copied into a padded
+//! staging buffer that takes the general kernel instead.
 
 use super::buf::{Init, Uninit};
 use super::mat::{MatMut, MatRef};
@@ -62,12 +73,133 @@ pub fn gemm(mut dst: MatMut<'_>, lhs: MatRef<'_>, rhs: MatRef<'_>, acc: Acc, bet
     unsafe { raw(out.as_mut_ptr(), rs, m, n, k, acc, lhs, rhs, beta, par) }
 }
 
+/// Terms per block of the inner dimension: each block is one FMA chain per element, whose sum is
+/// added to the destination in order. 512 is the `gemm` crate's own block for small outputs.
+pub const K_BLOCK: usize = 512;
+
+/// Outputs up to this many elements with both operands contiguous along `k` take the `gemm`
+/// crate's dot-product kernels (`gemm-common`'s horizontal path), whose sums are split over
+/// SIMD lanes.
+const DOT_KERNEL_MAX_OUTPUTS: usize = 16 * 16;
+
 /// # Safety
 /// `dst` must be valid for writes (and, with [`Acc::Add`], reads) of `m` rows of `n` values at
 /// row stride `dst_rs`, not overlapping each other or the operands; `lhs` is `m × k` and
 /// `rhs` is `k × n`.
 #[allow(clippy::too_many_arguments)]
 unsafe fn raw(
+    dst: *mut f32,
+    dst_rs: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    acc: Acc,
+    lhs: MatRef<'_>,
+    rhs: MatRef<'_>,
+    beta: f32,
+    par: Par,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    let dot_kernels = lhs.col_stride() == 1
+        && rhs.row_stride() == 1
+        && m.max(2) * n.max(2) <= DOT_KERNEL_MAX_OUTPUTS;
+    if k > 0 && (m < 2 || n < 2 || k < 3 || dot_kernels) {
+        // SAFETY: the caller's contract, passed on unchanged.
+        return unsafe { staged(dst, dst_rs, m, n, k, acc, lhs, rhs, beta, par) };
+    }
+    if k <= K_BLOCK {
+        // SAFETY: the caller's contract.
+        return unsafe { crate_gemm(dst, dst_rs, m, n, k, acc, lhs, rhs, beta, par) };
+    }
+    for k0 in (0..k).step_by(K_BLOCK) {
+        let k1 = (k0 + K_BLOCK).min(k);
+        let block_acc = if k0 == 0 { acc } else { Acc::Add };
+        let (a, b) = (lhs.cols_range(k0, k1), rhs.rows_range(k0, k1));
+        // SAFETY: the caller's `dst`; the blocks are sub-views of its operands.
+        unsafe { crate_gemm(dst, dst_rs, m, n, k1 - k0, block_acc, a, b, beta, par) };
+    }
+}
+
+/// The product through zero-padded copies, which [`raw`] gives to the general kernel: `lhs` as
+/// an `m'×k'` column-major matrix and/or `rhs` as a `k'×n'` row-major one (m' = max(m, 2),
+/// n' = max(n, 2), k' = max(k, 3)), so that no dimension is too small and the operands are not
+/// both contiguous along `k`. An operand that needs none of that is used in place (for one
+/// row of activations times a weight matrix, only the row is copied). The zero padding adds
+/// exact zeros to no element's sum.
+///
+/// # Safety
+/// As [`raw`], with `k > 0`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn staged(
+    dst: *mut f32,
+    dst_rs: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    acc: Acc,
+    lhs: MatRef<'_>,
+    rhs: MatRef<'_>,
+    beta: f32,
+    par: Par,
+) {
+    let (m2, n2, k2) = (m.max(2), n.max(2), k.max(3));
+    // Both operands contiguous along `k`: copying either one (the smaller) breaks that.
+    let dot = lhs.col_stride() == 1 && rhs.row_stride() == 1;
+    let copy_lhs = m < 2 || k < 3 || (dot && m <= n);
+    let copy_rhs = n < 2 || k < 3 || (dot && !copy_lhs);
+    let lhs_buf: Vec<f32>;
+    let a = if copy_lhs {
+        let mut buf = vec![0f32; m2 * k2];
+        for l in 0..k {
+            for i in 0..m {
+                buf[l * m2 + i] = lhs.get(i, l);
+            }
+        }
+        lhs_buf = buf;
+        MatRef::strided(&lhs_buf, m2, k2, 1, m2)
+    } else {
+        lhs
+    };
+    let rhs_buf: Vec<f32>;
+    let b = if copy_rhs {
+        let mut buf = vec![0f32; k2 * n2];
+        for l in 0..k {
+            for j in 0..n {
+                buf[l * n2 + j] = rhs.get(l, j);
+            }
+        }
+        rhs_buf = buf;
+        MatRef::new(&rhs_buf, k2, n2)
+    } else {
+        rhs
+    };
+    let mut out = vec![0f32; m2 * n2];
+    if acc == Acc::Add {
+        for i in 0..m {
+            // SAFETY: row i of the caller's `dst` holds `n` readable values at `i·dst_rs`.
+            let row = unsafe { std::slice::from_raw_parts(dst.add(i * dst_rs), n) };
+            out[i * n2..i * n2 + n].copy_from_slice(row);
+        }
+    }
+    // SAFETY: `out` is an m2×n2 buffer of our own; `a` and `b` are views of live buffers
+    // (or of the caller's operands) of the right shapes, none aliasing `out`.
+    unsafe { raw(out.as_mut_ptr(), n2, m2, n2, k2, acc, a, b, beta, par) };
+    for i in 0..m {
+        // SAFETY: row i of the caller's `dst` holds `n` writable values at `i·dst_rs`, not
+        // overlapping the other rows or `out`.
+        let row = unsafe { std::slice::from_raw_parts_mut(dst.add(i * dst_rs), n) };
+        row.copy_from_slice(&out[i * n2..i * n2 + n]);
+    }
+}
+
+/// One call of the `gemm` crate.
+///
+/// # Safety
+/// As [`raw`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn crate_gemm(
     dst: *mut f32,
     dst_rs: usize,
     m: usize,
@@ -232,6 +364,52 @@ mod tests {
             )
         });
         assert!(close(&stacked[..m * n], &want) && close(&stacked[m * n..], &want));
+    }
+
+    /// Row-invariance (the module's promise): every element of a product equals, bit for bit,
+    /// the same element computed by a call over a single row, a single column or any block of
+    /// rows and columns; in the plain layout and with both operands contiguous along `k`, for
+    /// `k` below 3, within one block and across several.
+    #[test]
+    fn every_element_is_summed_the_same_whatever_the_call_around_it() {
+        let (m, n) = (6, 20);
+        let ks: &[usize] = if cfg!(miri) {
+            &[2, 600]
+        } else {
+            &[1, 2, 9, 600, 1100]
+        };
+        for &k in ks {
+            let a = vals(m * k, k as u32);
+            let b = vals(k * n, 7 * k as u32);
+            let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
+            let lhs = MatRef::new(&a, m, k);
+            for (layout, rhs) in [
+                ("row-major rhs", MatRef::new(&b, k, n)),
+                ("rhs contiguous along k", MatRef::new(&bt, n, k).t()),
+            ] {
+                let full = matmul_new(lhs, rhs, Par::Rayon);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                let check = |(r0, r1): (usize, usize), (c0, c1): (usize, usize)| {
+                    let part = matmul_new(lhs.rows_range(r0, r1), rhs.cols_range(c0, c1), Par::Seq);
+                    let want: Vec<f32> = (r0..r1)
+                        .flat_map(|i| full[i * n + c0..i * n + c1].to_vec())
+                        .collect();
+                    assert_eq!(
+                        bits(&part),
+                        bits(&want),
+                        "k {k}, {layout}: rows {r0}..{r1}, columns {c0}..{c1}"
+                    );
+                };
+                for i in 0..m {
+                    check((i, i + 1), (0, n));
+                }
+                for j in [0, 7, n - 1] {
+                    check((0, m), (j, j + 1));
+                }
+                check((1, 4), (3, 17));
+                check((5, 6), (19, 20));
+            }
+        }
     }
 
     #[test]

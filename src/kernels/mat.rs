@@ -96,6 +96,26 @@ impl<'a> MatRef<'a> {
         self.cs
     }
 
+    /// Columns `a..b` (no copy).
+    pub fn cols_range(self, a: usize, b: usize) -> Self {
+        assert!(
+            a <= b && b <= self.cols,
+            "columns {a}..{b} of {}",
+            self.cols
+        );
+        let at = if a < b && self.rows > 0 {
+            a * self.cs
+        } else {
+            0
+        };
+        Self::strided(&self.data[at..], self.rows, b - a, self.rs, self.cs)
+    }
+
+    /// Rows `a..b` (no copy).
+    pub fn rows_range(self, a: usize, b: usize) -> Self {
+        self.t().cols_range(a, b).t()
+    }
+
     /// Element `(i, j)`.
     pub fn get(&self, i: usize, j: usize) -> f32 {
         assert!(

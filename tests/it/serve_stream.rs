@@ -1,8 +1,8 @@
 //! Streaming codec decoding (issue 14, acceptance 2; docs/serving.md §4): the samples
 //! [`StreamDecoder`] gives frame by frame, in any grouping of the frames, equal the offline
 //! `Codec::decode` of the whole sequence (the official chunked decoder: 300-frame chunks with
-//! 25 frames of left context) within 1e-4, across the chunk boundary, and with in-context
-//! reference frames primed in front.
+//! 25 frames of left context) bit for bit, across the chunk boundary, and with in-context
+//! reference frames primed in front (docs/model.md §9.5 says why they can).
 
 use crate::common::fixtures;
 
@@ -32,12 +32,15 @@ fn long_codes() -> Vec<Vec<u32>> {
         .collect()
 }
 
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+/// Samples whose bits differ, and the largest difference.
+fn differences(a: &[f32], b: &[f32]) -> (usize, f32) {
     assert_eq!(a.len(), b.len(), "sample counts differ");
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
+    let differing = a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits());
+    let count = differing.clone().count();
+    (
+        count,
+        differing.map(|(x, y)| (x - y).abs()).fold(0.0, f32::max),
+    )
 }
 
 /// Pushes `codes` in groups of the sizes `groups` cycles through.
@@ -71,11 +74,10 @@ fn streamed_decoding_equals_the_offline_decoder_across_the_chunk_boundary() {
     assert_eq!(codes.len(), 330);
     let offline = codec().decode(&codes).unwrap();
     for groups in [&[1][..], &[3, 1, 7], &[64], &[299, 2, 29]] {
-        let err = max_abs_diff(&streamed(&codes, groups, &[]), &offline);
-        eprintln!("groups {groups:?}: max abs diff {err:.3e}");
-        assert!(
-            err <= 1e-4,
-            "groups {groups:?}: streamed differs by {err:.3e}"
+        let (count, err) = differences(&streamed(&codes, groups, &[]), &offline);
+        assert_eq!(
+            count, 0,
+            "groups {groups:?}: {count} streamed samples differ (by up to {err:.3e})"
         );
     }
 }
@@ -87,8 +89,10 @@ fn primed_reference_frames_equal_decoding_them_and_cutting_their_samples() {
     let whole = codec().decode(&codes[..120]).unwrap();
     let want = &whole[40 * 1920..];
     for groups in [&[1][..], &[5, 2]] {
-        let err = max_abs_diff(&streamed(generated, groups, reference), want);
-        eprintln!("primed, groups {groups:?}: max abs diff {err:.3e}");
-        assert!(err <= 1e-4, "primed stream differs by {err:.3e}");
+        let (count, err) = differences(&streamed(generated, groups, reference), want);
+        assert_eq!(
+            count, 0,
+            "primed, groups {groups:?}: {count} samples differ (by up to {err:.3e})"
+        );
     }
 }

@@ -18,7 +18,6 @@ use anyhow::{bail, ensure, Result};
 use super::config::{CodecConfig, DecoderConfig};
 use super::quantizer::{vec_of, RvqDecoder};
 use super::transformer::{layer_norm_rows, rms_norm_rows, Flavour, Transformer, TransformerDims};
-use super::winograd_outputs;
 use crate::kernels::act::{gelu_erf_inplace, Act, SnakeParams};
 use crate::kernels::conv::{
     CausalConv1d, CausalConvTranspose1d, DepthwiseCausalConv1d, Linear, PadMode, ResidualUnit, Seq,
@@ -247,7 +246,10 @@ impl Decoder {
                     causal_conv(w, &format!("{u}.conv1"), (out_dim, out_dim, 7), dilation)?,
                     snake(w, &format!("{u}.act2"), out_dim)?,
                     causal_conv(w, &format!("{u}.conv2"), (out_dim, out_dim, 1), 1)?,
-                    winograd_outputs(),
+                    // Direct convolution, never Winograd: a Winograd tile mixes its rows'
+                    // inputs, so where a streamed push cuts a tile would change the rounding,
+                    // and streamed decoding must equal this one bit for bit (docs/model.md §9.5).
+                    0,
                 )?);
             }
             blocks.push(Block {

@@ -4,9 +4,10 @@
 //! Every size comes from `speech_tokenizer/config.json` ([`config`]). Runs on the CPU in f32 with
 //! its own kernels (in [`crate::kernels`]): convolutions as GEMMs over strided views of
 //! channels-last activations, tiled over time with the preceding activation fused in ([`conv`]);
-//! the residual units' k7 convs as Winograd F(2,7) ([`crate::kernels::winograd`];
+//! the encoder's residual units' k7 convs as Winograd F(2,7) ([`crate::kernels::winograd`];
 //! `VOICECLONE_CODEC_WINOGRAD=0` for direct convolution, `4` for F(4,7): faster, ~3× the
-//! rounding error, see [`winograd_outputs`]); vectorised ELU / SnakeBeta / GELU
+//! rounding error, see [`winograd_outputs`]; the decoder convolves directly, so that streamed
+//! decoding equals it bit for bit, docs/model.md §9.5); vectorised ELU / SnakeBeta / GELU
 //! ([`crate::kernels::act`]).
 //! Both directions use all cores (`RAYON_NUM_THREADS` caps them). Parity with the official
 //! code: `tests/it/codec_parity.rs`; speed: `scripts/bench_codec.sh`.
@@ -55,7 +56,7 @@ pub struct Codec {
     decoder: Decoder,
 }
 
-/// Outputs per Winograd tile for the residual units' first conv: `VOICECLONE_CODEC_WINOGRAD`
+/// Outputs per Winograd tile for the encoder's residual units' first conv: `VOICECLONE_CODEC_WINOGRAD`
 /// (0 = direct GEMM convolution), default 2 (F(2,7): 4 instead of 7 GEMM products per output).
 pub fn winograd_outputs() -> usize {
     std::env::var("VOICECLONE_CODEC_WINOGRAD")

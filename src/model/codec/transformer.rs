@@ -292,9 +292,9 @@ impl Transformer {
     }
 
     /// The next `x.t` positions of a sequence whose earlier positions are in `cache` (positions
-    /// continue from `cache.len()`): the same layers as [`Self::forward`], one row at a time
-    /// for the streaming decoder (docs/model.md §9.2). With a sliding window the cache keeps
-    /// only the keys a later query can still see.
+    /// continue from `cache.len()`): the same layers as [`Self::forward`] for the streaming
+    /// decoder, giving the same floats for every row (docs/model.md §9.5). With a sliding window
+    /// the cache keeps only the keys a later query can still see.
     pub fn forward_cached(&self, x: &Seq, cache: &mut KvCache) -> Seq {
         let d = &self.dims;
         let (n, hd) = (x.t, d.head_dim);
@@ -328,33 +328,41 @@ impl Transformer {
                 keys.extend_from_slice(&row[k_off..k_off + kvd]);
                 vals.extend_from_slice(&row[v_off..v_off + kvd]);
             }
+            // The products of `attention`, on the cached keys: every score and every output
+            // element is summed as there (row-invariant GEMMs, the same softmax of the same
+            // window), so a row's values do not depend on how the sequence was cut.
+            let nk = keys.len() / kvd;
             let mut att = vec![0.0f32; n * out_w];
-            let mut scores = Vec::new();
-            for i in 0..n {
-                let p = t0 + i;
-                let lo = match d.window {
-                    Some(w) => (p + 1).saturating_sub(w),
-                    None => 0,
-                };
-                let q_row = &qkv.data[i * qkv.c..i * qkv.c + k_off];
-                for head in 0..d.heads {
-                    let g = head / rep;
-                    let q = &q_row[head * hd..(head + 1) * hd];
-                    scores.clear();
-                    for j in lo..=p {
-                        let kr = &keys[(j - cache.first) * kvd + g * hd..][..hd];
-                        scores.push(scale * q.iter().zip(kr).map(|(a, b)| a * b).sum::<f32>());
-                    }
-                    let len = scores.len();
-                    softmax_range(&mut scores, 0, len);
-                    let o = &mut att[i * out_w + head * hd..i * out_w + (head + 1) * hd];
-                    for (jj, &pr) in scores.iter().enumerate() {
-                        let vr = &vals[(lo + jj - cache.first) * kvd + g * hd..][..hd];
-                        for (ov, &vv) in o.iter_mut().zip(vr) {
-                            *ov += pr * vv;
-                        }
-                    }
+            let mut scores = vec![0.0f32; n * nk];
+            for head in 0..d.heads {
+                let g = head / rep;
+                let queries = MatRef::strided(&qkv.data[head * hd..], n, hd, qkv.c, 1);
+                let keys_t = MatRef::strided(&keys[g * hd..], hd, nk, 1, kvd);
+                gemm(
+                    MatMut::new(&mut scores, n, nk),
+                    queries,
+                    keys_t,
+                    Acc::Set,
+                    scale,
+                    Par::Seq,
+                );
+                for (i, row) in scores.chunks_exact_mut(nk).enumerate() {
+                    let p = t0 + i;
+                    let lo = match d.window {
+                        Some(w) => (p + 1).saturating_sub(w),
+                        None => 0,
+                    };
+                    softmax_range(row, lo - cache.first, p + 1 - cache.first);
                 }
+                let values = MatRef::strided(&vals[g * hd..], nk, hd, kvd, 1);
+                gemm(
+                    MatMut::strided(&mut att[head * hd..], n, hd, out_w),
+                    MatRef::new(&scores, n, nk),
+                    values,
+                    Acc::Set,
+                    1.0,
+                    Par::Seq,
+                );
             }
             let att = Seq::new(att, n, out_w);
             h = layer.o.forward(&att, Some(&h));

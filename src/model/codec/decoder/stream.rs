@@ -1,5 +1,6 @@
-//! Streaming codec decoding: the samples of each frame as soon as the frame exists, equal (up to
-//! rounding) to [`Decoder::decode`] of the whole sequence (docs/model.md §9.2, docs/serving.md §4).
+//! Streaming codec decoding: the samples of each frame as soon as the frame exists, equal bit for
+//! bit to [`Decoder::decode`] of the whole sequence (docs/model.md §9.2 and §9.5,
+//! docs/serving.md §4).
 //!
 //! The decoder is causal everywhere — causal convolutions, transposed convolutions that drop
 //! their right overhang, sliding-window causal attention — so the output of frame t depends on
@@ -10,9 +11,9 @@
 //! [`Decoder::decode`] does, the convolution stack only sees the last
 //! [`Decoder::conv_reach_frames`] of them.
 //!
-//! What differs from the offline pass is only how the work is cut into tiles (the Winograd
-//! pairs, GEMM blocking, the order of the attention sums), so samples agree to rounding
-//! (`tests/it/serve_stream.rs` bounds the difference).
+//! What differs from the offline pass is only how many rows each operation gets at once, and
+//! every operation rounds a row the same way whatever that number is (docs/model.md §9.5), so
+//! the samples are the same floats (`tests/it/serve_stream.rs` compares bits).
 
 use std::collections::VecDeque;
 
