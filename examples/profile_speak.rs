@@ -11,6 +11,11 @@ use voiceclone::generate::{Precision, Synthesizer};
 use voiceclone::hub::ModelSource;
 
 fn main() -> anyhow::Result<()> {
+    // As `speak` runs its frames: on a worker of the rayon pool (docs/performance.md §2.4).
+    voiceclone::kernels::pool::on_pool(run)
+}
+
+fn run() -> anyhow::Result<()> {
     let dir = std::env::args()
         .nth(1)
         .expect("usage: profile_speak MODEL_DIR [PRECISION] [FRAMES]");

@@ -81,18 +81,21 @@ pub fn run(ws: &Workspace, config: &Config, args: &SpeakArgs) -> Result<()> {
 
     let bar = crate::progress::Progress::new(requests.len() as u64, "texts", "speak");
     let (mut shown, mut frames_total) = (0, 0usize);
-    let speech = synth.synthesize(&requests, &opts, |done, total, frames| {
-        if frames > 0 {
-            frames_total += 1;
-        }
-        // Rows count chunks of split texts; the bar counts texts.
-        let texts = done * requests.len() / total.max(1);
-        if texts > shown {
-            bar.inc((texts - shown) as u64);
-            shown = texts;
-        }
-        // One step = one 80 ms frame for every text of the running batch.
-        bar.set_message(format!("{frames_total} frame steps"));
+    // On a pool worker: the ~750 parallel loops of each frame then start inside the pool.
+    let speech = crate::kernels::pool::on_pool(|| {
+        synth.synthesize(&requests, &opts, |done, total, frames| {
+            if frames > 0 {
+                frames_total += 1;
+            }
+            // Rows count chunks of split texts; the bar counts texts.
+            let texts = done * requests.len() / total.max(1);
+            if texts > shown {
+                bar.inc((texts - shown) as u64);
+                shown = texts;
+            }
+            // One step = one 80 ms frame for every text of the running batch.
+            bar.set_message(format!("{frames_total} frame steps"));
+        })
     })?;
     bar.finish();
     let seconds = started.elapsed().as_secs_f64();

@@ -17,6 +17,7 @@
 //! | [`grad`] | inner loops of the training kernels with hand-written backward passes |
 //! | [`optim`], [`loss`] | AdamW's element-wise updates, the fused cross-entropy |
 //! | [`alloc`] | the memory-reuse policy |
+//! | [`pool`] | running a whole computation on a worker of the rayon pool |
 //!
 //! Rules the module keeps:
 //! - **Safety.** Outward every function is safe. `unsafe` appears only where the hardware or a
@@ -28,7 +29,9 @@
 //! - **Parallelism.** All of it goes through rayon: outputs are split into disjoint chunks
 //!   (`par_chunks_mut`, [`buf::par_new_vec`]) that each task owns, with per-worker scratch
 //!   (`for_each_init`); no raw pointers are shared between threads and no threads are spawned
-//!   per call. Nested calls (a fused kernel running layers inside a tile) simply nest.
+//!   per call. Nested calls (a fused kernel running layers inside a tile) simply nest. Callers
+//!   with many small parallel loops in a row (a frame of speech) run them from inside the pool
+//!   ([`pool::on_pool`]), so that each loop is not handed over from an outside thread.
 //! - **Determinism.** Every reduction runs in a fixed order (per-block partials summed in block
 //!   order), so results do not depend on the thread count: exact training resume relies on it.
 //! - **Memory.** Kernels allocate plain `Vec`s for their outputs and keep nothing between
@@ -51,6 +54,7 @@ pub mod mat;
 pub mod math;
 pub mod matvec;
 pub mod optim;
+pub mod pool;
 pub mod q8;
 pub mod simd;
 pub mod winograd;

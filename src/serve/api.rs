@@ -625,7 +625,7 @@ fn decode_worker(
                 let _ = out.blocking_send(Err(StreamError("a frame before its row".into())));
                 return;
             };
-            let decoded = s.push(&pending);
+            let decoded = crate::kernels::pool::on_pool(|| s.push(&pending));
             match decoded {
                 Ok(samples) => {
                     first_audio.get_or_insert_with(|| received.elapsed());

@@ -15,6 +15,7 @@ use crate::generate::rows::{Outcome, Row, Stepper};
 use crate::generate::sampling::RowRng;
 use crate::generate::talker_loop::LoopOptions;
 use crate::generate::{RowPlan, Synthesizer};
+use crate::kernels::pool::on_pool;
 
 /// One speech request as the generation thread runs it: its rows (chunks of the text) one
 /// after the other.
@@ -215,13 +216,16 @@ fn start_chunk(synth: &Synthesizer, job: &Job, chunk: usize) -> Result<Row> {
         chunk,
         ref_codes: plan.ref_codes.clone(),
     });
-    Row::start(
-        talker,
-        &plan.prompt,
-        synth.pad_embed(),
-        job.opts.clone(),
-        RowRng::new(job.seed, 0, chunk as u64),
-    )
+    // The prefill, on a pool worker (docs/performance.md §2.4).
+    on_pool(|| {
+        Row::start(
+            talker,
+            &plan.prompt,
+            synth.pad_embed(),
+            job.opts.clone(),
+            RowRng::new(job.seed, 0, chunk as u64),
+        )
+    })
 }
 
 fn generation_loop(
@@ -289,7 +293,9 @@ fn generation_loop(
         }
         let outcomes = {
             let mut rows: Vec<&mut Row> = active.iter_mut().map(|a| &mut a.row).collect();
-            stepper.step(talker, &mut rows)
+            // On a pool worker, so that the step's parallel loops start inside the pool
+            // (docs/performance.md §2.4).
+            on_pool(|| stepper.step(talker, &mut rows))
         };
         let outcomes = match outcomes {
             Ok(o) => o,
