@@ -77,17 +77,8 @@ for _ in $(seq 30); do
         break
     sleep 10
 done
-load=$(cut -d' ' -f1 /proc/loadavg)
-if python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) < 0.5 else 1)" "$load"; then
-    LOAD_NOTE="load average $load before the timed rounds"
-elif [[ ${FORCE:-0} == 1 ]]; then
-    LOAD_NOTE="load average $load before the timed rounds: NOT QUIET (FORCE=1), figures are disturbed"
-    echo "warning: $LOAD_NOTE" >&2
-else
-    echo "error: the 1-minute load average is $load (>= 0.5): other jobs share the CPU and the" \
-        "figures would be wrong (docs/performance.md §1). Wait, or FORCE=1 to run anyway." >&2
-    exit 1
-fi
+source scripts/quiet.sh
+require_quiet "before the timed rounds"
 
 # Seconds of one job; `$1` is the side's target directory.
 job_speak() { # target precision

@@ -44,16 +44,9 @@ load) FRAMES=${FRAMES:-20} ;;
 esac
 
 if [[ $MODE == bench ]]; then
-    load=$(cut -d' ' -f1 /proc/loadavg)
-    if python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) < 0.5 else 1)" "$load"; then
-        echo "== load average $load before starting"
-    elif [[ ${FORCE:-0} == 1 ]]; then
-        echo "== load average $load before starting: NOT QUIET (FORCE=1), figures are disturbed"
-    else
-        echo "error: the 1-minute load average is $load (>= 0.5): other jobs share the CPU and" \
-            "the figures would be wrong (docs/performance.md §1). Wait, or FORCE=1 to run anyway." >&2
-        exit 1
-    fi
+    source scripts/quiet.sh
+    require_quiet "before starting"
+    echo "== $LOAD_NOTE"
 fi
 if [[ ! -f $MODEL/model.safetensors ]]; then
     echo "error: no model at $MODEL (scripts/make_fixtures.py --full-size $MODEL writes the" \

@@ -39,17 +39,8 @@ REF=tests/fixtures/audio/ref24k.wav
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 
-load=$(cut -d' ' -f1 /proc/loadavg)
-if python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) < 0.5 else 1)" "$load"; then
-    LOAD_NOTE="load average $load before starting"
-elif [[ ${FORCE:-0} == 1 ]]; then
-    LOAD_NOTE="load average $load before starting: NOT QUIET (FORCE=1), figures are disturbed"
-    echo "warning: $LOAD_NOTE" >&2
-else
-    echo "error: the 1-minute load average is $load (>= 0.5): other jobs share the CPU and the" \
-        "figures would be wrong (docs/performance.md §1). Wait, or FORCE=1 to run anyway." >&2
-    exit 1
-fi
+source scripts/quiet.sh
+require_quiet "before starting"
 
 if ! "$PYTHON" -c 'import torch, qwen_tts' 2>/dev/null; then
     echo "error: $PYTHON lacks torch / qwen-tts (see scripts/make_fixtures.py for the setup)" >&2
