@@ -139,6 +139,17 @@ pub fn load_speaker(path: &Path, hidden: usize, device: &Device) -> Result<Tenso
     Ok(Tensor::from_vec(x, hidden, device)?)
 }
 
+/// Runs one training step where `device` wants it: on the CPU on a worker of the rayon pool,
+/// so that the step's parallel loops start inside the pool (docs/performance.md §2.4); a CUDA
+/// step stays on the thread that owns the device's context.
+pub(crate) fn run_step<R: Send>(device: &Device, step: impl FnOnce() -> R + Send) -> R {
+    if device.is_cpu() {
+        crate::kernels::pool::on_pool(step)
+    } else {
+        step()
+    }
+}
+
 /// The compute dtype on `device`: f32 on the CPU (candle has no bf16 matmul there), bf16 on
 /// CUDA from fp32 masters.
 pub fn compute_dtype(device: &Device) -> DType {
@@ -475,16 +486,8 @@ impl Trainer {
         let (mut frames, mut seconds) = (0usize, 0f64);
         while self.step < total {
             let micro = self.sampler.next_step(c.grad_accum);
-            // On the CPU, on a pool worker: the step's parallel loops then start inside the
-            // pool (docs/performance.md §2.4). A CUDA step stays on the thread that owns the
-            // device's context.
-            let on_cpu = self.opts.device.is_cpu();
-            let step = if on_cpu {
-                crate::kernels::pool::on_pool(|| self.step(&micro))
-            } else {
-                self.step(&micro)
-            };
-            let m = match step {
+            let device = self.opts.device.clone();
+            let m = match run_step(&device, || self.step(&micro)) {
                 Ok(m) => m,
                 Err(e) => {
                     progress.finish();

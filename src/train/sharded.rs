@@ -1083,16 +1083,8 @@ impl ShardedTrainer {
         let (mut frames, mut seconds) = (0usize, 0f64);
         while self.step < total {
             let micro = self.sampler.next_step(c.grad_accum);
-            // On the CPU, on a pool worker: the step's parallel loops then start inside the
-            // pool (docs/performance.md §2.4). A CUDA step stays on the thread that owns the
-            // device's context.
-            let on_cpu = self.opts.device.is_cpu();
-            let step = if on_cpu {
-                crate::kernels::pool::on_pool(|| self.step(&micro))
-            } else {
-                self.step(&micro)
-            };
-            let m = match step {
+            let device = self.opts.device.clone();
+            let m = match super::run_step(&device, || self.step(&micro)) {
                 Ok(m) => m,
                 Err(e) => {
                     progress.finish();
