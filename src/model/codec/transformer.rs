@@ -248,7 +248,7 @@ impl Transformer {
         if t == 0 {
             return h;
         }
-        let (cos, sin) = self.rope_tables(t);
+        let (cos, sin) = self.rope_tables(0..t);
         for layer in &self.layers {
             let a = layer.input_norm.forward(&h);
             let mut qkv = layer.qkv.forward(&a, None);
@@ -303,21 +303,11 @@ impl Transformer {
             return h;
         }
         let t0 = cache.len;
-        let half = self.inv_freq.len();
-        let mut cos = Vec::with_capacity(n * half);
-        let mut sin = Vec::with_capacity(n * half);
-        for p in t0..t0 + n {
-            for &f in &self.inv_freq {
-                let a = p as f32 * f;
-                cos.push(a.cos());
-                sin.push(a.sin());
-            }
-        }
+        let (cos, sin) = self.rope_tables(t0..t0 + n);
         let kvd = d.kv_heads * hd;
         let k_off = d.heads * hd;
         let v_off = k_off + kvd;
         let rep = d.heads / d.kv_heads;
-        let scale = 1.0 / (hd as f32).sqrt();
         let out_w = d.heads * hd;
         for (li, layer) in self.layers.iter().enumerate() {
             let a = layer.input_norm.forward(&h);
@@ -328,40 +318,19 @@ impl Transformer {
                 keys.extend_from_slice(&row[k_off..k_off + kvd]);
                 vals.extend_from_slice(&row[v_off..v_off + kvd]);
             }
-            // The products of `attention`, on the cached keys: every score and every output
-            // element is summed as there (row-invariant GEMMs, the same softmax of the same
-            // window), so a row's values do not depend on how the sequence was cut.
+            // Every cached key so far, head by head through `attend_head` as in `attention`.
             let nk = keys.len() / kvd;
             let mut att = vec![0.0f32; n * out_w];
-            let mut scores = vec![0.0f32; n * nk];
+            let mut scores = Vec::new();
             for head in 0..d.heads {
                 let g = head / rep;
-                let queries = MatRef::strided(&qkv.data[head * hd..], n, hd, qkv.c, 1);
-                let keys_t = MatRef::strided(&keys[g * hd..], hd, nk, 1, kvd);
-                gemm(
-                    MatMut::new(&mut scores, n, nk),
-                    queries,
-                    keys_t,
-                    Acc::Set,
-                    scale,
-                    Par::Seq,
-                );
-                for (i, row) in scores.chunks_exact_mut(nk).enumerate() {
-                    let p = t0 + i;
-                    let lo = match d.window {
-                        Some(w) => (p + 1).saturating_sub(w),
-                        None => 0,
-                    };
-                    softmax_range(row, lo - cache.first, p + 1 - cache.first);
-                }
-                let values = MatRef::strided(&vals[g * hd..], nk, hd, kvd, 1);
-                gemm(
+                self.attend_head(
+                    MatRef::strided(&qkv.data[head * hd..], n, hd, qkv.c, 1),
+                    MatRef::strided(&keys[g * hd..], hd, nk, 1, kvd),
+                    MatRef::strided(&vals[g * hd..], nk, hd, kvd, 1),
+                    (t0, cache.first),
+                    &mut scores,
                     MatMut::strided(&mut att[head * hd..], n, hd, out_w),
-                    MatRef::new(&scores, n, nk),
-                    values,
-                    Acc::Set,
-                    1.0,
-                    Par::Seq,
                 );
             }
             let att = Seq::new(att, n, out_w);
@@ -384,12 +353,12 @@ impl Transformer {
         h
     }
 
-    /// cos/sin tables `(T, head_dim/2)`: `freqs = pos · inv_freq` in f32, as HF.
-    fn rope_tables(&self, t: usize) -> (Vec<f32>, Vec<f32>) {
+    /// cos/sin tables `(positions, head_dim/2)`: `freqs = pos · inv_freq` in f32, as HF.
+    fn rope_tables(&self, positions: std::ops::Range<usize>) -> (Vec<f32>, Vec<f32>) {
         let half = self.inv_freq.len();
-        let mut cos = Vec::with_capacity(t * half);
-        let mut sin = Vec::with_capacity(t * half);
-        for p in 0..t {
+        let mut cos = Vec::with_capacity(positions.len() * half);
+        let mut sin = Vec::with_capacity(positions.len() * half);
+        for p in positions {
             for &f in &self.inv_freq {
                 let a = p as f32 * f;
                 cos.push(a.cos());
@@ -421,6 +390,50 @@ impl Transformer {
         }
     }
 
+    /// One head's attention: `queries` are the rows of positions `q0, q0 + 1, …`, `keys_t`
+    /// (`(head_dim, nk)`) and `values` (`(nk, head_dim)`) those of positions `k0 ..`; each query
+    /// sees the keys of its causal window (the others get weight 0). [`Self::forward`] and
+    /// [`Self::forward_cached`] both go through here, so with row-invariant GEMMs a row's output
+    /// is the same floats however the sequence is cut (docs/model.md §9.5).
+    fn attend_head(
+        &self,
+        queries: MatRef<'_>,
+        keys_t: MatRef<'_>,
+        values: MatRef<'_>,
+        (q0, k0): (usize, usize),
+        scores: &mut Vec<f32>,
+        out: MatMut<'_>,
+    ) {
+        let (n, nk) = (queries.rows(), keys_t.cols());
+        let scale = 1.0 / (self.dims.head_dim as f32).sqrt();
+        scores.clear();
+        scores.resize(n * nk, 0.0);
+        gemm(
+            MatMut::new(scores, n, nk),
+            queries,
+            keys_t,
+            Acc::Set,
+            scale,
+            Par::Seq,
+        );
+        for (r, row) in scores.chunks_exact_mut(nk).enumerate() {
+            let p = q0 + r;
+            let lo = match self.dims.window {
+                Some(w) => (p + 1).saturating_sub(w).max(k0),
+                None => k0,
+            };
+            softmax_range(row, lo - k0, p + 1 - k0);
+        }
+        gemm(
+            out,
+            MatRef::new(scores, n, nk),
+            values,
+            Acc::Set,
+            1.0,
+            Par::Seq,
+        );
+    }
+
     /// Multi-head attention of the rotated `qkv` rows → `(T, heads·head_dim)`.
     fn attention(&self, qkv: &Seq) -> Seq {
         let d = &self.dims;
@@ -431,7 +444,6 @@ impl Transformer {
         let rep = d.heads / d.kv_heads;
         let out_w = d.heads * hd;
         let blocks = t.div_ceil(QUERY_BLOCK);
-        let scale = 1.0 / (hd as f32).sqrt();
         // Work items (head, block of queries), each writing its own rows of a head-major
         // `(heads, T, head_dim)` buffer, transposed to `(T, heads·head_dim)` at the end.
         let mut by_head = vec![0.0f32; d.heads * t * hd];
@@ -456,38 +468,15 @@ impl Transformer {
                     None => 0,
                 };
                 let nk = b - k0;
-                scores.clear();
-                scores.resize((b - a) * nk, 0.0);
                 let data = &qkv.data;
-                let queries = MatRef::strided(&data[a * width + head * hd..], b - a, hd, width, 1);
-                // Keys k0..b of this head, transposed: (hd, nk).
-                let keys =
-                    MatRef::strided(&data[k0 * width + k_off + kvh * hd..], hd, nk, 1, width);
-                gemm(
-                    MatMut::new(scores, b - a, nk),
-                    queries,
-                    keys,
-                    Acc::Set,
-                    scale,
-                    Par::Seq,
-                );
-                for (r, row) in scores.chunks_exact_mut(nk).enumerate() {
-                    let i = a + r;
-                    let lo = match d.window {
-                        Some(w) => (i + 1).saturating_sub(w).max(k0),
-                        None => 0,
-                    };
-                    softmax_range(row, lo - k0, i + 1 - k0);
-                }
-                let values =
-                    MatRef::strided(&data[k0 * width + v_off + kvh * hd..], nk, hd, width, 1);
-                gemm(
+                self.attend_head(
+                    MatRef::strided(&data[a * width + head * hd..], b - a, hd, width, 1),
+                    // Keys k0..b of this head, transposed: (hd, nk).
+                    MatRef::strided(&data[k0 * width + k_off + kvh * hd..], hd, nk, 1, width),
+                    MatRef::strided(&data[k0 * width + v_off + kvh * hd..], nk, hd, width, 1),
+                    (a, k0),
+                    scores,
                     MatMut::new(o, b - a, hd),
-                    MatRef::new(scores, b - a, nk),
-                    values,
-                    Acc::Set,
-                    1.0,
-                    Par::Seq,
                 );
             });
         let mut out = vec![0.0f32; t * out_w];
@@ -610,7 +599,7 @@ mod tests {
             dims,
             layers: vec![],
         };
-        let (cos, sin) = tr.rope_tables(3);
+        let (cos, sin) = tr.rope_tables(0..3);
         let mut qkv = Seq::new((0..36).map(|i| i as f32).collect(), 3, 12);
         let orig = qkv.clone();
         tr.apply_rope(&mut qkv, &cos, &sin);
