@@ -102,9 +102,8 @@ unsafe fn raw(
     if m == 0 || n == 0 {
         return;
     }
-    let dot_kernels = lhs.col_stride() == 1
-        && rhs.row_stride() == 1
-        && m.max(2) * n.max(2) <= DOT_KERNEL_MAX_OUTPUTS;
+    let dot_kernels =
+        both_contiguous_along_k(&lhs, &rhs) && m.max(2) * n.max(2) <= DOT_KERNEL_MAX_OUTPUTS;
     if k > 0 && (m < 2 || n < 2 || k < 3 || dot_kernels) {
         // SAFETY: the caller's contract, passed on unchanged.
         return unsafe { staged(dst, dst_rs, m, n, k, acc, lhs, rhs, beta, par) };
@@ -120,6 +119,12 @@ unsafe fn raw(
         // SAFETY: the caller's `dst`; the blocks are sub-views of its operands.
         unsafe { crate_gemm(dst, dst_rs, m, n, k1 - k0, block_acc, a, b, beta, par) };
     }
+}
+
+/// Whether `lhs`'s rows and `rhs`'s columns are both contiguous (the layout of the crate's
+/// dot-product kernels).
+fn both_contiguous_along_k(lhs: &MatRef<'_>, rhs: &MatRef<'_>) -> bool {
+    lhs.col_stride() == 1 && rhs.row_stride() == 1
 }
 
 /// The product through zero-padded copies, which [`raw`] gives to the general kernel: `lhs` as
@@ -146,7 +151,7 @@ unsafe fn staged(
 ) {
     let (m2, n2, k2) = (m.max(2), n.max(2), k.max(3));
     // Both operands contiguous along `k`: copying either one (the smaller) breaks that.
-    let dot = lhs.col_stride() == 1 && rhs.row_stride() == 1;
+    let dot = both_contiguous_along_k(&lhs, &rhs);
     let copy_lhs = m < 2 || k < 3 || (dot && m <= n);
     let copy_rhs = n < 2 || k < 3 || (dot && !copy_lhs);
     let lhs_buf: Vec<f32>;
