@@ -37,7 +37,8 @@ use transcribe::{Transcriber, Transcript};
 
 /// Bumped whenever prep's output for the same input and settings changes.
 /// 2: transcription in pieces split at pauses (`chunk`), exact-phase resampling.
-const PREP_FORMAT_VERSION: u32 = 2;
+/// 3: encoder windows rounded up to a multiple of 16 positions (`transcribe::audio_ctx`).
+const PREP_FORMAT_VERSION: u32 = 3;
 
 /// Reference clip length the automatic choice aims for (seconds).
 const REF_MIN_SECONDS: f64 = 3.0;

@@ -46,13 +46,23 @@ const WINDOW_POSITIONS: usize = 1500;
 const SAMPLES_PER_POSITION: usize = 320;
 /// Encoder positions of quiet after the end of the audio (whisper.cpp pads with zeros): the
 /// decoder sees that the speech has ended, as it does at the end of a 30 s training window.
-const TAIL_POSITIONS: usize = 50;
+/// With the rounding below the tail is 38 to 53 positions (0.76–1.06 s). tiny.en is sensitive
+/// to it on the test speech: tails of 38–54 positions give the same words, while 56–70 made it
+/// repeat one sentence of `speech/prep2` four times, and tails of 20–34 lost words
+/// (docs/performance.md §6).
+const TAIL_POSITIONS: usize = 38;
+/// The window is rounded up to a multiple of this many positions: ggml's tiled matrix kernels
+/// (llamafile's, docs/performance.md §6) take the attention's products only when the window
+/// length is a multiple of 16; otherwise ggml computes them one dot product per element, and
+/// prep takes about a quarter longer.
+const WINDOW_GRANULE: usize = 16;
 
 /// The encoder window (`audio_ctx`, in 20 ms positions) for `samples` at 16 kHz: the audio
 /// plus [`TAIL_POSITIONS`], or the full window (0 = whisper.cpp's default) when that would
 /// not be shorter.
 pub fn audio_ctx(samples: usize) -> i32 {
-    let needed = samples.div_ceil(SAMPLES_PER_POSITION) + TAIL_POSITIONS;
+    let needed =
+        (samples.div_ceil(SAMPLES_PER_POSITION) + TAIL_POSITIONS).next_multiple_of(WINDOW_GRANULE);
     if needed >= WINDOW_POSITIONS {
         0
     } else {
@@ -213,11 +223,18 @@ mod tests {
 
     #[test]
     fn encoder_window_follows_the_audio_up_to_the_full_window() {
-        // 10 s = 500 positions, plus the quiet tail.
-        assert_eq!(audio_ctx(160_000), 500 + TAIL_POSITIONS as i32);
-        assert_eq!(audio_ctx(1), 1 + TAIL_POSITIONS as i32);
-        // 29 s + tail would not fit: whisper.cpp's full 30 s window.
-        assert_eq!(audio_ctx(29 * 16_000), 0);
+        // 10 s = 500 positions, plus the quiet tail, rounded up to the kernels' granule.
+        for (samples, positions) in [(160_000, 500), (1, 1), (160_000 + 5 * 320, 505)] {
+            let window = audio_ctx(samples) as usize;
+            assert_eq!(window % WINDOW_GRANULE, 0, "{samples} samples");
+            assert!(window >= positions + TAIL_POSITIONS, "{samples} samples");
+            assert!(window < positions + TAIL_POSITIONS + WINDOW_GRANULE);
+        }
+        // 29.5 s + tail would not fit: whisper.cpp's full 30 s window.
+        assert_eq!(audio_ctx(29 * 16_000 + 8_000), 0);
         assert_eq!(audio_ctx(60 * 16_000), 0);
+        // The longest piece prep cuts still gets a window of its own.
+        let longest = (super::super::chunk::MAX_CHUNK_SECONDS * 16_000.0) as usize;
+        assert!(audio_ctx(longest) > 0);
     }
 }
