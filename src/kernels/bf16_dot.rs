@@ -180,6 +180,21 @@ fn row<const G: usize>(isa: Isa, w: Dense<'_>, r: usize, x: &Rows<'_>, i0: usize
 mod x86 {
     use std::arch::x86_64::*;
 
+    /// How far ahead of the weights being multiplied they are requested (bytes). A product
+    /// reads its weights once, row after row (`ROWS_PER_TASK` rows of a task lie one after the
+    /// other); with several activation rows each weight vector takes longer to use, the
+    /// out-of-order window holds fewer of the stream's loads, and the stream slows unless it is
+    /// asked for ahead (docs/performance.md §10).
+    const PREFETCH_BYTES: usize = 4096;
+
+    /// Requests the cache line `PREFETCH_BYTES` after `at`.
+    #[inline(always)]
+    fn prefetch_ahead(at: *const u8) {
+        // SAFETY: a prefetch is a hint; it reads nothing Rust can observe and never faults,
+        // whatever the address.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(PREFETCH_BYTES) as *const i8) };
+    }
+
     /// # Safety
     /// The CPU must have AVX-512 F/BW/VL; `xs.len() == G · w.len()`, `out.len() == G`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
@@ -191,6 +206,9 @@ mod x86 {
         let mut c = 0;
         let mut parity = 0;
         while c < k16 {
+            if parity == 0 {
+                prefetch_ahead(w.as_ptr().wrapping_add(c) as *const u8);
+            }
             // SAFETY: c + 16 <= k; 16 bf16 = 32 bytes.
             let v = unsafe { _mm256_loadu_si256(w.as_ptr().add(c) as *const __m256i) };
             let wv = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
