@@ -3,7 +3,10 @@
 //! and the codec decode per frame; with the bytes of weights each part reads and the rate that
 //! makes.
 //!
-//!     cargo run --release --example profile_speak -- MODEL_DIR [f32|bf16-weights|q8] [FRAMES]
+//! With ROWS > 1, every part runs for that many rows at once, as the server's batch does
+//! (docs/performance.md §10): times are per step of the whole batch.
+//!
+//!     cargo run --release --example profile_speak -- MODEL_DIR [f32|bf16-weights|q8] [FRAMES] [ROWS]
 use std::time::Instant;
 
 use candle_core::Device;
@@ -28,6 +31,8 @@ fn run() -> anyhow::Result<()> {
         Some(other) => anyhow::bail!("unknown precision {other}"),
     };
     let n: usize = std::env::args().nth(3).map_or(Ok(20), |s| s.parse())?;
+    let b: usize = std::env::args().nth(4).map_or(Ok(1), |s| s.parse())?;
+    anyhow::ensure!(b >= 1, "ROWS must be at least 1");
     let t0 = Instant::now();
     let s = Synthesizer::load(&ModelSource::Local(dir.into()), prec, &Device::Cpu)?;
     eprintln!(
@@ -45,20 +50,28 @@ fn run() -> anyhow::Result<()> {
     };
     let prompt = 12;
     let mut cache = talker.new_cache(prompt + n + 1);
-    let hid = talker.forward(&noise(prompt * h), 1, prompt, None, &mut cache)?;
-    let mut last = hid[(prompt - 1) * h..].to_vec();
+    let hid = talker.forward(&noise(b * prompt * h), b, prompt, None, &mut cache)?;
+    let mut last: Vec<f32> = (0..b)
+        .flat_map(|r| hid[((r + 1) * prompt - 1) * h..(r + 1) * prompt * h].to_vec())
+        .collect();
     let mut cp = talker.code_predictor.new_cache();
     let (mut t_step, mut t_head, mut t_cp, mut t_embed) = (0.0, 0.0, 0.0, 0.0);
     let mut frames = Vec::new();
     for i in 0..=n {
         let t = Instant::now();
-        let logits = talker.codec_logits(&last, 1);
-        let c0 = (0..2048)
-            .max_by(|&a, &b| logits[a].total_cmp(&logits[b]))
-            .unwrap_or(0) as u32;
+        let logits = talker.codec_logits(&last, b);
+        let c0: Vec<u32> = logits
+            .chunks_exact(logits.len() / b)
+            .map(|l| {
+                // Codebook entries only (the head's vocabulary also holds control codes).
+                (0..2048.min(l.len()))
+                    .max_by(|&x, &y| l[x].total_cmp(&l[y]))
+                    .unwrap_or(0) as u32
+            })
+            .collect();
         let d_head = t.elapsed().as_secs_f64();
         let t = Instant::now();
-        let sub = talker.predict_sub_codes(&last, &[c0], &mut cp, &mut |_, rows| {
+        let sub = talker.predict_sub_codes(&last, &c0, &mut cp, &mut |_, rows| {
             Ok(rows
                 .iter()
                 .map(|r| {
@@ -69,16 +82,21 @@ fn run() -> anyhow::Result<()> {
                 .collect())
         })?;
         let d_cp = t.elapsed().as_secs_f64();
-        let mut frame = [0u32; 16];
-        frame[0] = c0;
-        frame[1..].copy_from_slice(&sub[0]);
-        frames.push(frame.to_vec());
+        let batch: Vec<[u32; 16]> = (0..b)
+            .map(|r| {
+                let mut frame = [0u32; 16];
+                frame[0] = c0[r];
+                frame[1..].copy_from_slice(&sub[r]);
+                frame
+            })
+            .collect();
+        frames.push(batch[0].to_vec());
         let t = Instant::now();
-        let mut x = talker.frame_embed(&[frame])?;
-        x.iter_mut().zip(noise(h)).for_each(|(a, b)| *a += b);
+        let mut x = talker.frame_embed(&batch)?;
+        x.iter_mut().zip(noise(b * h)).for_each(|(a, b)| *a += b);
         let d_embed = t.elapsed().as_secs_f64();
         let t = Instant::now();
-        last = talker.forward(&x, 1, 1, None, &mut cache)?;
+        last = talker.forward(&x, b, 1, None, &mut cache)?;
         let d_step = t.elapsed().as_secs_f64();
         if i > 0 {
             // The first frame pays page faults and warm-up; it is not counted.
@@ -98,7 +116,7 @@ fn run() -> anyhow::Result<()> {
     );
     let ms = |v: f64| v / nf * 1e3;
     println!(
-        "precision {prec}, {n} frames (after one warm-up frame), {} samples decoded",
+        "precision {prec}, {n} frames of {b} row(s) (after one warm-up frame), {} samples of row 0 decoded",
         wav.len()
     );
     println!(
