@@ -92,8 +92,29 @@ pub fn matmul_t_with(isa: Isa, w: Dense<'_>, n: usize, x: &Rows<'_>, out: &mut [
         .enumerate()
         .for_each(|(task, chunk)| {
             let r0 = task * ROWS_PER_TASK;
-            for (j, o) in chunk.chunks_exact_mut(m).enumerate() {
+            let rows_here = chunk.len() / m;
+            let mut j = 0;
+            while j < rows_here {
                 let r = r0 + j;
+                if j + 1 < rows_here {
+                    // Two weight rows at a time: each activation vector loaded serves both.
+                    let (o0, o1) = chunk[j * m..(j + 2) * m].split_at_mut(m);
+                    let mut i0 = 0;
+                    while i0 < m {
+                        let g = (m - i0).min(ROW_GROUP);
+                        let (o0, o1) = (&mut o0[i0..i0 + g], &mut o1[i0..i0 + g]);
+                        match g {
+                            1 => row_pair::<1>(isa, w, r, x, i0, o0, o1),
+                            2 => row_pair::<2>(isa, w, r, x, i0, o0, o1),
+                            3 => row_pair::<3>(isa, w, r, x, i0, o0, o1),
+                            _ => row_pair::<4>(isa, w, r, x, i0, o0, o1),
+                        }
+                        i0 += g;
+                    }
+                    j += 2;
+                    continue;
+                }
+                let o = &mut chunk[j * m..(j + 1) * m];
                 let mut i0 = 0;
                 while i0 < m {
                     let g = (m - i0).min(ROW_GROUP);
@@ -106,6 +127,7 @@ pub fn matmul_t_with(isa: Isa, w: Dense<'_>, n: usize, x: &Rows<'_>, out: &mut [
                     }
                     i0 += g;
                 }
+                j += 1;
             }
         });
     if m == 1 {
@@ -117,6 +139,41 @@ pub fn matmul_t_with(isa: Isa, w: Dense<'_>, n: usize, x: &Rows<'_>, out: &mut [
             }
         }
     }
+}
+
+/// Weight rows `r` and `r + 1` against activation rows `i0..i0 + G`, into `out0` and `out1`.
+/// Every output is summed exactly as [`row`] sums it (the same accumulators in the same
+/// order), so whether a row is paired, which depends on the matrix's row count and the task
+/// split, never changes a result.
+#[inline]
+#[allow(clippy::too_many_arguments)]
+fn row_pair<const G: usize>(
+    isa: Isa,
+    w: Dense<'_>,
+    r: usize,
+    x: &Rows<'_>,
+    i0: usize,
+    out0: &mut [f32],
+    out1: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if let (Dense::Bf16(wb), true) = (w, isa.avx512) {
+        let k = x.k;
+        // SAFETY: the CPU has the features (capped by detection in the caller); the kernel
+        // reads only within the slices, whose lengths it asserts.
+        unsafe {
+            x86::bf16_rows2_avx512::<G>(
+                &wb[r * k..(r + 1) * k],
+                &wb[(r + 1) * k..(r + 2) * k],
+                &x.x[i0 * k..(i0 + G) * k],
+                out0,
+                out1,
+            )
+        };
+        return;
+    }
+    row::<G>(isa, w, r, x, i0, out0);
+    row::<G>(isa, w, r + 1, x, i0, out1);
 }
 
 /// Weight row `r` against activation rows `i0..i0 + G`.
@@ -229,6 +286,59 @@ mod x86 {
         }
     }
 
+    /// [`bf16_row_avx512`] for two weight rows at once (each activation load feeds both), with
+    /// each row's accumulators, order and final sum exactly as there.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F/BW/VL; `w1.len() == w0.len()`, `xs.len() == G · w0.len()`,
+    /// `out0.len() == out1.len() == G`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+    pub(super) unsafe fn bf16_rows2_avx512<const G: usize>(
+        w0: &[u16],
+        w1: &[u16],
+        xs: &[f32],
+        out0: &mut [f32],
+        out1: &mut [f32],
+    ) {
+        let k = w0.len();
+        assert!(w1.len() == k && xs.len() == G * k && out0.len() == G && out1.len() == G);
+        let k16 = k / 16 * 16;
+        let widen =
+            |v: __m256i| _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+        let mut acc0 = [[_mm512_setzero_ps(); G]; 2];
+        let mut acc1 = [[_mm512_setzero_ps(); G]; 2];
+        let mut c = 0;
+        let mut parity = 0;
+        while c < k16 {
+            if parity == 0 {
+                prefetch_ahead(w0.as_ptr().wrapping_add(c) as *const u8);
+                prefetch_ahead(w1.as_ptr().wrapping_add(c) as *const u8);
+            }
+            // SAFETY: c + 16 <= k; 16 bf16 = 32 bytes of each row.
+            let v0 = unsafe { _mm256_loadu_si256(w0.as_ptr().add(c) as *const __m256i) };
+            // SAFETY: as above.
+            let v1 = unsafe { _mm256_loadu_si256(w1.as_ptr().add(c) as *const __m256i) };
+            let (wv0, wv1) = (widen(v0), widen(v1));
+            for g in 0..G {
+                // SAFETY: row g of xs covers g·k..g·k + k and c + 16 <= k.
+                let xv = unsafe { _mm512_loadu_ps(xs.as_ptr().add(g * k + c)) };
+                acc0[parity][g] = _mm512_fmadd_ps(wv0, xv, acc0[parity][g]);
+                acc1[parity][g] = _mm512_fmadd_ps(wv1, xv, acc1[parity][g]);
+            }
+            c += 16;
+            parity ^= 1;
+        }
+        for (w, acc, out) in [(w0, &acc0, out0), (w1, &acc1, out1)] {
+            for (g, o) in out.iter_mut().enumerate() {
+                let mut s = _mm512_reduce_add_ps(_mm512_add_ps(acc[0][g], acc[1][g]));
+                for c in k16..k {
+                    s += f32::from_bits((w[c] as u32) << 16) * xs[g * k + c];
+                }
+                *o = s;
+            }
+        }
+    }
+
     /// # Safety
     /// The CPU must have AVX2 + FMA; `xs.len() == G · w.len()`, `out.len() == G`.
     #[target_feature(enable = "avx2,fma")]
@@ -333,6 +443,36 @@ mod x86 {
 mod tests {
     use super::super::grad::tests::vals as values;
     use super::*;
+
+    #[test]
+    fn paired_weight_rows_give_the_bits_of_single_ones() {
+        // Rows paired or left single (odd counts, task boundaries) must sum identically: a
+        // served stream's samples equal `speak`'s whatever the batch (docs/serving.md §3).
+        for (m, n, k) in [(1, 5, 48), (4, 33, 1040), (3, 18, 32), (6, 2, 23)] {
+            let bits: Vec<u16> = values(n * k, 7 + k as u64)
+                .iter()
+                .map(|v| half::bf16::from_f32(*v).to_bits())
+                .collect();
+            let x = values(m * k, 3 + m as u64);
+            for isa in Isa::testable() {
+                let rows = Rows::new(&x, m, k);
+                let mut whole = vec![f32::NAN; m * n];
+                matmul_t_with(isa, Dense::Bf16(&bits), n, &rows, &mut whole);
+                for r in 0..n {
+                    let mut alone = vec![f32::NAN; m];
+                    let w = Dense::Bf16(&bits[r * k..(r + 1) * k]);
+                    matmul_t_with(isa, w, 1, &rows, &mut alone);
+                    for i in 0..m {
+                        assert_eq!(
+                            whole[i * n + r].to_bits(),
+                            alone[i].to_bits(),
+                            "{isa:?} m {m} n {n} k {k}: weight row {r}, activation row {i}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn every_path_matches_f64_products() {
