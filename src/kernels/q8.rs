@@ -232,10 +232,38 @@ impl Q8Matrix {
         tmp.par_chunks_mut(per_task * m * TILE)
             .enumerate()
             .for_each(|(task, chunk)| {
-                for (j, out_t) in chunk.chunks_exact_mut(m * TILE).enumerate() {
+                let tiles_here = chunk.len() / (m * TILE);
+                let qs_of =
+                    |t: usize| &self.qs[t * kb * TILE_BLOCK_BYTES..(t + 1) * kb * TILE_BLOCK_BYTES];
+                let sc_of = |t: usize| &self.scales[t * kb * TILE..(t + 1) * kb * TILE];
+                let mut j = 0;
+                while j < tiles_here {
                     let t = task * per_task + j;
-                    let qs_t = &self.qs[t * kb * TILE_BLOCK_BYTES..(t + 1) * kb * TILE_BLOCK_BYTES];
-                    let sc_t = &self.scales[t * kb * TILE..(t + 1) * kb * TILE];
+                    if j + 1 < tiles_here {
+                        // Two tiles at a time: each activation broadcast feeds both.
+                        let (o0, o1) =
+                            chunk[j * m * TILE..(j + 2) * m * TILE].split_at_mut(m * TILE);
+                        let (w0, w1) = ((qs_of(t), sc_of(t)), (qs_of(t + 1), sc_of(t + 1)));
+                        let mut row0 = 0;
+                        while row0 < m {
+                            let g = (m - row0).min(ROW_GROUP);
+                            let (o0, o1) = (
+                                &mut o0[row0 * TILE..(row0 + g) * TILE],
+                                &mut o1[row0 * TILE..(row0 + g) * TILE],
+                            );
+                            match g {
+                                1 => tile_pair::<1>(isa, w0, w1, x, row0, o0, o1),
+                                2 => tile_pair::<2>(isa, w0, w1, x, row0, o0, o1),
+                                3 => tile_pair::<3>(isa, w0, w1, x, row0, o0, o1),
+                                _ => tile_pair::<4>(isa, w0, w1, x, row0, o0, o1),
+                            }
+                            row0 += g;
+                        }
+                        j += 2;
+                        continue;
+                    }
+                    let out_t = &mut chunk[j * m * TILE..(j + 1) * m * TILE];
+                    let (qs_t, sc_t) = (qs_of(t), sc_of(t));
                     let mut row0 = 0;
                     while row0 < m {
                         let g = (m - row0).min(ROW_GROUP);
@@ -248,6 +276,7 @@ impl Q8Matrix {
                         }
                         row0 += g;
                     }
+                    j += 1;
                 }
             });
         for t in 0..tiles {
@@ -424,6 +453,43 @@ impl Q8Rows {
     }
 }
 
+/// The weights of one tile: its bytes and scales.
+type TileRef<'a> = (&'a [u8], &'a [u16]);
+
+/// Two tiles against rows `row0..row0 + M` of `x`, into `out0` and `out1` (`[M][TILE]` each).
+/// Every output is summed exactly as [`tile`] sums it (integer block sums, then the scaled
+/// blocks in block order), so whether a tile is paired never changes a result.
+#[inline]
+fn tile_pair<const M: usize>(
+    isa: Isa,
+    w0: TileRef<'_>,
+    w1: TileRef<'_>,
+    x: &Q8Rows,
+    row0: usize,
+    out0: &mut [f32],
+    out1: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx512_vnni {
+        let kb = x.kp / BLOCK;
+        assert!(
+            [w0, w1]
+                .iter()
+                .all(|(qs, sc)| qs.len() == kb * TILE_BLOCK_BYTES && sc.len() == kb * TILE)
+                && out0.len() == M * TILE
+                && out1.len() == M * TILE
+                && (row0 + M) * kb * 8 <= x.words.len()
+                && (row0 + M) * kb <= x.d.len()
+        );
+        // SAFETY: the CPU has the features (`isa` never claims more than detected), and the
+        // extents were checked above.
+        unsafe { x86::tile_pair_avx512_vnni::<M>(w0, w1, x, row0, out0, out1) };
+        return;
+    }
+    tile::<M>(isa, w0.0, w0.1, x, row0, out0);
+    tile::<M>(isa, w1.0, w1.1, x, row0, out1);
+}
+
 /// One tile against rows `row0..row0 + M` of `x`; `out` is `[M][TILE]`.
 #[inline]
 fn tile<const M: usize>(isa: Isa, qs: &[u8], sc: &[u16], x: &Q8Rows, row0: usize, out: &mut [f32]) {
@@ -585,6 +651,74 @@ mod x86 {
             let o = &mut out[mi * TILE..(mi + 1) * TILE];
             // SAFETY: 16 f32 values fit the 16-value slice.
             unsafe { _mm512_storeu_ps(o.as_mut_ptr(), *f) };
+        }
+    }
+
+    /// [`tile_avx512_vnni`] for two tiles at once: each activation broadcast feeds both tiles'
+    /// `vpdpbusd`, and each tile's outputs are summed exactly as there.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F/BW/VL + VNNI; extents as checked in [`super::tile_pair`].
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub(super) unsafe fn tile_pair_avx512_vnni<const M: usize>(
+        (qs0, sc0): (&[u8], &[u16]),
+        (qs1, sc1): (&[u8], &[u16]),
+        x: &Q8Rows,
+        row0: usize,
+        out0: &mut [f32],
+        out1: &mut [f32],
+    ) {
+        let kb = x.kp / BLOCK;
+        let mut facc0 = [_mm512_setzero_ps(); M];
+        let mut facc1 = [_mm512_setzero_ps(); M];
+        for b in 0..kb {
+            let wp0 = qs0[b * TILE_BLOCK_BYTES..(b + 1) * TILE_BLOCK_BYTES].as_ptr();
+            let wp1 = qs1[b * TILE_BLOCK_BYTES..(b + 1) * TILE_BLOCK_BYTES].as_ptr();
+            prefetch_ahead(wp0);
+            prefetch_ahead(wp1);
+            let mut ws0 = [_mm512_setzero_si512(); 8];
+            let mut ws1 = [_mm512_setzero_si512(); 8];
+            for s in 0..8 {
+                // SAFETY: step s of this block is bytes s·64..s·64+64 of each 512-byte slice.
+                ws0[s] = unsafe { _mm512_loadu_si512(wp0.add(s * 64) as *const __m512i) };
+                // SAFETY: as above.
+                ws1[s] = unsafe { _mm512_loadu_si512(wp1.add(s * 64) as *const __m512i) };
+            }
+            let scp0 = sc0[b * TILE..(b + 1) * TILE].as_ptr();
+            let scp1 = sc1[b * TILE..(b + 1) * TILE].as_ptr();
+            // SAFETY: 16 f16 values = 32 bytes of each slice above.
+            let scales0 = _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(scp0 as *const __m256i) });
+            // SAFETY: as above.
+            let scales1 = _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(scp1 as *const __m256i) });
+            for mi in 0..M {
+                let blk = (row0 + mi) * kb + b;
+                let xw = &x.words[blk * 8..blk * 8 + 8];
+                let start = _mm512_set1_epi32(-x.corr[blk]);
+                let (mut acc0, mut acc1) = (start, start);
+                for s in 0..8 {
+                    let xb = _mm512_set1_epi32(xw[s]);
+                    acc0 = _mm512_dpbusd_epi32(acc0, ws0[s], xb);
+                    acc1 = _mm512_dpbusd_epi32(acc1, ws1[s], xb);
+                }
+                let d = _mm512_set1_ps(x.d[blk]);
+                facc0[mi] = _mm512_fmadd_ps(
+                    _mm512_cvtepi32_ps(acc0),
+                    _mm512_mul_ps(scales0, d),
+                    facc0[mi],
+                );
+                facc1[mi] = _mm512_fmadd_ps(
+                    _mm512_cvtepi32_ps(acc1),
+                    _mm512_mul_ps(scales1, d),
+                    facc1[mi],
+                );
+            }
+        }
+        for (facc, out) in [(&facc0, out0), (&facc1, out1)] {
+            for (mi, f) in facc.iter().enumerate() {
+                let o = &mut out[mi * TILE..(mi + 1) * TILE];
+                // SAFETY: 16 f32 values fit the 16-value slice.
+                unsafe { _mm512_storeu_ps(o.as_mut_ptr(), *f) };
+            }
         }
     }
 
@@ -764,6 +898,48 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn paired_tiles_give_the_bits_of_single_ones() {
+        // Tiles paired or left single (odd counts, task boundaries) must sum identically: a
+        // served stream's samples equal `speak`'s whatever the batch (docs/serving.md §3).
+        // On one thread the 9 and 13 tiles below go in tasks of 3 and 4 tiles: pairs and
+        // single tiles both occur.
+        let one_thread = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        one_thread.install(|| {
+            for (m, n, k) in [(1, 144, 64), (4, 203, 96), (6, 144, 32)] {
+                let wf = values(n * k, 3 + (n * k) as u64);
+                let w = Q8Matrix::from_f32(&wf, n, k).unwrap();
+                let xf = values(m * k, 11 + m as u64);
+                let x = Q8Rows::quantize(&xf, m, k).unwrap();
+                for isa in Isa::testable() {
+                    let mut whole = vec![f32::NAN; m * n];
+                    w.matmul_t_with(isa, &x, &mut whole);
+                    for t in 0..n.div_ceil(TILE) {
+                        // A matrix of this tile's rows alone has one tile, never paired.
+                        let rows = TILE.min(n - t * TILE);
+                        let alone_w =
+                            Q8Matrix::from_f32(&wf[t * TILE * k..(t * TILE + rows) * k], rows, k)
+                                .unwrap();
+                        let mut alone = vec![f32::NAN; m * rows];
+                        alone_w.matmul_t_with(isa, &x, &mut alone);
+                        for i in 0..m {
+                            for r in 0..rows {
+                                assert_eq!(
+                                whole[i * n + t * TILE + r].to_bits(),
+                                alone[i * rows + r].to_bits(),
+                                "{isa:?} m {m} n {n} k {k}: tile {t} row {r}, activation row {i}"
+                            );
+                            }
+                        }
+                    }
+                }
+            }
+        });
     }
 
     #[test]
