@@ -1,10 +1,10 @@
 //! Time of one `q8` product `x (m, k) · wᵀ` for the code predictor's shapes at 1–8 activation
-//! rows, in milliseconds per call: what batching rows costs in the kernel (docs/performance.md
-//! §10). The products cycle through 24 matrices (about 80 MB for the default shape), as a frame
-//! cycles through the code predictor's layers: the weights come from the last-level cache or
-//! memory, never from a core's own cache.
+//! rows, in milliseconds per call: what batching rows costs in the kernel
+//! (docs/performance.md §10.1). The products cycle through 24 matrices (about 80 MB for the
+//! default shape), as a frame cycles through the code predictor's layers: the weights come from
+//! the last-level cache or memory, never from a core's own cache.
 //!
-//!     RAYON_NUM_THREADS=1 cargo run --release --example q8_micro [N K] [CALLS]
+//!     cargo run --release --example q8_micro [N K] [CALLS]
 
 use std::time::Instant;
 
