@@ -21,7 +21,7 @@ fn main() -> anyhow::Result<()> {
 fn run() -> anyhow::Result<()> {
     let dir = std::env::args()
         .nth(1)
-        .expect("usage: profile_speak MODEL_DIR [PRECISION] [FRAMES]");
+        .expect("usage: profile_speak MODEL_DIR [PRECISION] [FRAMES] [ROWS]");
     // The crate's memory-reuse policy, as the `voiceclone` binary applies it.
     voiceclone::kernels::alloc::keep_freed_memory();
     let prec = match std::env::args().nth(2).as_deref() {

@@ -556,14 +556,16 @@ mod x86 {
     /// tile (512 bytes each). The weights stream from memory once per product; with several
     /// activation rows each block takes longer to multiply, the out-of-order window then spans
     /// fewer blocks, and fewer of the stream's loads are in flight. Asking for the weights
-    /// 4 KB ahead keeps the stream going whatever the rows: the 0.6B code predictor took
-    /// 84–86 → 69–71 ms a frame for 4 rows, 42–45 → 36–38 ms for one (docs/performance.md §10).
+    /// 4 KB ahead keeps the stream going whatever the rows: the code-predictor part of a 0.6B
+    /// frame took 84–86 → 69–71 ms for 4 rows, 42–45 → 36–38 ms for one (`profile_speak`; the
+    /// whole frames are in docs/performance.md §10.1).
     const PREFETCH_BLOCKS: usize = 8;
 
     /// Requests the block `PREFETCH_BLOCKS` after the one at `block` into the cache. Tiles lie
-    /// one after the other, so past a tile's end this asks for the next tile, which the same
-    /// task usually multiplies next; past the matrix's end it asks for nothing that matters
-    /// (a prefetch never faults).
+    /// one after the other, so past a tile's end this asks for the start of the next tile: for
+    /// a single tile or the second of a pair, the tile the task multiplies next; for the first
+    /// of a pair, its partner, which is already streaming (those requests are wasted). Past the
+    /// matrix's end it asks for nothing that matters (a prefetch never faults).
     #[inline(always)]
     fn prefetch_ahead(block: *const u8) {
         let ahead = block.wrapping_add(PREFETCH_BLOCKS * TILE_BLOCK_BYTES);
