@@ -95,39 +95,25 @@ pub fn matmul_t_with(isa: Isa, w: Dense<'_>, n: usize, x: &Rows<'_>, out: &mut [
             let rows_here = chunk.len() / m;
             let mut j = 0;
             while j < rows_here {
-                let r = r0 + j;
-                if j + 1 < rows_here {
-                    // Two weight rows at a time: each activation vector loaded serves both.
-                    let (o0, o1) = chunk[j * m..(j + 2) * m].split_at_mut(m);
-                    let mut i0 = 0;
-                    while i0 < m {
-                        let g = (m - i0).min(ROW_GROUP);
-                        let (o0, o1) = (&mut o0[i0..i0 + g], &mut o1[i0..i0 + g]);
-                        match g {
-                            1 => row_pair::<1>(isa, w, r, x, i0, o0, o1),
-                            2 => row_pair::<2>(isa, w, r, x, i0, o0, o1),
-                            3 => row_pair::<3>(isa, w, r, x, i0, o0, o1),
-                            _ => row_pair::<4>(isa, w, r, x, i0, o0, o1),
-                        }
-                        i0 += g;
-                    }
-                    j += 2;
-                    continue;
-                }
-                let o = &mut chunk[j * m..(j + 1) * m];
+                // Two weight rows at a time where the task has two left: each activation
+                // vector loaded serves both.
+                let paired = j + 1 < rows_here;
+                let (o0, rest) = chunk[j * m..].split_at_mut(m);
+                let mut o1 = paired.then(|| &mut rest[..m]);
                 let mut i0 = 0;
                 while i0 < m {
                     let g = (m - i0).min(ROW_GROUP);
-                    let o = &mut o[i0..i0 + g];
+                    let o0 = &mut o0[i0..i0 + g];
+                    let o1 = o1.as_deref_mut().map(|o| &mut o[i0..i0 + g]);
                     match g {
-                        1 => row::<1>(isa, w, r, x, i0, o),
-                        2 => row::<2>(isa, w, r, x, i0, o),
-                        3 => row::<3>(isa, w, r, x, i0, o),
-                        _ => row::<4>(isa, w, r, x, i0, o),
+                        1 => row_or_pair::<1>(isa, w, r0 + j, x, i0, o0, o1),
+                        2 => row_or_pair::<2>(isa, w, r0 + j, x, i0, o0, o1),
+                        3 => row_or_pair::<3>(isa, w, r0 + j, x, i0, o0, o1),
+                        _ => row_or_pair::<4>(isa, w, r0 + j, x, i0, o0, o1),
                     }
                     i0 += g;
                 }
-                j += 1;
+                j += if paired { 2 } else { 1 };
             }
         });
     if m == 1 {
@@ -141,21 +127,24 @@ pub fn matmul_t_with(isa: Isa, w: Dense<'_>, n: usize, x: &Rows<'_>, out: &mut [
     }
 }
 
-/// Weight rows `r` and `r + 1` against activation rows `i0..i0 + G`, into `out0` and `out1`.
-/// Every output is summed exactly as [`row`] sums it (the same accumulators in the same
-/// order), so whether a row is paired, which depends on the matrix's row count and the task
-/// split, never changes a result.
+/// Weight row `r` against activation rows `i0..i0 + G` into `out0`, and with `out1` row `r + 1`
+/// too, both in one pass where the CPU allows. Every output is summed exactly as [`row`] sums
+/// it (the same accumulators in the same order), so whether a row is paired, which depends on
+/// the matrix's row count and the task split, never changes a result.
 #[inline]
 #[allow(clippy::too_many_arguments)]
-fn row_pair<const G: usize>(
+fn row_or_pair<const G: usize>(
     isa: Isa,
     w: Dense<'_>,
     r: usize,
     x: &Rows<'_>,
     i0: usize,
     out0: &mut [f32],
-    out1: &mut [f32],
+    out1: Option<&mut [f32]>,
 ) {
+    let Some(out1) = out1 else {
+        return row::<G>(isa, w, r, x, i0, out0);
+    };
     #[cfg(target_arch = "x86_64")]
     if let (Dense::Bf16(wb), true) = (w, isa.avx512) {
         let k = x.k;

@@ -233,50 +233,36 @@ impl Q8Matrix {
             .enumerate()
             .for_each(|(task, chunk)| {
                 let tiles_here = chunk.len() / (m * TILE);
-                let qs_of =
-                    |t: usize| &self.qs[t * kb * TILE_BLOCK_BYTES..(t + 1) * kb * TILE_BLOCK_BYTES];
-                let sc_of = |t: usize| &self.scales[t * kb * TILE..(t + 1) * kb * TILE];
+                let weights = |t: usize| -> TileRef<'_> {
+                    (
+                        &self.qs[t * kb * TILE_BLOCK_BYTES..(t + 1) * kb * TILE_BLOCK_BYTES],
+                        &self.scales[t * kb * TILE..(t + 1) * kb * TILE],
+                    )
+                };
                 let mut j = 0;
                 while j < tiles_here {
                     let t = task * per_task + j;
-                    if j + 1 < tiles_here {
-                        // Two tiles at a time: each activation broadcast feeds both.
-                        let (o0, o1) =
-                            chunk[j * m * TILE..(j + 2) * m * TILE].split_at_mut(m * TILE);
-                        let (w0, w1) = ((qs_of(t), sc_of(t)), (qs_of(t + 1), sc_of(t + 1)));
-                        let mut row0 = 0;
-                        while row0 < m {
-                            let g = (m - row0).min(ROW_GROUP);
-                            let (o0, o1) = (
-                                &mut o0[row0 * TILE..(row0 + g) * TILE],
-                                &mut o1[row0 * TILE..(row0 + g) * TILE],
-                            );
-                            match g {
-                                1 => tile_pair::<1>(isa, w0, w1, x, row0, o0, o1),
-                                2 => tile_pair::<2>(isa, w0, w1, x, row0, o0, o1),
-                                3 => tile_pair::<3>(isa, w0, w1, x, row0, o0, o1),
-                                _ => tile_pair::<4>(isa, w0, w1, x, row0, o0, o1),
-                            }
-                            row0 += g;
-                        }
-                        j += 2;
-                        continue;
-                    }
-                    let out_t = &mut chunk[j * m * TILE..(j + 1) * m * TILE];
-                    let (qs_t, sc_t) = (qs_of(t), sc_of(t));
+                    // Two tiles at a time where the task has two left: each activation
+                    // broadcast feeds both.
+                    let paired = j + 1 < tiles_here;
+                    let (o0, rest) = chunk[j * m * TILE..].split_at_mut(m * TILE);
+                    let mut o1 = paired.then(|| &mut rest[..m * TILE]);
+                    let (w0, w1) = (weights(t), paired.then(|| weights(t + 1)));
                     let mut row0 = 0;
                     while row0 < m {
                         let g = (m - row0).min(ROW_GROUP);
-                        let o = &mut out_t[row0 * TILE..(row0 + g) * TILE];
+                        let span = row0 * TILE..(row0 + g) * TILE;
+                        let o0 = &mut o0[span.clone()];
+                        let second = w1.zip(o1.as_deref_mut().map(|o| &mut o[span]));
                         match g {
-                            1 => tile::<1>(isa, qs_t, sc_t, x, row0, o),
-                            2 => tile::<2>(isa, qs_t, sc_t, x, row0, o),
-                            3 => tile::<3>(isa, qs_t, sc_t, x, row0, o),
-                            _ => tile::<4>(isa, qs_t, sc_t, x, row0, o),
+                            1 => tile_or_pair::<1>(isa, w0, second, x, row0, o0),
+                            2 => tile_or_pair::<2>(isa, w0, second, x, row0, o0),
+                            3 => tile_or_pair::<3>(isa, w0, second, x, row0, o0),
+                            _ => tile_or_pair::<4>(isa, w0, second, x, row0, o0),
                         }
                         row0 += g;
                     }
-                    j += 1;
+                    j += if paired { 2 } else { 1 };
                 }
             });
         for t in 0..tiles {
@@ -456,51 +442,49 @@ impl Q8Rows {
 /// The weights of one tile: its bytes and scales.
 type TileRef<'a> = (&'a [u8], &'a [u16]);
 
-/// Two tiles against rows `row0..row0 + M` of `x`, into `out0` and `out1` (`[M][TILE]` each).
-/// Every output is summed exactly as [`tile`] sums it (integer block sums, then the scaled
-/// blocks in block order), so whether a tile is paired never changes a result.
+/// One tile against rows `row0..row0 + M` of `x` into `out` (`[M][TILE]`), and with `second`
+/// another tile into its own output, both in one pass where the CPU allows. Every output is
+/// summed exactly as [`tile`] sums it (integer block sums, then the scaled blocks in block
+/// order), so whether a tile is paired never changes a result.
 #[inline]
-fn tile_pair<const M: usize>(
+fn tile_or_pair<const M: usize>(
     isa: Isa,
-    w0: TileRef<'_>,
-    w1: TileRef<'_>,
+    first: TileRef<'_>,
+    second: Option<(TileRef<'_>, &mut [f32])>,
     x: &Q8Rows,
     row0: usize,
-    out0: &mut [f32],
-    out1: &mut [f32],
+    out: &mut [f32],
 ) {
+    let Some((w1, out1)) = second else {
+        return tile::<M>(isa, first.0, first.1, x, row0, out);
+    };
     #[cfg(target_arch = "x86_64")]
     if isa.avx512_vnni {
-        let kb = x.kp / BLOCK;
-        assert!(
-            [w0, w1]
-                .iter()
-                .all(|(qs, sc)| qs.len() == kb * TILE_BLOCK_BYTES && sc.len() == kb * TILE)
-                && out0.len() == M * TILE
-                && out1.len() == M * TILE
-                && (row0 + M) * kb * 8 <= x.words.len()
-                && (row0 + M) * kb <= x.d.len()
-        );
+        assert!(fits::<M>(first, x, row0, out) && fits::<M>(w1, x, row0, out1));
         // SAFETY: the CPU has the features (`isa` never claims more than detected), and the
         // extents were checked above.
-        unsafe { x86::tile_pair_avx512_vnni::<M>(w0, w1, x, row0, out0, out1) };
+        unsafe { x86::tile_pair_avx512_vnni::<M>(first, w1, x, row0, out, out1) };
         return;
     }
-    tile::<M>(isa, w0.0, w0.1, x, row0, out0);
+    tile::<M>(isa, first.0, first.1, x, row0, out);
     tile::<M>(isa, w1.0, w1.1, x, row0, out1);
+}
+
+/// Whether a tile, rows `row0..row0 + M` of `x` and `out` have the extents the kernels read and
+/// write.
+fn fits<const M: usize>((qs, sc): TileRef<'_>, x: &Q8Rows, row0: usize, out: &[f32]) -> bool {
+    let kb = x.kp / BLOCK;
+    qs.len() == kb * TILE_BLOCK_BYTES
+        && sc.len() == kb * TILE
+        && out.len() == M * TILE
+        && (row0 + M) * kb * 8 <= x.words.len()
+        && (row0 + M) * kb <= x.d.len()
 }
 
 /// One tile against rows `row0..row0 + M` of `x`; `out` is `[M][TILE]`.
 #[inline]
 fn tile<const M: usize>(isa: Isa, qs: &[u8], sc: &[u16], x: &Q8Rows, row0: usize, out: &mut [f32]) {
-    let kb = x.kp / BLOCK;
-    assert!(
-        qs.len() == kb * TILE_BLOCK_BYTES
-            && sc.len() == kb * TILE
-            && out.len() == M * TILE
-            && (row0 + M) * kb * 8 <= x.words.len()
-            && (row0 + M) * kb <= x.d.len()
-    );
+    assert!(fits::<M>((qs, sc), x, row0, out));
     #[cfg(target_arch = "x86_64")]
     {
         if isa.avx512_vnni {
@@ -660,7 +644,7 @@ mod x86 {
     /// `vpdpbusd`, and each tile's outputs are summed exactly as there.
     ///
     /// # Safety
-    /// The CPU must have AVX-512 F/BW/VL + VNNI; extents as checked in [`super::tile_pair`].
+    /// The CPU must have AVX-512 F/BW/VL + VNNI; extents as checked in [`super::tile_or_pair`].
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     pub(super) unsafe fn tile_pair_avx512_vnni<const M: usize>(
         (qs0, sc0): (&[u8], &[u16]),
