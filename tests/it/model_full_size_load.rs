@@ -210,7 +210,16 @@ fn write_random_checkpoint(dir: &Path) {
             )
         })
         .collect();
-    safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
+    let bytes: usize = data.iter().map(Vec::len).sum();
+    let path = dir.join("model.safetensors");
+    if let Err(e) = safetensors::serialize_to_file(views, None, &path) {
+        panic!(
+            "writing the random {:.1} GB checkpoint {}: {e} (the test needs that much free disk \
+             where TMPDIR points)",
+            bytes as f64 / 1e9,
+            path.display()
+        );
+    }
 }
 
 fn peak_rss_bytes() -> u64 {
