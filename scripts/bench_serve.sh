@@ -20,7 +20,12 @@
 # The machine must be quiet for `bench`: the 1-minute load average must be below 0.5 (FORCE=1
 # runs anyway and says so). `load` checks behaviour, not speed, and runs on a busy machine too.
 #
-# Environment: MODEL, STREAMS ("1 2 4 8"), FRAMES (50; load: 20), ROUNDS (2), PRECISION (auto:
+# CODEC=DIR serves MODEL with the speech tokenizer in DIR instead of its own (the model's files
+# linked into a temporary directory beside it): `CODEC=.big-fixtures/codec-full` measures the
+# codec of the real size (`scripts/bench_codec_official.py --make-full-size` writes it), whose
+# streaming decode the small codec of the default model leaves out (docs/performance.md §10.2).
+#
+# Environment: MODEL, CODEC, STREAMS ("1 2 4 8"), FRAMES (50; load: 20), ROUNDS (2), PRECISION (auto:
 # bf16-weights for the bf16 checkpoint; or f32, q8), THREADS (RAYON_NUM_THREADS of the server;
 # default all cores), MAX_BATCH (8), REQUESTS (200), CLIENTS (8) and PASSES (2) for load, BIN (default: build
 # target/release/voiceclone), FORCE.
@@ -67,8 +72,22 @@ cleanup() {
         wait "$SERVER" || true
     fi
     rm -rf "$WS"
+    if [[ -n ${WITH_CODEC:-} ]]; then rm -rf "$WITH_CODEC"; fi
 }
 trap cleanup EXIT
+if [[ -n ${CODEC:-} ]]; then
+    if [[ ! -f $CODEC/model.safetensors || ! -f $CODEC/config.json ]]; then
+        echo "error: no speech tokenizer at $CODEC (model.safetensors and config.json)" >&2
+        exit 1
+    fi
+    WITH_CODEC=$(mktemp -d)
+    for f in "$MODEL"/*; do
+        [[ $(basename "$f") == speech_tokenizer ]] || ln -s "$(realpath "$f")" "$WITH_CODEC/"
+    done
+    ln -s "$(realpath "$CODEC")" "$WITH_CODEC/speech_tokenizer"
+    echo "== $MODEL with the speech tokenizer of $CODEC"
+    MODEL=$WITH_CODEC
+fi
 mkdir -p "$WS/data"
 cp "$REF" "$WS/data/ref.wav"
 if [[ -n ${THREADS:-} ]]; then export RAYON_NUM_THREADS=$THREADS; fi
