@@ -21,7 +21,7 @@
 # runs anyway and says so). `load` checks behaviour, not speed, and runs on a busy machine too.
 #
 # CODEC=DIR serves MODEL with the speech tokenizer in DIR instead of its own (the model's files
-# linked into a temporary directory beside it): `CODEC=.big-fixtures/codec-full` measures the
+# linked into a temporary directory, removed at exit): `CODEC=.big-fixtures/codec-full` measures the
 # codec of the real size (`scripts/bench_codec_official.py --make-full-size` writes it), whose
 # streaming decode the small codec of the default model leaves out (docs/performance.md §10.2).
 #
