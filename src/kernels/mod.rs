@@ -18,6 +18,7 @@
 //! | [`optim`], [`loss`] | AdamW's element-wise updates, the fused cross-entropy |
 //! | [`alloc`] | the memory-reuse policy |
 //! | [`pool`] | running a whole computation on a worker of the rayon pool |
+//! | [`team`] | helper threads that stay awake between the short products of a frame |
 //!
 //! Rules the module keeps:
 //! - **Safety.** Outward every function is safe. `unsafe` appears only where the hardware or a
@@ -26,12 +27,14 @@
 //!   check, committing buffers that [`buf`] has verified are fully written, and `mallopt`.
 //!   Every block says why it holds (`// SAFETY:`, enforced by `clippy::undocumented_unsafe_blocks`).
 //!   `scripts/miri.sh` runs this module's tests under Miri, scalar and AVX2 builds.
-//! - **Parallelism.** All of it goes through rayon: outputs are split into disjoint chunks
-//!   (`par_chunks_mut`, [`buf::par_new_vec`]) that each task owns, with per-worker scratch
-//!   (`for_each_init`); no raw pointers are shared between threads and no threads are spawned
-//!   per call. Nested calls (a fused kernel running layers inside a tile) simply nest. Callers
-//!   with many small parallel loops in a row (a frame of speech) run them from inside the pool
-//!   ([`pool::on_pool`]), so that each loop is not handed over from an outside thread.
+//! - **Parallelism.** Outputs are split into disjoint chunks that each task owns, with
+//!   per-worker scratch where needed; no threads are spawned per call. It goes through rayon
+//!   (`par_chunks_mut`, [`buf::par_new_vec`]; nested calls simply nest), with one exception:
+//!   the `q8` products and the attention heads, the loops of a frame of speech, run on
+//!   [`team`], whose helpers stay awake between loops instead of parking as rayon's workers do
+//!   (its one shared pointer is the chunked output, each chunk claimed once). Callers with many small parallel loops in a row
+//!   (a frame of speech) run them from inside the pool ([`pool::on_pool`]), so that each rayon
+//!   loop is not handed over from an outside thread.
 //! - **Determinism.** Every reduction runs in a fixed order (per-block partials summed in block
 //!   order), so results do not depend on the thread count: exact training resume relies on it.
 //! - **Memory.** Kernels allocate plain `Vec`s for their outputs and keep nothing between
@@ -57,6 +60,7 @@ pub mod optim;
 pub mod pool;
 pub mod q8;
 pub mod simd;
+pub mod team;
 pub mod winograd;
 
 pub use conv::num_threads;

@@ -24,7 +24,8 @@
 //! the tests hold the others to (they give identical integer sums; only the order of the float
 //! accumulation over blocks differs).
 //!
-//! Output tiles are split across the rayon pool; each task owns its tiles' outputs.
+//! Output tiles are split across the threads of [`super::team`]; each task owns its tiles'
+//! outputs.
 
 use rayon::prelude::*;
 
@@ -229,42 +230,40 @@ impl Q8Matrix {
         // Per tile: `[row of x][16 outputs]`.
         let mut tmp = vec![0f32; tiles * m * TILE];
         let per_task = tiles.div_ceil(rayon::current_num_threads() * 4).max(1);
-        tmp.par_chunks_mut(per_task * m * TILE)
-            .enumerate()
-            .for_each(|(task, chunk)| {
-                let tiles_here = chunk.len() / (m * TILE);
-                let weights = |t: usize| -> TileRef<'_> {
-                    (
-                        &self.qs[t * kb * TILE_BLOCK_BYTES..(t + 1) * kb * TILE_BLOCK_BYTES],
-                        &self.scales[t * kb * TILE..(t + 1) * kb * TILE],
-                    )
-                };
-                let mut j = 0;
-                while j < tiles_here {
-                    let t = task * per_task + j;
-                    // Two tiles at a time where the task has two left: each activation
-                    // broadcast feeds both.
-                    let paired = j + 1 < tiles_here;
-                    let (o0, rest) = chunk[j * m * TILE..].split_at_mut(m * TILE);
-                    let mut o1 = paired.then(|| &mut rest[..m * TILE]);
-                    let (w0, w1) = (weights(t), paired.then(|| weights(t + 1)));
-                    let mut row0 = 0;
-                    while row0 < m {
-                        let g = (m - row0).min(ROW_GROUP);
-                        let span = row0 * TILE..(row0 + g) * TILE;
-                        let o0 = &mut o0[span.clone()];
-                        let second = w1.zip(o1.as_deref_mut().map(|o| &mut o[span]));
-                        match g {
-                            1 => tile_or_pair::<1>(isa, w0, second, x, row0, o0),
-                            2 => tile_or_pair::<2>(isa, w0, second, x, row0, o0),
-                            3 => tile_or_pair::<3>(isa, w0, second, x, row0, o0),
-                            _ => tile_or_pair::<4>(isa, w0, second, x, row0, o0),
-                        }
-                        row0 += g;
+        super::team::for_each_chunk(&mut tmp, per_task * m * TILE, |task, chunk| {
+            let tiles_here = chunk.len() / (m * TILE);
+            let weights = |t: usize| -> TileRef<'_> {
+                (
+                    &self.qs[t * kb * TILE_BLOCK_BYTES..(t + 1) * kb * TILE_BLOCK_BYTES],
+                    &self.scales[t * kb * TILE..(t + 1) * kb * TILE],
+                )
+            };
+            let mut j = 0;
+            while j < tiles_here {
+                let t = task * per_task + j;
+                // Two tiles at a time where the task has two left: each activation
+                // broadcast feeds both.
+                let paired = j + 1 < tiles_here;
+                let (o0, rest) = chunk[j * m * TILE..].split_at_mut(m * TILE);
+                let mut o1 = paired.then(|| &mut rest[..m * TILE]);
+                let (w0, w1) = (weights(t), paired.then(|| weights(t + 1)));
+                let mut row0 = 0;
+                while row0 < m {
+                    let g = (m - row0).min(ROW_GROUP);
+                    let span = row0 * TILE..(row0 + g) * TILE;
+                    let o0 = &mut o0[span.clone()];
+                    let second = w1.zip(o1.as_deref_mut().map(|o| &mut o[span]));
+                    match g {
+                        1 => tile_or_pair::<1>(isa, w0, second, x, row0, o0),
+                        2 => tile_or_pair::<2>(isa, w0, second, x, row0, o0),
+                        3 => tile_or_pair::<3>(isa, w0, second, x, row0, o0),
+                        _ => tile_or_pair::<4>(isa, w0, second, x, row0, o0),
                     }
-                    j += if paired { 2 } else { 1 };
+                    row0 += g;
                 }
-            });
+                j += if paired { 2 } else { 1 };
+            }
+        });
         for t in 0..tiles {
             let rows = TILE.min(n - t * TILE);
             for i in 0..m {
