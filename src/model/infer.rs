@@ -9,8 +9,8 @@
 //! floats, so a frame costs little beyond reading the weights (docs/performance.md §2).
 //! Training and the CUDA path keep the candle modules.
 
+use crate::kernels::team;
 use anyhow::{bail, ensure, Result};
-use rayon::prelude::*;
 
 use super::config::Qwen3TtsConfig;
 use super::layers::DecoderConfig;
@@ -304,28 +304,26 @@ impl Decoder {
         let rep = nh / nkv;
         let (kc, vc) = &cache.kv[li];
         let key_valid = cache.key_valid.as_ref();
-        // One task per (row, head): its s queries against the row's cached keys.
-        let heads: Vec<Vec<f32>> = (0..b * nh)
-            .into_par_iter()
-            .with_min_len(4)
-            .map(|rh| {
-                let (r, head) = (rh / nh, rh % nh);
-                let g = head / rep;
-                let base = (r * nkv + g) * cap * hd;
-                attend(
-                    s,
-                    past,
-                    hd,
-                    scale,
-                    |i| &q[((r * s + i) * nh + head) * hd..((r * s + i) * nh + head + 1) * hd],
-                    &kc[base..base + total * hd],
-                    &vc[base..base + total * hd],
-                    key_valid.map(|kv| kv[r].as_slice()),
-                )
-            })
-            .collect();
+        // One task per (row, head): its s queries against the row's cached keys, on the team
+        // that runs the products (docs/performance.md §2.5).
+        let mut heads = vec![0f32; b * nh * s * hd];
+        team::for_each_chunk(&mut heads, s * hd, |rh, out| {
+            let (r, head) = (rh / nh, rh % nh);
+            let g = head / rep;
+            let base = (r * nkv + g) * cap * hd;
+            out.copy_from_slice(&attend(
+                s,
+                past,
+                hd,
+                scale,
+                |i| &q[((r * s + i) * nh + head) * hd..((r * s + i) * nh + head + 1) * hd],
+                &kc[base..base + total * hd],
+                &vc[base..base + total * hd],
+                key_valid.map(|kv| kv[r].as_slice()),
+            ));
+        });
         let mut att = vec![0f32; rows * nh * hd];
-        for (rh, out) in heads.iter().enumerate() {
+        for (rh, out) in heads.chunks_exact(s * hd).enumerate() {
             let (r, head) = (rh / nh, rh % nh);
             for i in 0..s {
                 let dst = ((r * s + i) * nh + head) * hd;

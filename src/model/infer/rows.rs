@@ -8,8 +8,8 @@
 //! (`src/kernels/`), and norms, RoPE and attention run per row through the same functions. So a
 //! row's codes do not depend on what else is in the batch.
 
+use crate::kernels::team;
 use anyhow::{ensure, Result};
-use rayon::prelude::*;
 
 use super::{attend, plan, rms_norm_rows, Cache, Decoder, Layer, RopeRows};
 
@@ -88,31 +88,26 @@ impl Decoder {
         let scale = 1.0 / (hd as f32).sqrt();
         let rep = nh / nkv;
         let shared: Vec<&Cache> = caches.iter().map(|c| &**c).collect();
-        let heads: Vec<Vec<f32>> = (0..n * nh)
-            .into_par_iter()
-            .with_min_len(4)
-            .map(|rh| {
-                let (r, head) = (rh / nh, rh % nh);
-                let cache = shared[r];
-                let (kc, vc) = &cache.kv[li];
-                let base = (head / rep) * cache.capacity * hd;
-                let total = past[r] + 1;
-                attend(
-                    1,
-                    past[r],
-                    hd,
-                    scale,
-                    |_| &q[(r * nh + head) * hd..(r * nh + head + 1) * hd],
-                    &kc[base..base + total * hd],
-                    &vc[base..base + total * hd],
-                    cache.key_valid.as_ref().map(|kv| kv[0].as_slice()),
-                )
-            })
-            .collect();
+        // One task per (row, head), on the team that runs the products
+        // (docs/performance.md §2.5); `(row, head)`-major is the layout `finish_layer` takes.
         let mut att = vec![0f32; n * nh * hd];
-        for (rh, out) in heads.iter().enumerate() {
-            att[rh * hd..(rh + 1) * hd].copy_from_slice(out);
-        }
+        team::for_each_chunk(&mut att, hd, |rh, out| {
+            let (r, head) = (rh / nh, rh % nh);
+            let cache = shared[r];
+            let (kc, vc) = &cache.kv[li];
+            let base = (head / rep) * cache.capacity * hd;
+            let total = past[r] + 1;
+            out.copy_from_slice(&attend(
+                1,
+                past[r],
+                hd,
+                scale,
+                |_| &q[(r * nh + head) * hd..(r * nh + head + 1) * hd],
+                &kc[base..base + total * hd],
+                &vc[base..base + total * hd],
+                cache.key_valid.as_ref().map(|kv| kv[0].as_slice()),
+            ));
+        });
         self.finish_layer(l, x, &att, n);
     }
 }
