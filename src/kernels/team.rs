@@ -79,8 +79,12 @@ struct Team {
 fn team() -> &'static Team {
     static TEAM: OnceLock<&'static Team> = OnceLock::new();
     TEAM.get_or_init(|| {
-        // As many threads as the global rayon pool, the caller being one of them.
-        let helpers = rayon::current_num_threads().saturating_sub(1);
+        // As many threads as the global rayon pool, the caller being one of them (asked from a
+        // thread outside every pool: the first call may come from a smaller pool's worker).
+        let global = std::thread::spawn(rayon::current_num_threads)
+            .join()
+            .unwrap_or(1);
+        let helpers = global.saturating_sub(1);
         let team: &'static Team = Box::leak(Box::new(Team {
             helpers,
             job: AtomicPtr::new(std::ptr::null_mut()),
