@@ -18,7 +18,7 @@
 //! | [`optim`], [`loss`] | AdamW's element-wise updates, the fused cross-entropy |
 //! | [`alloc`] | the memory-reuse policy |
 //! | [`pool`] | running a whole computation on a worker of the rayon pool |
-//! | [`team`] | helper threads that stay awake between the short products of a frame |
+//! | [`team`] | helper threads that stay awake between the short loops of a frame |
 //!
 //! Rules the module keeps:
 //! - **Safety.** Outward every function is safe. `unsafe` appears only where the hardware or a
@@ -32,9 +32,9 @@
 //!   (`par_chunks_mut`, [`buf::par_new_vec`]; nested calls simply nest), with one exception:
 //!   the `q8` products and the attention heads, the loops of a frame of speech, run on
 //!   [`team`], whose helpers stay awake between loops instead of parking as rayon's workers do
-//!   (its one shared pointer is the chunked output, each chunk claimed once). Callers with many small parallel loops in a row
-//!   (a frame of speech) run them from inside the pool ([`pool::on_pool`]), so that each rayon
-//!   loop is not handed over from an outside thread.
+//!   (its one shared pointer is the chunked output, each chunk claimed once). Callers with many
+//!   small parallel loops in a row (a frame of speech) run them from inside the pool
+//!   ([`pool::on_pool`]), so that each rayon loop is not handed over from an outside thread.
 //! - **Determinism.** Every reduction runs in a fixed order (per-block partials summed in block
 //!   order), so results do not depend on the thread count: exact training resume relies on it.
 //! - **Memory.** Kernels allocate plain `Vec`s for their outputs and keep nothing between

@@ -9,8 +9,9 @@
 //! floats, so a frame costs little beyond reading the weights (docs/performance.md §2).
 //! Training and the CUDA path keep the candle modules.
 
-use crate::kernels::team;
 use anyhow::{bail, ensure, Result};
+
+use crate::kernels::team;
 
 use super::config::Qwen3TtsConfig;
 use super::layers::DecoderConfig;
@@ -311,7 +312,7 @@ impl Decoder {
             let (r, head) = (rh / nh, rh % nh);
             let g = head / rep;
             let base = (r * nkv + g) * cap * hd;
-            out.copy_from_slice(&attend(
+            attend(
                 s,
                 past,
                 hd,
@@ -320,7 +321,8 @@ impl Decoder {
                 &kc[base..base + total * hd],
                 &vc[base..base + total * hd],
                 key_valid.map(|kv| kv[r].as_slice()),
-            ));
+                out,
+            );
         });
         let mut att = vec![0f32; rows * nh * hd];
         for (rh, out) in heads.chunks_exact(s * hd).enumerate() {
@@ -392,9 +394,10 @@ impl Decoder {
     }
 }
 
-/// Causal attention of one (row, head): queries `query(i)`, i < s, at positions `past + i`
-/// against the row's first `past + s` cached `keys` / `vals` (`head_dim` each); `valid[j]`
-/// false masks cached left padding (`None`: every key is real).
+/// Causal attention of one (row, head) into `out` (`s × head_dim`, overwritten): queries
+/// `query(i)`, i < s, at positions `past + i` against the row's first `past + s` cached `keys` /
+/// `vals` (`head_dim` each); `valid[j]` false masks cached left padding (`None`: every key is
+/// real).
 #[allow(clippy::too_many_arguments)]
 fn attend<'q>(
     s: usize,
@@ -405,9 +408,16 @@ fn attend<'q>(
     keys: &[f32],
     vals: &[f32],
     valid: Option<&[bool]>,
-) -> Vec<f32> {
+    out: &mut [f32],
+) {
     let total = past + s;
-    let mut out = vec![0f32; s * hd];
+    assert_eq!(
+        out.len(),
+        s * hd,
+        "attention output of {} values",
+        out.len()
+    );
+    out.fill(0.0);
     let mut scores = vec![0f32; total];
     for i in 0..s {
         let qpos = past + i;
@@ -441,7 +451,6 @@ fn attend<'q>(
             }
         }
     }
-    out
 }
 
 /// Positions of the new tokens, updating the cache's padding and next positions — the rules of

@@ -8,8 +8,9 @@
 //! (`src/kernels/`), and norms, RoPE and attention run per row through the same functions. So a
 //! row's codes do not depend on what else is in the batch.
 
-use crate::kernels::team;
 use anyhow::{ensure, Result};
+
+use crate::kernels::team;
 
 use super::{attend, plan, rms_norm_rows, Cache, Decoder, Layer, RopeRows};
 
@@ -97,7 +98,7 @@ impl Decoder {
             let (kc, vc) = &cache.kv[li];
             let base = (head / rep) * cache.capacity * hd;
             let total = past[r] + 1;
-            out.copy_from_slice(&attend(
+            attend(
                 1,
                 past[r],
                 hd,
@@ -106,7 +107,8 @@ impl Decoder {
                 &kc[base..base + total * hd],
                 &vc[base..base + total * hd],
                 cache.key_valid.as_ref().map(|kv| kv[0].as_slice()),
-            ));
+                out,
+            );
         });
         self.finish_layer(l, x, &att, n);
     }
