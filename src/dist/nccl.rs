@@ -7,9 +7,13 @@
 //! NCCL needs equal chunk sizes on every rank, which the padded flat shards of [`super::flat`]
 //! provide. Compiled in CI (`scripts/check_cuda_build.sh`); it runs only where a GPU is.
 
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
 use anyhow::{bail, Context, Result};
 use candle_core::backend::BackendDevice;
-use candle_core::cuda_backend::cudarc::nccl::safe::{Comm, Id, ReduceOp as NcclOp};
+use candle_core::cuda_backend::cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
+use candle_core::cuda_backend::cudarc::nccl::{result, sys, NcclType};
 use candle_core::cuda_backend::{CudaDevice, CudaStorage};
 use candle_core::{DType, Device, Storage, StorageRef, Tensor};
 use half::bf16;
@@ -17,18 +21,74 @@ use half::bf16;
 use super::collective::{Collective, ReduceOp};
 use super::tcp::{Endpoint, TcpCollective};
 
-/// A rank of a GPU run.
-pub struct NcclCollective {
-    comm: Comm,
-    tcp: TcpCollective,
-    device: CudaDevice,
+/// An NCCL communicator handle that another thread may abort (`ncclCommAbort`), which is how a
+/// rank blocked in a GPU collective — waiting on a peer that hung — gets out: the communicator's
+/// kernels end and the CUDA synchronisation it waits in returns an error.
+struct Communicator {
+    /// `None` once aborted. Collectives hold the read lock only while they enqueue (NCCL calls
+    /// return once the work is on the stream); an abort takes the write lock, so the handle is
+    /// never freed while a call is using it.
+    comm: RwLock<Option<CommHandle>>,
 }
 
-// SAFETY: the communicator is only used from the rank's training thread; the control plane's
-// threads never touch it (they only shut the TCP sockets down).
-unsafe impl Send for NcclCollective {}
-// SAFETY: as above — shared references are only used by the one thread that drives the run.
-unsafe impl Sync for NcclCollective {}
+#[derive(Clone, Copy)]
+struct CommHandle(sys::ncclComm_t);
+
+// SAFETY: an `ncclComm_t` is an opaque pointer into NCCL's own state; NCCL allows it to be used
+// from any thread, one call at a time (serialised by the lock above), and `ncclCommAbort` to be
+// called from another thread.
+unsafe impl Send for CommHandle {}
+// SAFETY: as above.
+unsafe impl Sync for CommHandle {}
+
+impl Communicator {
+    /// Runs `f` with the live handle; an error once the communicator was aborted.
+    fn with<R>(&self, what: &str, f: impl FnOnce(sys::ncclComm_t) -> Result<R>) -> Result<R> {
+        let guard = self
+            .comm
+            .read()
+            .map_err(|_| anyhow::anyhow!("NCCL {what}: the communicator lock is poisoned"))?;
+        match *guard {
+            Some(h) => f(h.0),
+            None => bail!("NCCL {what}: the communicator was aborted (the run was aborted)"),
+        }
+    }
+
+    /// Aborts the communicator once. Waits up to 5 s for a collective that is being enqueued;
+    /// a thread stuck inside an NCCL call for longer is left to the rank's watchdog, which ends
+    /// the process (docs/distributed.md §3.4).
+    fn abort(&self) {
+        let until = Instant::now() + Duration::from_secs(5);
+        loop {
+            match self.comm.try_write() {
+                Ok(mut guard) => {
+                    if let Some(h) = guard.take() {
+                        // SAFETY: the handle is live (taken out under the write lock: no call is
+                        // using it) and is never used again.
+                        let _ = unsafe { result::comm_abort(h.0) };
+                    }
+                    return;
+                }
+                Err(_) if Instant::now() < until => std::thread::sleep(Duration::from_millis(10)),
+                Err(_) => return,
+            }
+        }
+    }
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        self.abort();
+    }
+}
+
+/// A rank of a GPU run.
+pub struct NcclCollective {
+    comm: Arc<Communicator>,
+    tcp: TcpCollective,
+    device: CudaDevice,
+    stream: Arc<CudaStream>,
+}
 
 impl NcclCollective {
     /// Joins the run at `ep` on `device` (the GPU of this rank).
@@ -37,8 +97,9 @@ impl NcclCollective {
             bail!("the NCCL backend needs a CUDA device, not {device:?}");
         };
         let payload = if ep.rank == 0 {
-            let id = Id::new().map_err(|e| anyhow::anyhow!("ncclGetUniqueId failed: {e:?}"))?;
-            id.internal().iter().map(|&c| c as u8).collect()
+            let id = result::get_uniqueid()
+                .map_err(|e| anyhow::anyhow!("ncclGetUniqueId failed: {e:?}"))?;
+            id.internal.iter().map(|&c| c as u8).collect()
         } else {
             Vec::new()
         };
@@ -54,12 +115,34 @@ impl NcclCollective {
         for (d, &b) in internal.iter_mut().zip(bytes) {
             *d = b as std::ffi::c_char;
         }
-        let comm = Comm::from_rank(cuda.cuda_stream(), ep.rank, ep.world, Id::uninit(internal))
+        let stream = cuda.cuda_stream();
+        let mut raw = std::mem::MaybeUninit::<sys::ncclComm_t>::uninit();
+        let world = i32::try_from(ep.world).context("world size")?;
+        let rank = i32::try_from(ep.rank).context("rank")?;
+        // SAFETY: `raw` is written by a successful ncclCommInitRank before it is read.
+        let handle = unsafe {
+            result::comm_init_rank(
+                raw.as_mut_ptr(),
+                world,
+                sys::ncclUniqueId { internal },
+                rank,
+            )
             .map_err(|e| anyhow::anyhow!("rank {}: ncclCommInitRank failed: {e:?}", ep.rank))?;
+            raw.assume_init()
+        };
+        let comm = Arc::new(Communicator {
+            comm: RwLock::new(Some(CommHandle(handle))),
+        });
+        // Whoever learns first that the run is aborted (this rank's error, another rank's, a
+        // silent rank noticed by the heartbeats) aborts the communicator, so that a collective
+        // this rank is blocked in returns.
+        let for_abort = comm.clone();
+        tcp.on_abort(move || for_abort.abort());
         Ok(Self {
             comm,
             tcp,
             device: cuda.clone(),
+            stream,
         })
     }
 
@@ -75,6 +158,60 @@ impl NcclCollective {
             candle_core::op::BackpropOp::none(),
             false,
         )
+    }
+
+    /// `ncclAllGather` of `send` (n values) into `recv` (world × n values) on the stream.
+    fn all_gather_into<T: NcclType>(
+        &self,
+        send: &impl DevicePtr<T>,
+        recv: &mut impl DevicePtrMut<T>,
+    ) -> Result<()> {
+        self.comm.with("all-gather", |comm| {
+            let (src, _s) = send.device_ptr(&self.stream);
+            let (dst, _d) = recv.device_ptr_mut(&self.stream);
+            // SAFETY: both buffers are live device allocations of the given lengths on this
+            // rank's device, used in stream order; `comm` is live (held under the lock).
+            unsafe {
+                result::all_gather(
+                    src as _,
+                    dst as _,
+                    send.len(),
+                    T::as_nccl_type(),
+                    comm,
+                    self.stream.cu_stream() as _,
+                )
+            }
+            .map_err(|e| nccl_err("all-gather", e))?;
+            Ok(())
+        })
+    }
+
+    /// `ncclBroadcast` of `root`'s `send` into every rank's `recv` (same length) on the stream.
+    fn broadcast_into<T: NcclType>(
+        &self,
+        send: &impl DevicePtr<T>,
+        recv: &mut impl DevicePtrMut<T>,
+        root: i32,
+    ) -> Result<()> {
+        self.comm.with("broadcast", |comm| {
+            let count = recv.len();
+            let (src, _s) = send.device_ptr(&self.stream);
+            let (dst, _d) = recv.device_ptr_mut(&self.stream);
+            // SAFETY: as in `all_gather_into`.
+            unsafe {
+                result::broadcast(
+                    src as _,
+                    dst as _,
+                    count,
+                    T::as_nccl_type(),
+                    root,
+                    comm,
+                    self.stream.cu_stream() as _,
+                )
+            }
+            .map_err(|e| nccl_err("broadcast", e))?;
+            Ok(())
+        })
     }
 }
 
@@ -119,22 +256,22 @@ impl Collective for NcclCollective {
         let world = self.world();
         let mut shape = shard.dims().to_vec();
         anyhow::ensure!(!shape.is_empty(), "all-gather needs at least one dimension");
+        anyhow::ensure!(
+            shard.elem_count() > 0,
+            "all-gather of an empty tensor (docs/distributed.md §4.5)"
+        );
         shape[0] *= world;
         let (storage, start, end) = cuda_parts(&shard)?;
         let n = end - start;
         match shard.dtype() {
             DType::F32 => with_slice!(storage, f32, start, end, |view| {
                 let mut out = self.device.alloc_zeros::<f32>(n * world)?;
-                self.comm
-                    .all_gather(&view, &mut out)
-                    .map_err(|e| nccl_err("all-gather", e))?;
+                self.all_gather_into(&view, &mut out)?;
                 Ok(self.wrap(out, &shape))
             }),
             DType::BF16 => with_slice!(storage, bf16, start, end, |view| {
                 let mut out = self.device.alloc_zeros::<bf16>(n * world)?;
-                self.comm
-                    .all_gather(&view, &mut out)
-                    .map_err(|e| nccl_err("all-gather", e))?;
+                self.all_gather_into(&view, &mut out)?;
                 Ok(self.wrap(out, &shape))
             }),
             other => bail!("NCCL all-gather of {other:?} tensors is not supported"),
@@ -150,39 +287,52 @@ impl Collective for NcclCollective {
         let world = self.world();
         let mut shape = full.dims().to_vec();
         anyhow::ensure!(
-            !shape.is_empty() && shape[0].is_multiple_of(world),
-            "reduce-scatter: dimension 0 must split into {world} equal chunks"
+            !shape.is_empty() && shape[0].is_multiple_of(world) && full.elem_count() > 0,
+            "reduce-scatter: dimension 0 must split into {world} equal, non-empty chunks"
         );
         shape[0] /= world;
         let (storage, start, end) = cuda_parts(&full)?;
         let n = (end - start) / world;
         with_slice!(storage, f32, start, end, |view| {
             let mut out = self.device.alloc_zeros::<f32>(n)?;
-            self.comm
-                .reduce_scatter(&view, &mut out, &NcclOp::Sum)
+            self.comm.with("reduce-scatter", |comm| {
+                let (src, _s) = view.device_ptr(&self.stream);
+                let (dst, _d) = out.device_ptr_mut(&self.stream);
+                // SAFETY: `view` holds world × n f32 values and `out` n, both on this rank's
+                // device in stream order; `comm` is live (held under the lock).
+                unsafe {
+                    result::reduce_scatter(
+                        src as _,
+                        dst as _,
+                        n,
+                        f32::as_nccl_type(),
+                        sys::ncclRedOp_t::ncclSum,
+                        comm,
+                        self.stream.cu_stream() as _,
+                    )
+                }
                 .map_err(|e| nccl_err("reduce-scatter", e))?;
+                Ok(())
+            })?;
             Ok(self.wrap(out, &shape))
         })
     }
 
     fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor> {
         let t = t.contiguous()?;
+        anyhow::ensure!(t.elem_count() > 0, "broadcast of an empty tensor");
         let (storage, start, end) = cuda_parts(&t)?;
         let n = end - start;
         let root = i32::try_from(root).context("broadcast root")?;
         match t.dtype() {
             DType::F32 => with_slice!(storage, f32, start, end, |view| {
                 let mut out = self.device.alloc_zeros::<f32>(n)?;
-                self.comm
-                    .broadcast(Some(&view), &mut out, root)
-                    .map_err(|e| nccl_err("broadcast", e))?;
+                self.broadcast_into(&view, &mut out, root)?;
                 Ok(self.wrap(out, t.dims()))
             }),
             DType::BF16 => with_slice!(storage, bf16, start, end, |view| {
                 let mut out = self.device.alloc_zeros::<bf16>(n)?;
-                self.comm
-                    .broadcast(Some(&view), &mut out, root)
-                    .map_err(|e| nccl_err("broadcast", e))?;
+                self.broadcast_into(&view, &mut out, root)?;
                 Ok(self.wrap(out, t.dims()))
             }),
             other => bail!("NCCL broadcast of {other:?} tensors is not supported"),
@@ -194,6 +344,7 @@ impl Collective for NcclCollective {
     }
 
     fn abort(&self, why: &str) {
+        // The control plane runs the communicator's abort (registered in `connect`).
         self.tcp.abort(why);
     }
 

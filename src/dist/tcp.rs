@@ -13,6 +13,12 @@
 //! was killed) is reported the same way by rank 0. An aborted rank shuts its ring sockets down,
 //! so a collective blocked on them fails at once with the reason. Every socket operation also
 //! has a timeout: nothing waits forever.
+//!
+//! Heartbeats: every rank and rank 0 send each other a heartbeat every second on the control
+//! plane, from a thread of their own. A rank that is alive but silent — stopped (SIGSTOP), or
+//! its machine gone without closing the connection — is noticed when nothing has come from it
+//! for the timeout, and the run is aborted naming it, even while the others are busy computing
+//! or blocked inside a GPU collective, where no socket timeout applies.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -42,6 +48,10 @@ const HELLO: u8 = 1;
 const WELCOME: u8 = 2;
 const ABORT: u8 = 3;
 const BYE: u8 = 4;
+const HEARTBEAT: u8 = 5;
+
+/// How often a rank tells the other end of its control connections that it is alive.
+const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Serialize, Deserialize)]
 struct Hello {
@@ -86,6 +96,14 @@ struct Control {
     /// Rank 0: goodbyes received.
     byes: Mutex<usize>,
     bye_seen: Condvar,
+    /// Serialises writes on the control connections (heartbeats, aborts, goodbyes).
+    write: Mutex<()>,
+    /// When each peer (index = rank) was last heard from on the control plane.
+    last_heard: Mutex<Vec<Instant>>,
+    /// A peer silent for this long is taken for stopped or unreachable.
+    silence: Duration,
+    /// Run once when the run is aborted (e.g. aborting a GPU communicator).
+    on_abort: Mutex<Vec<Box<dyn Fn() + Send + Sync>>>,
 }
 
 impl Control {
@@ -100,13 +118,59 @@ impl Control {
         }
         if tell_others {
             for link in self.links.iter().flatten() {
-                let _ = send_msg(link, ABORT, why.as_bytes());
+                let _ = self.send(link, ABORT, why.as_bytes());
             }
         }
         for s in self.ring.lock().expect("control state").iter() {
             let _ = s.shutdown(Shutdown::Both);
         }
         self.bye_seen.notify_all();
+        for f in self.on_abort.lock().expect("control state").iter() {
+            f();
+        }
+    }
+
+    /// Sends one message on a control connection (whole, never interleaved with another).
+    fn send(&self, link: &TcpStream, kind: u8, payload: &[u8]) -> std::io::Result<()> {
+        let _guard = self.write.lock().expect("control state");
+        send_msg(link, kind, payload)
+    }
+
+    /// Sends heartbeats and watches the peers' until the run finishes or is aborted.
+    fn heartbeat(self: Arc<Self>) {
+        loop {
+            std::thread::sleep(HEARTBEAT_EVERY);
+            if self.finishing.load(Ordering::SeqCst) || self.aborted().is_some() {
+                return;
+            }
+            for link in self.links.iter().flatten() {
+                let _ = self.send(link, HEARTBEAT, &[]);
+            }
+            let silent = {
+                let heard = self.last_heard.lock().expect("control state");
+                self.links
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, l)| l.is_some())
+                    .map(|(i, _)| if self.rank == 0 { i } else { 0 })
+                    .find(|&peer| heard[peer].elapsed() > self.silence)
+            };
+            if let Some(peer) = silent {
+                if self.finishing.load(Ordering::SeqCst) {
+                    return;
+                }
+                self.abort(
+                    &format!(
+                        "rank {peer} stopped responding: nothing was heard from it for {} s (the \
+                         timeout, train.dist_timeout); it is stopped (SIGSTOP), hung outside \
+                         this program, or its machine is unreachable",
+                        self.silence.as_secs()
+                    ),
+                    true,
+                );
+                return;
+            }
+        }
     }
 
     fn aborted(&self) -> Option<String> {
@@ -128,6 +192,9 @@ impl Control {
                     *self.byes.lock().expect("control state") += 1;
                     self.bye_seen.notify_all();
                     return;
+                }
+                Ok((HEARTBEAT, _)) => {
+                    self.last_heard.lock().expect("control state")[peer] = Instant::now();
                 }
                 Ok(_) => {}
                 Err(_) => {
@@ -312,9 +379,13 @@ impl TcpCollective {
             aborted: Mutex::new(None),
             finishing: AtomicBool::new(false),
             ring: Mutex::new(Vec::new()),
-            links,
             byes: Mutex::new(0),
             bye_seen: Condvar::new(),
+            write: Mutex::new(()),
+            last_heard: Mutex::new(vec![Instant::now(); links.len().max(ep.world)]),
+            silence: ep.timeout,
+            on_abort: Mutex::new(Vec::new()),
+            links,
         });
         // The ring: connect to the next rank, accept the previous one.
         let ring = if ep.world > 1 {
@@ -355,6 +426,7 @@ impl TcpCollective {
         // One listener thread per control connection.
         for (peer, link) in control.links.iter().enumerate() {
             if let Some(link) = link {
+                link.set_write_timeout(Some(ep.timeout))?;
                 let peer = if ep.rank == 0 { peer } else { 0 };
                 let reader = link.try_clone()?;
                 let c = control.clone();
@@ -362,6 +434,12 @@ impl TcpCollective {
                     .name(format!("control-{peer}"))
                     .spawn(move || c.listen(reader, peer))?;
             }
+        }
+        if ep.world > 1 {
+            let c = control.clone();
+            std::thread::Builder::new()
+                .name("heartbeat".into())
+                .spawn(move || c.heartbeat())?;
         }
         Ok(Self {
             rank: ep.rank,
@@ -371,6 +449,21 @@ impl TcpCollective {
             timeout: ep.timeout,
             payload: welcome.payload,
         })
+    }
+
+    /// Runs `f` once when the run is aborted, by this rank or another (from whichever thread
+    /// learns of it first), e.g. to abort a GPU communicator that a blocked rank waits in.
+    pub fn on_abort(&self, f: impl Fn() + Send + Sync + 'static) {
+        self.control
+            .on_abort
+            .lock()
+            .expect("control state")
+            .push(Box::new(f));
+        if self.control.aborted().is_some() {
+            if let Some(f) = self.control.on_abort.lock().expect("control state").last() {
+                f();
+            }
+        }
     }
 
     /// The payload rank 0 passed to [`Self::connect`].
@@ -654,7 +747,7 @@ impl Collective for TcpCollective {
                 bail!("the run was aborted: {why}");
             }
         } else if let Some(Some(link)) = self.control.links.first() {
-            send_msg(link, BYE, &[])?;
+            self.control.send(link, BYE, &[])?;
         }
         Ok(())
     }
