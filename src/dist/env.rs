@@ -20,6 +20,22 @@ pub const RENDEZVOUS_PORT: &str = "VOICECLONE_RENDEZVOUS_PORT";
 /// Directory where each rank leaves its error message for our launcher.
 pub const REPORT_DIR: &str = "VOICECLONE_REPORT_DIR";
 
+/// Set by voiceclone's launcher (and `scripts/ray_train.py`) in the ranks of a restarted run:
+/// how many times the run was restarted before this attempt.
+pub const RESTART_COUNT: &str = "VOICECLONE_RESTART_COUNT";
+
+/// How many times this run was restarted before this process started (0 for a first attempt):
+/// voiceclone's launcher and the Ray launcher say so in [`RESTART_COUNT`], torchrun in
+/// `TORCHELASTIC_RESTART_COUNT`.
+pub fn restart_count() -> usize {
+    [RESTART_COUNT, "TORCHELASTIC_RESTART_COUNT"]
+        .iter()
+        .filter_map(|k| std::env::var(k).ok())
+        .filter_map(|v| v.trim().parse::<usize>().ok())
+        .max()
+        .unwrap_or(0)
+}
+
 /// Who started the ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Launcher {

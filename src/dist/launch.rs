@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use super::env::{LAUNCHED, RENDEZVOUS, REPORT_DIR};
+use super::env::{LAUNCHED, RENDEZVOUS, REPORT_DIR, RESTART_COUNT};
 
 /// How long the other ranks may take to stop after one failed.
 pub const GRACE: Duration = Duration::from_secs(30);
@@ -33,6 +33,13 @@ pub struct LaunchSpec {
     /// CPU ranks share this machine's cores: each gets its part of them as compute threads
     /// (`RAYON_NUM_THREADS`), unless the user set that variable.
     pub cpu: bool,
+    /// How many times a failed run is started again (every rank), continuing from what the
+    /// failed attempt saved.
+    pub max_restarts: usize,
+    /// A file whose content changes when the run makes lasting progress (the checkpoint
+    /// pointer): an attempt that fails exactly as the one before it, without progress, is not
+    /// restarted again — it would only fail once more.
+    pub progress_file: Option<PathBuf>,
 }
 
 /// The report file of `rank` under `dir`.
@@ -40,10 +47,20 @@ pub fn report_file(dir: &Path, rank: usize) -> PathBuf {
     dir.join(format!("rank-{rank}.txt"))
 }
 
+/// The first line of a report that a restart cannot help (the same data and weights give the
+/// same failure, e.g. a non-finite loss).
+const FINAL: &str = "final\n";
+
 /// Leaves this rank's error message where the launcher looks for it (no-op outside a launch).
-pub fn write_report(rank: usize, message: &str) {
+/// `restartable`: whether starting the run again could succeed.
+pub fn write_report(rank: usize, message: &str, restartable: bool) {
     if let Some(dir) = std::env::var_os(REPORT_DIR) {
-        let _ = std::fs::write(report_file(Path::new(&dir), rank), message);
+        let text = if restartable {
+            message.to_string()
+        } else {
+            format!("{FINAL}{message}")
+        };
+        let _ = std::fs::write(report_file(Path::new(&dir), rank), text);
     }
 }
 
@@ -83,7 +100,13 @@ fn free_port() -> Result<u16> {
         .port())
 }
 
-fn spawn_rank(spec: &LaunchSpec, rank: usize, port: u16, reports: &Path) -> Result<Child> {
+fn spawn_rank(
+    spec: &LaunchSpec,
+    rank: usize,
+    port: u16,
+    reports: &Path,
+    attempt: usize,
+) -> Result<Child> {
     let exe = std::env::current_exe().context("cannot find this program's executable")?;
     let mut cmd = Command::new(exe);
     cmd.args(&spec.args)
@@ -93,6 +116,7 @@ fn spawn_rank(spec: &LaunchSpec, rank: usize, port: u16, reports: &Path) -> Resu
         .env("LOCAL_RANK", rank.to_string())
         .env(RENDEZVOUS, format!("127.0.0.1:{port}"))
         .env(REPORT_DIR, reports)
+        .env(RESTART_COUNT, attempt.to_string())
         .envs(spec.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null());
     if spec.cpu && std::env::var_os("RAYON_NUM_THREADS").is_none() {
@@ -158,27 +182,98 @@ fn describe(status: &ExitStatus) -> String {
     }
 }
 
-/// Starts the ranks, waits for them and returns `Ok` when every rank succeeded; otherwise the
-/// error of the rank that failed first (or was killed), then a line per other failed rank.
+/// How one attempt of a run failed.
+struct Failure {
+    message: String,
+    /// Whether starting again could help (not a stop request, not a final error).
+    restartable: bool,
+}
+
+/// Starts the ranks, waits for them and returns `Ok` when every rank succeeded; otherwise,
+/// after at most `spec.max_restarts` restarts, the error of the rank that failed first (or was
+/// killed), then a line per other failed rank.
 pub fn launch(spec: &LaunchSpec) -> Result<()> {
     anyhow::ensure!(spec.world >= 1, "a run needs at least one rank");
+    let progress = || {
+        spec.progress_file
+            .as_ref()
+            .and_then(|p| std::fs::read_to_string(p).ok())
+    };
+    // The previous attempt's failure and the progress it had reached.
+    let mut previous: Option<(String, Option<String>)> = None;
+    for attempt in 0..=spec.max_restarts {
+        let Some(failure) = launch_once(spec, attempt)? else {
+            return Ok(());
+        };
+        let reached = progress();
+        let repeated = previous
+            .as_ref()
+            .is_some_and(|(m, p)| *m == failure.message && *p == reached);
+        if !failure.restartable || attempt == spec.max_restarts || repeated {
+            let mut msg = failure.message;
+            if attempt > 0 {
+                msg.push_str(&format!(
+                    "\n(the run was restarted {attempt} time(s); {})",
+                    if repeated {
+                        "it failed the same way again without progress, so it was not restarted \
+                         further"
+                    } else if failure.restartable {
+                        "no restart is left (train.max_restarts)"
+                    } else {
+                        "a restart cannot help with this failure"
+                    }
+                ));
+            }
+            bail!(msg)
+        }
+        eprintln!(
+            "error: {}\nrestarting every rank from the last complete checkpoint (restart {} of {})",
+            failure.message,
+            attempt + 1,
+            spec.max_restarts
+        );
+        previous = Some((failure.message, reached));
+    }
+    unreachable!("the last attempt returns")
+}
+
+/// Whether the process `pid` is stopped (SIGSTOP, or traced): it cannot finish by itself.
+fn is_stopped(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            // The state follows the command name, which is in parentheses.
+            let after = s.rsplit_once(')')?.1;
+            after
+                .split_whitespace()
+                .next()
+                .map(|st| st == "T" || st == "t")
+        })
+        .unwrap_or(false)
+}
+
+/// One attempt: starts every rank and waits for all of them; `None` when all succeeded.
+fn launch_once(spec: &LaunchSpec, attempt: usize) -> Result<Option<Failure>> {
     let reports = ReportDir::create()?;
     let port = free_port()?;
     crate::train::signal::install();
     let mut children: Vec<Option<Child>> = Vec::with_capacity(spec.world);
     for rank in 0..spec.world {
-        match spawn_rank(spec, rank, port, reports.path()) {
+        match spawn_rank(spec, rank, port, reports.path(), attempt) {
             Ok(c) => children.push(Some(c)),
             Err(e) => {
                 for c in children.iter_mut().flatten() {
                     let _ = c.kill();
                     let _ = c.wait();
                 }
+                crate::train::signal::restore();
                 return Err(e);
             }
         }
     }
     let mut statuses: Vec<Option<ExitStatus>> = vec![None; spec.world];
+    // Ranks this launcher killed because they did not stop after the failure.
+    let mut killed_here: Vec<bool> = vec![false; spec.world];
     let mut first_failure: Option<(usize, Instant)> = None;
     let mut forwarded = false;
     while statuses.iter().any(Option::is_none) {
@@ -200,9 +295,13 @@ pub fn launch(spec: &LaunchSpec) -> Result<()> {
             }
         }
         if let Some((_, at)) = first_failure {
-            if at.elapsed() >= GRACE {
-                for c in children.iter_mut().flatten() {
+            let late = at.elapsed() >= GRACE;
+            for (rank, slot) in children.iter_mut().enumerate() {
+                let Some(c) = slot else { continue };
+                // A stopped rank cannot stop by itself: no need to wait for it.
+                if late || is_stopped(c.id()) {
                     let _ = c.kill();
+                    killed_here[rank] = true;
                 }
             }
         }
@@ -210,36 +309,64 @@ pub fn launch(spec: &LaunchSpec) -> Result<()> {
     }
     crate::train::signal::restore();
     let Some((first, _)) = first_failure else {
-        return Ok(());
+        return Ok(None);
     };
-    let report = |rank: usize| {
+    let raw = |rank: usize| {
         std::fs::read_to_string(report_file(reports.path(), rank))
             .ok()
-            .map(|s| s.trim().to_string())
-            .filter(|s| !s.is_empty())
+            .filter(|s| !s.trim().is_empty())
     };
-    // The cause: a rank that died without a report (killed), else a rank whose error is its
-    // own rather than an abort passed on from another rank, else the first to fail.
-    let killed =
-        (0..spec.world).find(|&r| statuses[r].is_some_and(|s| !s.success()) && report(r).is_none());
+    let report =
+        |rank: usize| raw(rank).map(|s| s.strip_prefix(FINAL).unwrap_or(&s).trim().to_string());
+    let failed = |r: usize| statuses[r].is_some_and(|s| !s.success());
+    // The cause: a rank that died without a report (killed from outside), else a rank whose
+    // error is its own rather than an abort passed on from another rank, else the reason the
+    // run was aborted (a rank that stopped responding), else the first to fail.
+    let killed = (0..spec.world).find(|&r| failed(r) && !killed_here[r] && report(r).is_none());
     let own =
         (0..spec.world).find(|&r| report(r).is_some_and(|m| !m.contains("the run was aborted")));
-    let cause = killed.or(own).unwrap_or(first);
     if forwarded && killed.is_none() {
         // Stopped on request: rank 0 says where the run stands (e.g. which checkpoint it saved).
-        bail!(report(0).unwrap_or_else(|| "training was stopped".into()));
+        return Ok(Some(Failure {
+            message: report(0).unwrap_or_else(|| "training was stopped".into()),
+            restartable: false,
+        }));
     }
-    let mut msg = match report(cause) {
-        Some(m) => format!("rank {cause} failed: {m}"),
-        None => format!(
-            "rank {cause} {}",
-            statuses[cause].as_ref().map(describe).unwrap_or_default()
+    let (cause, mut msg) = match (killed, own) {
+        (Some(r), _) => (
+            r,
+            format!(
+                "rank {r} {}",
+                statuses[r].as_ref().map(describe).unwrap_or_default()
+            ),
         ),
+        (None, Some(r)) => (
+            r,
+            format!("rank {r} failed: {}", report(r).unwrap_or_default()),
+        ),
+        (None, None) => match (0..spec.world).find_map(|r| report(r).map(|m| (r, m))) {
+            Some((r, m)) => (r, m),
+            None => (
+                first,
+                format!(
+                    "rank {first} {}",
+                    statuses[first].as_ref().map(describe).unwrap_or_default()
+                ),
+            ),
+        },
     };
     for r in (0..spec.world).filter(|&r| r != cause) {
-        if let Some(s) = statuses[r].filter(|s| !s.success()) {
+        if killed_here[r] {
+            msg.push_str(&format!(
+                "\n  rank {r} did not stop after the failure and was killed"
+            ));
+        } else if let Some(s) = statuses[r].filter(|s| !s.success()) {
             msg.push_str(&format!("\n  rank {r} {}", describe(&s)));
         }
     }
-    bail!(msg)
+    let restartable = !raw(cause).is_some_and(|s| s.starts_with(FINAL));
+    Ok(Some(Failure {
+        message: msg,
+        restartable,
+    }))
 }

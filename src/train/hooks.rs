@@ -50,8 +50,11 @@ pub trait TrainHooks: Send + Sync {
     }
     /// At the start of optimizer step `step` on `rank`.
     fn step_start(&self, _step: usize, _rank: usize) {}
-    /// While writing the checkpoint of `step`.
+    /// While writing the checkpoint of `step` (on the rank that commits it: rank 0).
     fn checkpoint(&self, _step: usize, _phase: CheckpointPhase) {}
+    /// Sharded runs: `rank`'s own file of checkpoint `step` is written and synced; the ranks
+    /// have not yet agreed that every file is.
+    fn rank_file_written(&self, _step: usize, _rank: usize) {}
 }
 
 /// No intervention (every production run).
@@ -77,7 +80,13 @@ mod env {
     /// - `VOICECLONE_TEST_PAUSE_AT_STEP=N:RANK`: RANK sleeps (10 minutes) at the start of step N,
     ///   so a test can kill it there;
     /// - `VOICECLONE_TEST_PAUSE_IN_CHECKPOINT_WRITE=N[:PHASE]`: sleep (10 minutes) while writing
-    ///   the checkpoint of step N, at PHASE (default `rank-files`; see [`CheckpointPhase::name`]).
+    ///   the checkpoint of step N, at PHASE (default `rank-files`; see [`CheckpointPhase::name`]);
+    /// - `VOICECLONE_TEST_PAUSE_AFTER_RANK_FILE=N:RANK`: RANK sleeps (10 minutes) once its own
+    ///   file of checkpoint N is written;
+    /// - `VOICECLONE_TEST_FIRST_ATTEMPT_ONLY=1`: every hook above acts only in the first attempt
+    ///   of a run (not after a restart by voiceclone's launcher, torchrun or the Ray launcher).
+    ///
+    /// Every pause prints `test hook: … (pid P)` on standard error, so a test can kill it.
     #[derive(Debug, Default)]
     pub struct EnvHooks {
         pause_after: Option<usize>,
@@ -85,6 +94,7 @@ mod env {
         panic_at: Option<(usize, usize)>,
         pause_at: Option<(usize, usize)>,
         pause_in_checkpoint: Option<(usize, String)>,
+        pause_after_rank_file: Option<(usize, usize)>,
     }
 
     fn var(name: &str) -> Option<String> {
@@ -99,6 +109,10 @@ mod env {
 
     impl EnvHooks {
         pub fn from_env() -> Self {
+            let restarted = crate::dist::env::restart_count() > 0;
+            if restarted && var("VOICECLONE_TEST_FIRST_ATTEMPT_ONLY").as_deref() == Some("1") {
+                return Self::default();
+            }
             let rank_of = |v: Option<&str>| v.and_then(|r| r.parse::<usize>().ok());
             Self {
                 pause_after: var("VOICECLONE_TEST_PAUSE_AFTER_STEP")
@@ -119,6 +133,10 @@ mod env {
                     .as_deref()
                     .and_then(step_and)
                     .map(|(s, p)| (s, p.unwrap_or("rank-files").to_string())),
+                pause_after_rank_file: var("VOICECLONE_TEST_PAUSE_AFTER_RANK_FILE")
+                    .as_deref()
+                    .and_then(step_and)
+                    .and_then(|(s, r)| Some((s, rank_of(r)?))),
             }
         }
     }
@@ -158,11 +176,22 @@ mod env {
             if let Some((s, p)) = &self.pause_in_checkpoint {
                 if *s == step && p == phase.name() {
                     eprintln!(
-                        "test hook: paused in checkpoint write at step {step} ({})",
-                        phase.name()
+                        "test hook: paused in checkpoint write at step {step} ({}) (pid {})",
+                        phase.name(),
+                        std::process::id()
                     );
                     std::thread::sleep(Duration::from_secs(600));
                 }
+            }
+        }
+
+        fn rank_file_written(&self, step: usize, rank: usize) {
+            if self.pause_after_rank_file == Some((step, rank)) {
+                eprintln!(
+                    "test hook: rank {rank} paused after writing its file of step {step} (pid {})",
+                    std::process::id()
+                );
+                std::thread::sleep(Duration::from_secs(600));
             }
         }
     }
