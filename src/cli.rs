@@ -654,6 +654,17 @@ pub struct TrainArgs {
     /// What a sharded run shards: full or grad-op [train.shard].
     #[arg(long, value_name = "MODE")]
     pub shard: Option<String>,
+
+    /// How the trainer computes: auto, kernels, autograd (the GPU code path, bf16 weights) or
+    /// autograd-f32; a verification setting [train.backend].
+    #[arg(long, value_name = "BACKEND")]
+    pub backend: Option<String>,
+
+    /// Sharded runs: restart every rank from the last checkpoint when one fails, at most N
+    /// times [train.max_restarts].
+    #[arg(long, value_name = "N")]
+    pub max_restarts: Option<usize>,
+
     /// Repeat the utterances of speakers with fewer clips each epoch, up to the largest
     /// speaker's count [train.speaker_balance].
     #[arg(long)]
@@ -703,6 +714,8 @@ impl TrainArgs {
             .count("train.gpus", "--gpus", self.gpus)
             .count("train.cpu_ranks", "--cpu-ranks", self.cpu_ranks)
             .set("train.shard", "--shard", self.shard.clone())
+            .set("train.backend", "--backend", self.backend.clone())
+            .count("train.max_restarts", "--max-restarts", self.max_restarts)
             .flag(
                 "train.speaker_balance",
                 "--speaker-balance",

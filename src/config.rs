@@ -105,6 +105,8 @@ pub struct TrainConfig {
     pub shard: Shard,
     pub dist_timeout: u64,
     pub speaker_balance: bool,
+    pub backend: TrainBackend,
+    pub max_restarts: usize,
 }
 
 /// `train.shard`: what a sharded run shards (docs/distributed.md §4).
@@ -119,6 +121,26 @@ pub enum Shard {
 
 impl Shard {
     pub const NAMES: &'static [&'static str] = &["full", "grad-op"];
+}
+
+/// `train.backend`: how the trainer computes (docs/training.md §5.5). A verification setting:
+/// `auto` is what a user wants; the others run one device's code path on another.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum TrainBackend {
+    /// The CPU kernels on the CPU, autograd with bf16 storage on CUDA.
+    Auto,
+    /// The CPU training kernels (CPU only).
+    Kernels,
+    /// The code path CUDA runs: autograd over plain ops, weights stored in bf16 (on the CPU the
+    /// arithmetic is f32 on the bf16 values).
+    Autograd,
+    /// Autograd with weights stored in f32.
+    AutogradF32,
+}
+
+impl TrainBackend {
+    pub const NAMES: &'static [&'static str] = &["auto", "kernels", "autograd", "autograd-f32"];
 }
 
 /// `[speak]`: synthesis defaults. Sampling keys at 0 take the model's
@@ -198,6 +220,7 @@ const CHOICES: &[(&str, &[&str])] = &[
     ("speak.precision", Precision::NAMES),
     ("speak.non_streaming", NonStreaming::NAMES),
     ("train.shard", Shard::NAMES),
+    ("train.backend", TrainBackend::NAMES),
     ("embed.mode", EmbedMode::NAMES),
 ];
 

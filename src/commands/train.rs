@@ -46,7 +46,8 @@ pub fn run(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<()> {
     let run = prepare(ws, config, args)?;
     move_aside_if_fresh(ws, args)?;
     let device = train_device()?;
-    let opts = run.options(ws, config, device.clone(), train::Backend::auto(&device));
+    let backend = train::Backend::resolve(c.backend, &device)?;
+    let opts = run.options(ws, config, device.clone(), backend);
     let mut trainer = Trainer::new(opts, false)?;
     let total = trainer.total_steps();
     match &trainer.resumed_from {
@@ -64,7 +65,7 @@ pub fn run(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<()> {
             trainer.params.elem_count(),
             &trainer.dataset,
             trainer.sampler.steps_per_epoch(c.grad_accum),
-            "",
+            &placement(backend, &device),
         ),
     }
     let outcome = trainer.run()?;
@@ -165,7 +166,7 @@ pub fn model_files(ws: &Workspace, config: &Config) -> Result<ModelFiles> {
 /// `--fresh`: the previous run's checkpoints move aside (never deleted).
 pub fn move_aside_if_fresh(ws: &Workspace, args: &TrainArgs) -> Result<()> {
     let checkpoints = ws.checkpoints_dir();
-    if args.fresh {
+    if fresh_start(args) {
         if let Some(moved) = move_aside(&checkpoints)? {
             println!(
                 "--fresh: moved the previous run's {} to {} (delete it when no longer needed)",
@@ -175,6 +176,21 @@ pub fn move_aside_if_fresh(ws: &Workspace, args: &TrainArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Where and how a run computes, for its first line when that is not the default.
+pub fn placement(backend: train::Backend, device: &Device) -> String {
+    if backend == train::Backend::auto(device) {
+        String::new()
+    } else {
+        format!("; backend {} on {device:?}", backend.name())
+    }
+}
+
+/// `--fresh` applies to the first attempt of a run only: a restarted attempt (voiceclone's
+/// launcher, torchrun, Ray) continues from the checkpoints the first one wrote.
+pub fn fresh_start(args: &TrainArgs) -> bool {
+    args.fresh && crate::dist::env::restart_count() == 0
 }
 
 pub fn print_resumed(

@@ -14,6 +14,7 @@ use crate::dist::env::Launcher;
 use crate::dist::launch::{self, LaunchSpec};
 use crate::dist::tcp::{Endpoint, TcpCollective};
 use crate::dist::{Collective, RankEnv, ReduceOp};
+use crate::train::driver::NonFinite;
 use crate::train::sharded::ShardedTrainer;
 use crate::train::{self, Backend};
 use crate::workspace::Workspace;
@@ -39,6 +40,8 @@ pub fn launch(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<()> {
         args: std::env::args_os().skip(1).collect(),
         env: Vec::new(),
         cpu: c.gpus == 0,
+        max_restarts: c.max_restarts,
+        progress_file: Some(ws.checkpoints_dir().join(train::checkpoint::LATEST)),
     };
     launch::launch(&spec)
 }
@@ -83,7 +86,8 @@ pub fn run_rank(ws: &Workspace, config: &Config, args: &TrainArgs, env: RankEnv)
     let rank = env.rank;
     let result = rank_main(ws, config, args, &env);
     if let Err(e) = &result {
-        launch::write_report(rank, &format!("{e:#}"));
+        let restartable = e.downcast_ref::<NonFinite>().is_none();
+        launch::write_report(rank, &format!("{e:#}"), restartable);
     }
     result.map_err(|e| e.context(format!("rank {rank}")))
 }
@@ -148,9 +152,10 @@ fn train_rank(
         model_spec: ws.model_source(&config.model.base)?.stable_spec(),
         files,
     };
-    let backend = Backend::auto(device);
+    let backend = Backend::resolve(config.train.backend, device)?;
     let opts = prepared.options(ws, config, device.clone(), backend);
-    let mut trainer = ShardedTrainer::new(opts, coll.clone(), config.train.shard, tag, args.fresh)?;
+    let fresh = super::train::fresh_start(args);
+    let mut trainer = ShardedTrainer::new(opts, coll.clone(), config.train.shard, tag, fresh)?;
     let state = trainer.state_bytes() as f64;
     let most = coll.all_reduce_host(&[state], ReduceOp::Max)?[0];
     let all = coll.all_reduce_host(&[state], ReduceOp::Sum)?[0];
@@ -171,7 +176,7 @@ fn train_rank(
                 trainer.full_parameters(),
                 &trainer.dataset,
                 trainer.sampler.steps_per_epoch(config.train.grad_accum),
-                "",
+                &super::train::placement(backend, device),
             ),
         }
         println!(
@@ -273,7 +278,7 @@ fn install_failure_handlers(coll: Arc<dyn Collective>, rank: usize) {
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
         let msg = format!("rank {rank} panicked: {info}");
-        launch::write_report(rank, &msg);
+        launch::write_report(rank, &msg, true);
         for_panic.abort(&msg);
         default(info);
     }));
@@ -284,7 +289,7 @@ fn install_failure_handlers(coll: Arc<dyn Collective>, rank: usize) {
                 std::thread::sleep(Duration::from_millis(100));
             }
             let msg = format!("the run was aborted: {why} (rank {rank} did not stop by itself)");
-            launch::write_report(rank, &msg);
+            launch::write_report(rank, &msg, true);
             eprintln!("error: rank {rank}: {msg}");
             std::process::exit(1);
         }

@@ -4,7 +4,7 @@
 //! with one reduce-scatter. Also the row-sparse exchange of a large table's rows.
 
 use anyhow::{ensure, Result};
-use candle_core::{DType, Tensor};
+use candle_core::{DType, Device, Tensor};
 
 use super::collective::Collective;
 use super::shard::RowSplit;
@@ -67,12 +67,10 @@ impl FlatLayout {
         shape
     }
 
-    /// `parts[i]` (rank `q`'s rows of entry i, flattened) padded and concatenated: a flat shard.
-    fn pack(&self, parts: &[Tensor], q: usize, dtype: DType) -> Result<Tensor> {
-        let dev = parts
-            .first()
-            .map(|t| t.device().clone())
-            .unwrap_or(candle_core::Device::Cpu);
+    /// `parts[i]` (rank `q`'s rows of entry i) padded and concatenated into a flat shard on
+    /// `device`. Entries rank `q` owns no rows of contribute only their padding: their (empty)
+    /// parts are never touched, so they may live anywhere.
+    fn pack(&self, parts: &[Tensor], q: usize, dtype: DType, device: &Device) -> Result<Tensor> {
         let mut pieces = Vec::with_capacity(2 * parts.len());
         for (e, p) in self.entries.iter().zip(parts) {
             let n = e.split.owned(q).len() * e.row_len;
@@ -87,24 +85,29 @@ impl FlatLayout {
             }
             let pad = e.split.shard_rows() * e.row_len - n;
             if pad > 0 {
-                pieces.push(Tensor::zeros(pad, dtype, &dev)?);
+                pieces.push(Tensor::zeros(pad, dtype, device)?);
             }
         }
         Ok(Tensor::cat(&pieces, 0)?)
     }
 
-    /// The full tensors of every entry, from every rank's shards (`shards[i]`: this rank's rows
-    /// of entry i, in the dtype to gather in).
-    pub fn gather(&self, coll: &dyn Collective, shards: &[Tensor]) -> Result<Vec<Tensor>> {
+    /// The full tensors of every entry on `device`, in `dtype`, from every rank's shards
+    /// (`shards[i]`: this rank's rows of entry i; empty where it owns none).
+    pub fn gather(
+        &self,
+        coll: &dyn Collective,
+        shards: &[Tensor],
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Vec<Tensor>> {
         ensure!(
             shards.len() == self.entries.len(),
             "flat gather: wrong shard count"
         );
-        if self.entries.is_empty() {
+        if self.entries.is_empty() || self.shard_len == 0 {
             return Ok(Vec::new());
         }
-        let dtype = shards[0].dtype();
-        let flat = self.pack(shards, self.rank, dtype)?;
+        let flat = self.pack(shards, self.rank, dtype, device)?;
         let all = coll.all_gather(&flat.reshape((1, self.shard_len))?)?; // (world, shard_len)
         self.entries
             .iter()
@@ -116,24 +119,29 @@ impl FlatLayout {
                             .narrow(0, e.offset, e.split.owned(q).len() * e.row_len)
                     })
                     .collect::<candle_core::Result<Vec<_>>>()?;
-                let full = if parts.is_empty() {
-                    Tensor::zeros(e.shape.as_slice(), dtype, all.device())?
-                } else {
-                    Tensor::cat(&parts, 0)?.reshape(e.shape.as_slice())?
-                };
-                Ok(full)
+                ensure!(
+                    !parts.is_empty(),
+                    "flat gather: a {:?} tensor has no rows",
+                    e.shape
+                );
+                Ok(Tensor::cat(&parts, 0)?.reshape(e.shape.as_slice())?)
             })
             .collect()
     }
 
-    /// The sum over ranks of every rank's full tensors `fulls` (f32), of which this rank gets its
-    /// own rows of each entry.
-    pub fn reduce_scatter(&self, coll: &dyn Collective, fulls: &[Tensor]) -> Result<Vec<Tensor>> {
+    /// The sum over ranks of every rank's full tensors `fulls` (f32, on `device`), of which this
+    /// rank gets its own rows of each entry (an empty CPU tensor where it owns none).
+    pub fn reduce_scatter(
+        &self,
+        coll: &dyn Collective,
+        fulls: &[Tensor],
+        device: &Device,
+    ) -> Result<Vec<Tensor>> {
         ensure!(
             fulls.len() == self.entries.len(),
             "flat reduce-scatter: wrong tensor count"
         );
-        if self.entries.is_empty() {
+        if self.entries.is_empty() || self.shard_len == 0 {
             return Ok(Vec::new());
         }
         let mut per_rank = Vec::with_capacity(self.world);
@@ -151,11 +159,12 @@ impl FlatLayout {
                     );
                     let own = e.split.owned(q);
                     let rows = e.shape.first().copied().unwrap_or(1);
+                    // A zero-length view: `pack` does not touch it.
                     Ok(t.reshape((rows, e.row_len))?
                         .narrow(0, own.start, own.len())?)
                 })
                 .collect::<Result<Vec<_>>>()?;
-            per_rank.push(self.pack(&parts, q, DType::F32)?);
+            per_rank.push(self.pack(&parts, q, DType::F32, device)?);
         }
         let full = Tensor::cat(&per_rank, 0)?.reshape((self.world, self.shard_len))?;
         let mine = coll.reduce_scatter(&full)?.flatten_all()?; // (shard_len,)
@@ -164,9 +173,11 @@ impl FlatLayout {
             .enumerate()
             .map(|(i, e)| {
                 let n = e.split.owned(self.rank).len() * e.row_len;
-                Ok(mine
-                    .narrow(0, e.offset, n)?
-                    .reshape(self.shard_shape(i).as_slice())?)
+                let shape = self.shard_shape(i);
+                if n == 0 {
+                    return Ok(Tensor::zeros(shape.as_slice(), DType::F32, &Device::Cpu)?);
+                }
+                Ok(mine.narrow(0, e.offset, n)?.reshape(shape.as_slice())?)
             })
             .collect()
     }
@@ -181,33 +192,39 @@ fn owned_positions(split: &RowSplit, ids: &[u32], q: usize) -> std::ops::Range<u
 }
 
 /// Rows `ids` (sorted, distinct, the same on every rank) of a table split by `split`, of which
-/// this rank holds `shard` (its owned rows): `(ids.len(), width)` in the order of `ids`.
+/// this rank holds `shard` (its owned rows): `(ids.len(), width)` on `device` in the order of
+/// `ids`. A rank that owns none of `ids` sends padding only (no lookup of no rows).
 pub fn gather_rows(
     coll: &dyn Collective,
     split: &RowSplit,
     shard: &Tensor,
     ids: &[u32],
+    device: &Device,
 ) -> Result<Tensor> {
     let (rank, world) = (coll.rank(), coll.world());
     let width = shard.dim(1)?;
+    let dtype = shard.dtype();
     let counts: Vec<usize> = (0..world)
         .map(|q| owned_positions(split, ids, q).len())
         .collect();
     let kmax = counts.iter().copied().max().unwrap_or(0);
-    let dev = shard.device();
-    if kmax == 0 {
-        return Ok(Tensor::zeros((0, width), shard.dtype(), dev)?);
-    }
+    ensure!(kmax > 0, "gather_rows: no rows asked for");
     let start = split.owned(rank).start as u32;
     let local: Vec<u32> = ids[owned_positions(split, ids, rank)]
         .iter()
         .map(|&i| i - start)
         .collect();
-    let mut mine = shard.index_select(&Tensor::new(local.as_slice(), dev)?, 0)?;
-    if local.len() < kmax {
-        let pad = Tensor::zeros((kmax - local.len(), width), shard.dtype(), dev)?;
-        mine = Tensor::cat(&[&mine, &pad], 0)?;
-    }
+    let mine = if local.is_empty() {
+        Tensor::zeros((kmax, width), dtype, device)?
+    } else {
+        let rows = shard.index_select(&Tensor::new(local.as_slice(), device)?, 0)?;
+        if local.len() < kmax {
+            let pad = Tensor::zeros((kmax - local.len(), width), dtype, device)?;
+            Tensor::cat(&[&rows, &pad], 0)?
+        } else {
+            rows
+        }
+    };
     let all = coll.all_gather(&mine)?; // (world × kmax, width)
     let parts = (0..world)
         .filter(|&q| counts[q] > 0)
@@ -216,34 +233,39 @@ pub fn gather_rows(
     Ok(Tensor::cat(&parts, 0)?)
 }
 
-/// The sum over ranks of `grads` (f32 `(ids.len(), width)`, rows in the order of `ids`), each
-/// owner receiving its rows: `(local row ids in its shard, their summed gradients)`.
+/// The sum over ranks of `grads` (f32 `(ids.len(), width)` on `device`, rows in the order of
+/// `ids`), each owner receiving its rows: `(local row ids in its shard, their summed
+/// gradients)`; a rank that owns none of `ids` gets no ids and an empty CPU tensor.
 pub fn reduce_scatter_rows(
     coll: &dyn Collective,
     split: &RowSplit,
     grads: &Tensor,
     ids: &[u32],
+    device: &Device,
 ) -> Result<(Vec<u32>, Tensor)> {
     let (rank, world) = (coll.rank(), coll.world());
     let width = grads.dim(1)?;
     let ranges: Vec<_> = (0..world).map(|q| owned_positions(split, ids, q)).collect();
     let kmax = ranges.iter().map(|r| r.len()).max().unwrap_or(0);
-    let dev = grads.device();
-    if kmax == 0 {
-        return Ok((Vec::new(), Tensor::zeros((0, width), DType::F32, dev)?));
-    }
+    ensure!(kmax > 0, "reduce_scatter_rows: no rows to reduce");
     let mut parts = Vec::with_capacity(2 * world);
     for r in &ranges {
         if !r.is_empty() {
             parts.push(grads.narrow(0, r.start, r.len())?);
         }
         if r.len() < kmax {
-            parts.push(Tensor::zeros((kmax - r.len(), width), DType::F32, dev)?);
+            parts.push(Tensor::zeros((kmax - r.len(), width), DType::F32, device)?);
         }
     }
     let full = Tensor::cat(&parts, 0)?;
     let mine = coll.reduce_scatter(&full)?; // (kmax, width)
     let own = &ranges[rank];
+    if own.is_empty() {
+        return Ok((
+            Vec::new(),
+            Tensor::zeros((0, width), DType::F32, &Device::Cpu)?,
+        ));
+    }
     let start = split.owned(rank).start as u32;
     let local = ids[own.clone()].iter().map(|&i| i - start).collect();
     Ok((local, mine.narrow(0, 0, own.len())?))
@@ -252,77 +274,7 @@ pub fn reduce_scatter_rows(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dist::collective::ReduceOp;
-    use candle_core::Device;
-    use std::sync::{Arc, Barrier, Mutex};
-
-    /// An in-process world of `n` ranks exchanging through shared memory (for layout tests).
-    struct Local {
-        rank: usize,
-        world: usize,
-        shared: Arc<(Mutex<Vec<Option<Tensor>>>, Barrier)>,
-    }
-
-    impl Local {
-        fn world(n: usize) -> Vec<Local> {
-            let shared = Arc::new((Mutex::new(vec![None; n]), Barrier::new(n)));
-            (0..n)
-                .map(|rank| Local {
-                    rank,
-                    world: n,
-                    shared: shared.clone(),
-                })
-                .collect()
-        }
-
-        fn everyone(&self, t: &Tensor) -> Vec<Tensor> {
-            let (slots, barrier) = &*self.shared;
-            slots.lock().unwrap()[self.rank] = Some(t.clone());
-            barrier.wait();
-            let all: Vec<Tensor> = slots
-                .lock()
-                .unwrap()
-                .iter()
-                .map(|t| t.clone().unwrap())
-                .collect();
-            barrier.wait();
-            all
-        }
-    }
-
-    impl Collective for Local {
-        fn rank(&self) -> usize {
-            self.rank
-        }
-        fn world(&self) -> usize {
-            self.world
-        }
-        fn all_gather(&self, shard: &Tensor) -> Result<Tensor> {
-            Ok(Tensor::cat(&self.everyone(shard), 0)?)
-        }
-        fn reduce_scatter(&self, full: &Tensor) -> Result<Tensor> {
-            let all = self.everyone(full);
-            let n = full.dim(0)? / self.world;
-            let mut sum = all[0].narrow(0, self.rank * n, n)?;
-            for t in &all[1..] {
-                sum = (sum + t.narrow(0, self.rank * n, n)?)?;
-            }
-            Ok(sum)
-        }
-        fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor> {
-            Ok(self.everyone(t)[root].clone())
-        }
-        fn all_reduce_host(&self, values: &[f64], _op: ReduceOp) -> Result<Vec<f64>> {
-            Ok(values.to_vec())
-        }
-        fn abort(&self, _why: &str) {}
-        fn aborted(&self) -> Option<String> {
-            None
-        }
-        fn finish(&self) -> Result<()> {
-            Ok(())
-        }
-    }
+    use crate::dist::local::Local;
 
     fn seq(shape: &[usize], scale: f32) -> Tensor {
         let n: usize = shape.iter().product();
@@ -342,22 +294,27 @@ mod tests {
                 .map(|c| {
                     let (shapes, full) = (&shapes, &full);
                     s.spawn(move || {
-                        let layout = FlatLayout::new(shapes, 3, c.rank);
+                        let layout = FlatLayout::new(shapes, 3, c.rank());
                         let shards: Vec<Tensor> = full
                             .iter()
                             .zip(&layout.entries)
                             .map(|(t, e)| {
-                                let own = e.split.owned(c.rank);
+                                let own = e.split.owned(c.rank());
                                 t.narrow(0, own.start, own.len()).unwrap()
                             })
                             .collect();
-                        let gathered = layout.gather(&c, &shards).unwrap();
+                        let gathered = layout
+                            .gather(&c, &shards, DType::F32, &Device::Cpu)
+                            .unwrap();
                         // Every rank contributes (rank + 1) × the full tensors.
                         let grads: Vec<Tensor> = full
                             .iter()
-                            .map(|t| (t * (c.rank as f64 + 1.0)).unwrap())
+                            .map(|t| (t * (c.rank() as f64 + 1.0)).unwrap())
                             .collect();
-                        (gathered, layout.reduce_scatter(&c, &grads).unwrap())
+                        (
+                            gathered,
+                            layout.reduce_scatter(&c, &grads, &Device::Cpu).unwrap(),
+                        )
                     })
                 })
                 .collect();
@@ -395,11 +352,12 @@ mod tests {
                 .map(|c| {
                     let table = &table;
                     s.spawn(move || {
-                        let own = split.owned(c.rank);
+                        let own = split.owned(c.rank());
                         let shard = table.narrow(0, own.start, own.len()).unwrap();
-                        let rows = gather_rows(&c, &split, &shard, &ids).unwrap();
+                        let rows = gather_rows(&c, &split, &shard, &ids, &Device::Cpu).unwrap();
                         let g = Tensor::ones((4, 2), DType::F32, &Device::Cpu).unwrap();
-                        let (local, summed) = reduce_scatter_rows(&c, &split, &g, &ids).unwrap();
+                        let (local, summed) =
+                            reduce_scatter_rows(&c, &split, &g, &ids, &Device::Cpu).unwrap();
                         (
                             rows.flatten_all().unwrap().to_vec1().unwrap(),
                             local,

@@ -7,12 +7,15 @@
 //! - `nccl` (feature `nccl`): the GPU backend over `cudarc::nccl`;
 //! - [`shard`]: how tensors split into row ranges; [`flat`]: one collective per unit;
 //! - [`env`]: whether this process is a rank of a run (ours, torchrun's or Slurm's);
-//! - [`launch`]: `--gpus N` / `--cpu-ranks N`: start the rank processes and watch them.
+//! - [`launch`]: `--gpus N` / `--cpu-ranks N`: start the rank processes and watch them;
+//! - `local` (tests): an in-process world of ranks on threads.
 
 pub mod collective;
 pub mod env;
 pub mod flat;
 pub mod launch;
+#[cfg(test)]
+pub mod local;
 #[cfg(feature = "nccl")]
 pub mod nccl;
 pub mod shard;

@@ -5,14 +5,16 @@
 //!
 //! Modules, one job each: [`data`] (manifest → samples), [`sampler`] (epoch order, cursor),
 //! [`batch`] (layout), [`loss`] (objective), [`params`] and [`units`] (trained set),
-//! [`optim`] (AdamW, clipping, schedule), [`checkpoint`], [`metrics`], [`export`], and the loop
-//! here ([`Trainer`]).
+//! [`optim`] (AdamW, clipping, schedule), [`checkpoint`], [`metrics`], [`export`], the one
+//! training loop ([`driver`]) and what it drives: the single-device step here ([`Trainer`]) or
+//! one rank of a sharded run ([`sharded`]).
 
 pub mod alloc;
 pub mod batch;
 pub mod checkpoint;
 pub mod cpu_ops;
 pub mod data;
+pub mod driver;
 pub mod export;
 pub mod hooks;
 pub mod lock;
@@ -27,6 +29,8 @@ pub mod signal;
 pub mod sparse;
 pub mod stages;
 pub mod stwrite;
+#[cfg(test)]
+pub(crate) mod test_support;
 pub mod units;
 
 use std::path::{Path, PathBuf};
@@ -40,18 +44,17 @@ use self::batch::{Batch, LayoutIds};
 use self::checkpoint::{Identity, Index, State};
 use self::data::Dataset;
 use self::hooks::TrainHooks;
-use self::metrics::{MetricsLog, StepMetrics};
+use self::metrics::StepMetrics;
 use self::optim::{AdamState, AdamW, Grad, Schedule};
-use self::params::{Masters, ParamStore};
+use self::params::{ArithSource, Masters, ParamStore};
 use self::run::{IndexParts, RunSetup};
 use self::sampler::Sampler;
 use self::sparse::RowGrad;
-use crate::config::TrainConfig;
+use crate::config::{TrainBackend, TrainConfig};
 use crate::model::config::Qwen3TtsConfig;
 use crate::model::files::ModelFiles;
 use crate::model::ops::Numerics;
 use crate::model::talker::Talker;
-use crate::progress::Progress;
 
 /// The text embedding table, whose gradient the CPU trainer keeps row-sparse.
 pub const TEXT_EMBEDDING: &str = "talker.model.text_embedding.weight";
@@ -62,26 +65,59 @@ pub enum Backend {
     /// CPU, f32: the kernels with hand-written backward passes, the trained `Var`s are their
     /// own masters and are updated in place, the text embedding's gradient is row-sparse.
     CpuKernels,
-    /// Any device: candle's autograd over plain tensor ops, `Var`s in the compute dtype (bf16
-    /// on CUDA) copied from separate fp32 masters, dense gradients, AdamW in tensor ops. What
-    /// CUDA runs; on the CPU (f32) it checks the kernels against plain ops.
-    Autograd,
+    /// Any device: candle's autograd over plain tensor ops, `Var`s stored in `Storage` copied
+    /// from separate fp32 masters, dense gradients, AdamW in tensor ops. What CUDA runs (with
+    /// bf16 storage); on the CPU the arithmetic is f32 on the stored values.
+    Autograd(Storage),
+}
+
+/// The dtype the autograd backend stores its weights in: the compute copies of the masters,
+/// the frozen tensors, and therefore everything gathered from them (docs/training.md §5.5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Storage {
+    /// bf16, as on CUDA.
+    Bf16,
+    /// f32 (exact against the CPU kernels and the official f32 references).
+    F32,
 }
 
 impl Backend {
-    /// The backend for `device`: the kernels on the CPU, autograd elsewhere.
+    /// The backend for `device`: the kernels on the CPU, autograd with bf16 storage elsewhere.
     pub fn auto(device: &Device) -> Self {
         if device.is_cpu() {
             Backend::CpuKernels
         } else {
-            Backend::Autograd
+            Backend::Autograd(Storage::Bf16)
+        }
+    }
+
+    /// The backend `train.backend` asks for on `device`.
+    pub fn resolve(choice: TrainBackend, device: &Device) -> Result<Self> {
+        Ok(match choice {
+            TrainBackend::Auto => Self::auto(device),
+            TrainBackend::Kernels if device.is_cpu() => Backend::CpuKernels,
+            TrainBackend::Kernels => bail!(
+                "train.backend = \"kernels\" runs on the CPU only (this run trains on \
+                 {device:?}); use \"auto\" or \"autograd\""
+            ),
+            TrainBackend::Autograd => Backend::Autograd(Storage::Bf16),
+            TrainBackend::AutogradF32 => Backend::Autograd(Storage::F32),
+        })
+    }
+
+    /// How `voiceclone train` names it (`train.backend`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::CpuKernels => "kernels",
+            Backend::Autograd(Storage::Bf16) => "autograd",
+            Backend::Autograd(Storage::F32) => "autograd-f32",
         }
     }
 
     pub fn numerics(self) -> Numerics {
         match self {
             Backend::CpuKernels => Numerics::CpuKernels,
-            Backend::Autograd => Numerics::Autograd,
+            Backend::Autograd(_) => Numerics::Autograd,
         }
     }
 
@@ -93,7 +129,26 @@ impl Backend {
     fn masters(self) -> Masters {
         match self {
             Backend::CpuKernels => Masters::Shared,
-            Backend::Autograd => Masters::Separate,
+            Backend::Autograd(_) => Masters::Separate,
+        }
+    }
+
+    /// The dtype weights are stored in (the trained tensors' compute copies, the frozen ones).
+    pub fn storage_dtype(self) -> DType {
+        match self {
+            Backend::CpuKernels | Backend::Autograd(Storage::F32) => DType::F32,
+            Backend::Autograd(Storage::Bf16) => DType::BF16,
+        }
+    }
+
+    /// The dtype the model computes in on `device`: the storage dtype, except that the CPU
+    /// computes bf16-stored weights in f32 (candle has no bf16 matmul there), casting each
+    /// weight as it is used.
+    pub fn arith_dtype(self, device: &Device) -> DType {
+        if device.is_cpu() {
+            DType::F32
+        } else {
+            self.storage_dtype()
         }
     }
 }
@@ -150,16 +205,6 @@ pub(crate) fn run_step<R: Send>(device: &Device, step: impl FnOnce() -> R + Send
     }
 }
 
-/// The compute dtype on `device`: f32 on the CPU (candle has no bf16 matmul there), bf16 on
-/// CUDA from fp32 masters.
-pub fn compute_dtype(device: &Device) -> DType {
-    if device.is_cpu() {
-        DType::F32
-    } else {
-        DType::BF16
-    }
-}
-
 /// A set-up training run: model, trained parameters, optimizer state, data order.
 pub struct Trainer {
     pub cfg: Qwen3TtsConfig,
@@ -206,11 +251,13 @@ impl Trainer {
         let mut params = ParamStore::new(
             &weights,
             &setup.trained,
-            compute_dtype(&opts.device),
+            backend.storage_dtype(),
             backend.masters(),
         )?;
         drop(weights);
-        let talker = Talker::from_source(&params, &cfg, backend.numerics())?;
+        let arith = backend.arith_dtype(&opts.device);
+        let talker =
+            Talker::from_source(&ArithSource::new(&params, arith), &cfg, backend.numerics())?;
         let masters: Vec<Tensor> = params.params.iter().map(|p| p.master()).collect();
         let mut adam = AdamState::zeros(&masters)?;
         drop(masters);
@@ -222,6 +269,7 @@ impl Trainer {
             ..
         } = setup;
         let (mut step, mut last_loss) = (0, None);
+        checkpoint::recover(&opts.checkpoints)?;
         let resume = run::find_resume(&opts, &identity, &dataset, fresh)?;
         if let Some(r) = &resume {
             let tensors = checkpoint::load_tensors(
@@ -248,7 +296,7 @@ impl Trainer {
         }
         let sparse_text = match backend {
             Backend::CpuKernels => params.params.iter().position(|p| p.name == TEXT_EMBEDDING),
-            Backend::Autograd => None,
+            Backend::Autograd(_) => None,
         };
         let total = RunSetup::total_steps(&opts, &sampler);
         Ok(Self {
@@ -278,8 +326,28 @@ impl Trainer {
         RunSetup::total_steps(&self.opts, &self.sampler)
     }
 
+    /// Rebuilds the model from the stored weights when it computes in another dtype than they
+    /// are stored in: the cast copies it holds were taken before the last update.
+    fn refresh_model(&mut self) -> Result<()> {
+        let arith = self.backend.arith_dtype(&self.opts.device);
+        if self.backend.storage_dtype() != arith {
+            self.talker = Talker::from_source(
+                &ArithSource::new(&self.params, arith),
+                &self.cfg,
+                self.backend.numerics(),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The backend this trainer computes with.
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
     /// The loss of one micro-batch of samples (indices into the dataset).
-    pub fn batch_loss(&self, indices: &[usize]) -> Result<(loss::Loss, usize)> {
+    pub fn batch_loss(&mut self, indices: &[usize]) -> Result<(loss::Loss, usize)> {
+        self.refresh_model()?;
         let samples: Vec<&data::Sample> =
             indices.iter().map(|&i| &self.dataset.samples[i]).collect();
         let batch = Batch::build(&samples, &self.layout);
@@ -326,6 +394,7 @@ impl Trainer {
         let n = micro.len() as f64;
         let in_place = self.backend.in_place();
         self.opts.hooks.step_start(self.step + 1, 0);
+        self.refresh_model()?;
         let mut acc: Vec<Option<Tensor>> = vec![None; self.params.params.len()];
         let (mut sum, mut sum_talker, mut sum_sub, mut frames) = (0.0, 0.0, 0.0, 0);
         let mut text_rows = self.sparse_text.map(|i| {
@@ -341,14 +410,14 @@ impl Trainer {
                     .iter()
                     .map(|&i| self.dataset.samples[i].line.to_string())
                     .collect();
-                bail!(
+                bail!(driver::NonFinite(format!(
                     "the loss became {value} at step {} (epoch {}, manifest lines {} of {}); \
                      this step was not applied and nothing was saved for it",
                     self.step + 1,
                     epoch + 1,
                     lines.join(", "),
                     self.dataset.manifest.display()
-                );
+                )));
             }
             sum += value;
             sum_talker += l.talker.to_scalar::<f32>()? as f64;
@@ -393,11 +462,11 @@ impl Trainer {
         }
         let grad_norm = sum_sq.sqrt();
         if !grad_norm.is_finite() {
-            bail!(
+            bail!(driver::NonFinite(format!(
                 "the gradient norm became {grad_norm} at step {}; this step was not applied and \
                  nothing was saved for it",
                 self.step + 1
-            );
+            )));
         }
         let clip = optim::clip_factor(grad_norm, self.opts.config.clip_norm);
         let lr = self.schedule.lr(self.step + 1);
@@ -461,99 +530,45 @@ impl Trainer {
     }
 
     /// Trains until the total step count (or a stop signal); saves checkpoints on the way and
-    /// at the end.
+    /// at the end ([`driver::run`]).
     pub fn run(&mut self) -> Result<Outcome> {
-        let total = self.total_steps();
-        let start_step = self.step;
-        let mut outcome = Outcome {
-            start_step,
-            step: self.step,
-            total_steps: total,
-            checkpoint: self.resumed_from.clone(),
-            interrupted: false,
-            first_loss: None,
-            last_loss: None,
-            frames_per_second: None,
-        };
-        if self.step >= total {
-            return Ok(outcome);
-        }
-        let log = MetricsLog::open(&self.opts.checkpoints, self.step)?;
-        signal::install();
-        let progress = Progress::new(total as u64, "steps", "train");
-        progress.set_position(self.step as u64);
-        let c = self.opts.config.clone();
-        let (mut frames, mut seconds) = (0usize, 0f64);
-        while self.step < total {
-            let micro = self.sampler.next_step(c.grad_accum);
-            let device = self.opts.device.clone();
-            let m = match run_step(&device, || self.step(&micro)) {
-                Ok(m) => m,
-                Err(e) => {
-                    progress.finish();
-                    signal::restore();
-                    let last = checkpoint::find_latest(&self.opts.checkpoints)?;
-                    let hint = match last {
-                        Some(d) => format!(
-                            "the last good checkpoint is {}; lower train.lr (now {}) and run \
-                             `voiceclone train` again to continue from it",
-                            d.display(),
-                            c.lr
-                        ),
-                        None => format!(
-                            "no checkpoint was saved yet; lower train.lr (now {}) and start again",
-                            c.lr
-                        ),
-                    };
-                    return Err(e.context(hint));
-                }
-            };
-            log.append(&m)?;
-            frames += m.frames;
-            seconds += m.seconds;
-            outcome.first_loss.get_or_insert(m.loss);
-            outcome.last_loss = Some(m.loss);
-            outcome.step = self.step;
-            let fps = frames as f64 / seconds.max(1e-9);
-            outcome.frames_per_second = Some(fps);
-            progress.set_position(self.step as u64);
-            progress.set_message(format!(
-                "epoch {}/{} · loss {:.4} (talker {:.4}, sub {:.4}) · lr {:.2e} · {:.0} frames/s",
-                m.epoch + 1,
-                c.epochs,
-                m.loss,
-                m.loss_talker,
-                m.loss_sub,
-                m.lr,
-                fps
-            ));
-            self.opts.hooks.after_step(self.step);
-            let stop = signal::stop_requested();
-            let due = c.save_every > 0 && self.step.is_multiple_of(c.save_every);
-            if due || stop || self.step == total {
-                let dir = self.save()?;
-                log.plot()?;
-                let shown = match self.opts.checkpoints.parent() {
-                    Some(base) => crate::fsutil::display_relative(&dir, base),
-                    None => dir.display().to_string(),
-                };
-                progress.println(format!(
-                    "step {}/{total}: loss {:.4}; saved {shown}",
-                    self.step, m.loss,
-                ));
-                outcome.checkpoint = Some(dir);
-            }
-            if stop {
-                outcome.interrupted = true;
-                break;
-            }
-        }
-        progress.finish();
-        signal::restore();
-        Ok(outcome)
+        driver::run(self)
     }
 
     pub fn options(&self) -> &TrainOptions {
         &self.opts
+    }
+}
+
+impl driver::Engine for Trainer {
+    fn options(&self) -> &TrainOptions {
+        &self.opts
+    }
+    fn step_count(&self) -> usize {
+        self.step
+    }
+    fn total_steps(&self) -> usize {
+        Trainer::total_steps(self)
+    }
+    fn resumed_from(&self) -> Option<PathBuf> {
+        self.resumed_from.clone()
+    }
+    fn next_step_batches(&mut self, grad_accum: usize) -> Vec<Vec<usize>> {
+        self.sampler.next_step(grad_accum)
+    }
+    fn step(&mut self, micro: &[Vec<usize>]) -> Result<StepMetrics> {
+        Trainer::step(self, micro)
+    }
+    fn save(&mut self) -> Result<Option<PathBuf>> {
+        Trainer::save(self).map(Some)
+    }
+    fn any_rank(&self, flag: bool) -> Result<bool> {
+        Ok(flag)
+    }
+    fn is_reporter(&self) -> bool {
+        true
+    }
+    fn world(&self) -> usize {
+        1
     }
 }

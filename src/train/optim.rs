@@ -78,6 +78,12 @@ impl AdamW {
         let mut dense = Vec::with_capacity(params.len());
         for (i, (p, g)) in params.iter().zip(grads).enumerate() {
             let shape = p.shape();
+            if p.elem_count() == 0 {
+                // A rank's empty shard of a tensor (docs/distributed.md §4.5): nothing to update,
+                // and no device operation on an empty tensor.
+                dense.push(None);
+                continue;
+            }
             for (what, t) in [("exp_avg", &state.m[i]), ("exp_avg_sq", &state.v[i])] {
                 anyhow::ensure!(
                     t.dims() == shape && t.dtype() == DType::F32,
@@ -124,6 +130,9 @@ impl AdamW {
         }
         let t = state.step + 1;
         for (i, (p, g)) in params.iter_mut().zip(grads).enumerate() {
+            if p.elem_count() == 0 {
+                continue;
+            }
             match (g, &dense[i]) {
                 (Grad::Rows(rows), _) => {
                     self.apply_rows(t, lr, clip, p, rows, &state.m[i], &state.v[i])?

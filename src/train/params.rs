@@ -271,6 +271,39 @@ impl TensorSource for ParamStore {
     }
 }
 
+/// A model's weights cast to the dtype it computes in as they are read: on the CPU the
+/// autograd backend stores bf16 and computes in f32 (docs/training.md §5.5). The cast is a
+/// differentiable op, so the stored `Var` receives its gradient in its own dtype. The text
+/// table is passed through uncast: the model casts the rows it looks up, not 151 936 of them.
+pub struct ArithSource<'a> {
+    inner: &'a dyn TensorSource,
+    arith: DType,
+}
+
+impl<'a> ArithSource<'a> {
+    pub fn new(inner: &'a dyn TensorSource, arith: DType) -> Self {
+        Self { inner, arith }
+    }
+}
+
+/// Weight `t` (named `name`) as the model computes with it in `arith` (see [`ArithSource`]).
+pub fn at_arith(name: &str, t: Tensor, arith: DType) -> Result<Tensor> {
+    if t.dtype() == arith || name == super::TEXT_EMBEDDING {
+        Ok(t)
+    } else {
+        Ok(t.to_dtype(arith)?)
+    }
+}
+
+impl TensorSource for ArithSource<'_> {
+    fn tensor(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        at_arith(name, self.inner.tensor(name, shape)?, self.arith)
+    }
+    fn contains(&self, name: &str) -> bool {
+        self.inner.contains(name)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

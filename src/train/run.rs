@@ -127,15 +127,15 @@ pub struct Resume {
     pub data_changed: bool,
 }
 
-/// The newest checkpoint under `opts.checkpoints` that this run may continue (after repairing
-/// an interrupted write), unless `fresh`; a checkpoint of another run is an error that says why.
+/// The newest checkpoint under `opts.checkpoints` that this run may continue, unless `fresh`;
+/// a checkpoint of another run is an error that says why. What an interrupted write left must
+/// have been repaired first ([`checkpoint::recover`], by one process: rank 0 of a sharded run).
 pub fn find_resume(
     opts: &TrainOptions,
     identity: &Identity,
     dataset: &Dataset,
     fresh: bool,
 ) -> Result<Option<Resume>> {
-    checkpoint::recover(&opts.checkpoints)?;
     if fresh {
         return Ok(None);
     }

@@ -138,7 +138,7 @@ fn training_on_cuda_follows_the_official_trajectory_within_bf16() {
             checkpoints: ws.path().join("checkpoints"),
             config,
             device: dev.clone(),
-            backend: voiceclone::train::Backend::Autograd,
+            backend: voiceclone::train::Backend::Autograd(voiceclone::train::Storage::Bf16),
             hooks: std::sync::Arc::new(voiceclone::train::hooks::NoHooks),
         };
         let mut trainer = voiceclone::train::Trainer::new(opts, false).unwrap();

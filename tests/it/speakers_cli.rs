@@ -109,7 +109,7 @@ fn every_batch_row_carries_its_own_speakers_x_vector() {
         backend: Backend::CpuKernels,
         hooks: std::sync::Arc::new(NoHooks),
     };
-    let tr = Trainer::new(opts, false).unwrap();
+    let mut tr = Trainer::new(opts, false).unwrap();
     let h = hidden(MODEL);
     // Speakers sorted by lower-cased name; each sample knows its own.
     assert_eq!(tr.dataset.speakers, ["alice", "Bob"]);

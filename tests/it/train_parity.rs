@@ -14,7 +14,7 @@ use voiceclone::model::files::ModelFiles;
 use voiceclone::train::batch::Batch;
 use voiceclone::train::hooks::NoHooks;
 use voiceclone::train::optim::Schedule;
-use voiceclone::train::{loss, Backend, TrainOptions, Trainer};
+use voiceclone::train::{loss, Backend, Storage, TrainOptions, Trainer};
 
 struct Refs {
     json: Value,
@@ -99,8 +99,8 @@ fn loss_gradients_and_batch_match_the_official_modules() {
     for (model, backend) in [
         ("tiny-0b6", Backend::CpuKernels),
         ("tiny-1b7", Backend::CpuKernels),
-        ("tiny-0b6", Backend::Autograd),
-        ("tiny-1b7", Backend::Autograd),
+        ("tiny-0b6", Backend::Autograd(Storage::F32)),
+        ("tiny-1b7", Backend::Autograd(Storage::F32)),
     ] {
         let r = refs(model);
         let dir = tempfile::tempdir().unwrap();
@@ -359,7 +359,7 @@ fn the_autograd_path_trains_like_the_cpu_kernels() {
         let r = refs(model);
         let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let mut kernels = trainer(model, &r, da.path(), Backend::CpuKernels);
-        let mut autograd = trainer(model, &r, db.path(), Backend::Autograd);
+        let mut autograd = trainer(model, &r, db.path(), Backend::Autograd(Storage::F32));
         for step in 1..=3 {
             let a = kernels.step(&[vec![0, 1]]).unwrap();
             let b = autograd.step(&[vec![0, 1]]).unwrap();

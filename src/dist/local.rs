@@ -1,0 +1,102 @@
+//! An in-process world of ranks for unit tests: each rank is a thread, and every collective
+//! exchanges through shared memory with the semantics of [`Collective`] (rank-ordered sums, so
+//! the results are those of the TCP backend at the same world size up to summation order).
+
+use std::sync::{Arc, Barrier, Mutex};
+
+use anyhow::Result;
+use candle_core::Tensor;
+
+use super::collective::{Collective, ReduceOp};
+
+/// One rank of an in-process world.
+pub struct Local {
+    rank: usize,
+    world: usize,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    tensors: Mutex<Vec<Option<Tensor>>>,
+    values: Mutex<Vec<Vec<f64>>>,
+    barrier: Barrier,
+}
+
+impl Local {
+    /// The `n` ranks of a new world (move each to its own thread).
+    pub fn world(n: usize) -> Vec<Local> {
+        let shared = Arc::new(Shared {
+            tensors: Mutex::new(vec![None; n]),
+            values: Mutex::new(vec![Vec::new(); n]),
+            barrier: Barrier::new(n),
+        });
+        (0..n)
+            .map(|rank| Local {
+                rank,
+                world: n,
+                shared: shared.clone(),
+            })
+            .collect()
+    }
+
+    /// Every rank's `t`, in rank order.
+    fn everyone(&self, t: &Tensor) -> Vec<Tensor> {
+        let s = &self.shared;
+        s.tensors.lock().expect("local world")[self.rank] = Some(t.clone());
+        s.barrier.wait();
+        let all: Vec<Tensor> = s
+            .tensors
+            .lock()
+            .expect("local world")
+            .iter()
+            .map(|t| t.clone().expect("every rank contributed"))
+            .collect();
+        s.barrier.wait();
+        all
+    }
+}
+
+impl Collective for Local {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world(&self) -> usize {
+        self.world
+    }
+    fn all_gather(&self, shard: &Tensor) -> Result<Tensor> {
+        Ok(Tensor::cat(&self.everyone(shard), 0)?)
+    }
+    fn reduce_scatter(&self, full: &Tensor) -> Result<Tensor> {
+        let all = self.everyone(full);
+        let n = full.dim(0)? / self.world;
+        let mut sum = all[0].narrow(0, self.rank * n, n)?;
+        for t in &all[1..] {
+            sum = (sum + t.narrow(0, self.rank * n, n)?)?;
+        }
+        Ok(sum)
+    }
+    fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor> {
+        Ok(self.everyone(t)[root].clone())
+    }
+    fn all_reduce_host(&self, values: &[f64], op: ReduceOp) -> Result<Vec<f64>> {
+        let s = &self.shared;
+        s.values.lock().expect("local world")[self.rank] = values.to_vec();
+        s.barrier.wait();
+        let all = s.values.lock().expect("local world").clone();
+        s.barrier.wait();
+        let mut out = all[0].clone();
+        for v in &all[1..] {
+            for (o, x) in out.iter_mut().zip(v) {
+                *o = op.apply(*o, *x);
+            }
+        }
+        Ok(out)
+    }
+    fn abort(&self, _why: &str) {}
+    fn aborted(&self) -> Option<String> {
+        None
+    }
+    fn finish(&self) -> Result<()> {
+        Ok(())
+    }
+}

@@ -1,0 +1,172 @@
+//! The training loop, one for every way of training (docs/training.md §1): it asks an
+//! [`Engine`] — the single-device [`super::Trainer`] or one rank of a sharded run — for
+//! optimizer steps until the step budget or an agreed stop, and owns what is the same for all of
+//! them: the schedule of checkpoints, signals, metrics, the loss plot and the progress bar.
+//!
+//! In a sharded run every rank runs this loop in lockstep: the step count, the checkpoint
+//! cadence and the stop decision (agreed through [`Engine::any_rank`]) are the same on every
+//! rank, so each rank calls the same collectives in the same order. Only the reporting rank
+//! (rank 0) writes metrics and shows progress.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+
+use super::metrics::{MetricsLog, StepMetrics};
+use super::{checkpoint, signal, Outcome, TrainOptions};
+use crate::progress::Progress;
+
+/// What the loop drives.
+pub trait Engine: Send {
+    fn options(&self) -> &TrainOptions;
+    /// Optimizer steps taken so far (restored from a checkpoint on resume).
+    fn step_count(&self) -> usize;
+    /// Optimizer steps of the whole run.
+    fn total_steps(&self) -> usize;
+    /// The checkpoint this run continued from.
+    fn resumed_from(&self) -> Option<PathBuf>;
+    /// The micro-batches (sample indices) of the next optimizer step.
+    fn next_step_batches(&mut self, grad_accum: usize) -> Vec<Vec<usize>>;
+    /// One optimizer step; nothing changes when it fails.
+    fn step(&mut self, micro: &[Vec<usize>]) -> Result<StepMetrics>;
+    /// Saves a checkpoint of the current state: its directory on the reporting rank.
+    fn save(&mut self) -> Result<Option<PathBuf>>;
+    /// Whether `flag` is set on any rank (every rank gets the same answer).
+    fn any_rank(&self, flag: bool) -> Result<bool>;
+    /// Whether this is the rank that reports (metrics, progress, messages).
+    fn is_reporter(&self) -> bool;
+    /// Ranks of the run (1 on one device).
+    fn world(&self) -> usize;
+}
+
+/// A loss or gradient norm that is not finite: the step was not applied. Restarting would only
+/// repeat it (the data and the weights are the same), lowering the learning rate might not.
+#[derive(Debug)]
+pub struct NonFinite(pub String);
+
+impl std::fmt::Display for NonFinite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for NonFinite {}
+
+/// Trains until the total step count or an agreed stop; checkpoints every
+/// `train.save_every` steps, on a stop and at the end.
+pub fn run(engine: &mut dyn Engine) -> Result<Outcome> {
+    let total = engine.total_steps();
+    let start_step = engine.step_count();
+    let mut outcome = Outcome {
+        start_step,
+        step: start_step,
+        total_steps: total,
+        checkpoint: engine.resumed_from(),
+        interrupted: false,
+        first_loss: None,
+        last_loss: None,
+        frames_per_second: None,
+    };
+    if start_step >= total {
+        return Ok(outcome);
+    }
+    let opts_checkpoints = engine.options().checkpoints.clone();
+    let c = engine.options().config.clone();
+    let hooks = engine.options().hooks.clone();
+    let device = engine.options().device.clone();
+    let reporter = engine.is_reporter();
+    let log = if reporter {
+        Some(MetricsLog::open(&opts_checkpoints, start_step)?)
+    } else {
+        None
+    };
+    let progress = if reporter {
+        Progress::new(total as u64, "steps", "train")
+    } else {
+        Progress::hidden(total as u64)
+    };
+    progress.set_position(start_step as u64);
+    let ranks = match engine.world() {
+        1 => String::new(),
+        n => format!(" · {n} ranks"),
+    };
+    signal::install();
+    let result = (|| -> Result<()> {
+        let (mut frames, mut seconds) = (0usize, 0f64);
+        while engine.step_count() < total {
+            let micro = engine.next_step_batches(c.grad_accum);
+            let m = super::run_step(&device, || engine.step(&micro))
+                .map_err(|e| with_hint(e, &opts_checkpoints, c.lr))?;
+            if let Some(log) = &log {
+                log.append(&m)?;
+            }
+            frames += m.frames;
+            seconds += m.seconds;
+            outcome.first_loss.get_or_insert(m.loss);
+            outcome.last_loss = Some(m.loss);
+            outcome.step = m.step;
+            let fps = frames as f64 / seconds.max(1e-9);
+            outcome.frames_per_second = Some(fps);
+            progress.set_position(m.step as u64);
+            progress.set_message(format!(
+                "epoch {}/{} · loss {:.4} (talker {:.4}, sub {:.4}) · lr {:.2e} · {:.0} frames/s{ranks}",
+                m.epoch + 1,
+                c.epochs,
+                m.loss,
+                m.loss_talker,
+                m.loss_sub,
+                m.lr,
+                fps
+            ));
+            hooks.after_step(m.step);
+            let stop = engine.any_rank(signal::stop_requested())?;
+            let due = c.save_every > 0 && m.step.is_multiple_of(c.save_every);
+            if due || stop || m.step == total {
+                let dir = engine.save()?;
+                if let (Some(log), Some(dir)) = (&log, dir) {
+                    log.plot()?;
+                    let shown = match opts_checkpoints.parent() {
+                        Some(base) => crate::fsutil::display_relative(&dir, base),
+                        None => dir.display().to_string(),
+                    };
+                    progress.println(format!(
+                        "step {}/{total}: loss {:.4}; saved {shown}",
+                        m.step, m.loss
+                    ));
+                    outcome.checkpoint = Some(dir);
+                }
+            }
+            if stop {
+                outcome.interrupted = true;
+                break;
+            }
+        }
+        Ok(())
+    })();
+    progress.finish();
+    signal::restore();
+    result.map(|()| outcome)
+}
+
+/// What to do after a failed step: continue from the last good checkpoint (which the failed
+/// step did not touch), with a lower learning rate when the loss was not finite.
+fn with_hint(e: anyhow::Error, checkpoints: &std::path::Path, lr: f64) -> anyhow::Error {
+    let last = checkpoint::find_latest(checkpoints).ok().flatten();
+    let non_finite = e.downcast_ref::<NonFinite>().is_some();
+    let hint = match (last, non_finite) {
+        (Some(d), true) => format!(
+            "the last good checkpoint is {}; lower train.lr (now {lr}) and run `voiceclone train` \
+             again to continue from it",
+            d.display()
+        ),
+        (None, true) => {
+            format!("no checkpoint was saved yet; lower train.lr (now {lr}) and start again")
+        }
+        (Some(d), false) => format!(
+            "the last good checkpoint is {}; run `voiceclone train` again to continue from it",
+            d.display()
+        ),
+        (None, false) => "no checkpoint was saved yet".to_string(),
+    };
+    e.context(hint)
+}

@@ -1,0 +1,204 @@
+//! The `full` pass (ZeRO-3, docs/distributed.md §4.2): forward unit by unit on gathered
+//! weights, keeping each unit's inputs; then backward in reverse, gathering each unit again and
+//! recomputing it with `Var`s from the saved inputs, its weight gradients summed over the local
+//! micro-batches and reduce-scattered once.
+
+use anyhow::Result;
+use candle_core::{Tensor, Var};
+
+use super::{accumulate_vars, add_into, scalar, Local, Micro, Pass, ShardedTrainer};
+use crate::model::code_predictor::CodePredictor;
+use crate::model::layers::{DecoderConfig, DecoderLayer};
+use crate::train::stages::{
+    sub_loss, Embedded, EmbeddingUnit, HeadUnit, TextRows, SUB_LOSS_WEIGHT,
+};
+use crate::train::units::Unit;
+
+impl ShardedTrainer {
+    /// FULL_SHARD: the forward pass unit by unit, then the backward pass unit by unit in reverse,
+    /// recomputing each unit from its saved inputs.
+    pub(super) fn full_pass(
+        &self,
+        mine: &[Micro],
+        rows: Option<&Tensor>,
+        micro: &[Vec<usize>],
+        epoch: usize,
+    ) -> Result<Pass> {
+        let numerics = self.backend.numerics();
+        let in_place = self.backend.in_place();
+        let cfg = &self.cfg;
+        let tcfg = DecoderConfig::talker(&cfg.talker_config)?;
+        let layers = cfg.talker_config.num_hidden_layers;
+        let emb_u = self.unit_index(Unit::Embeddings)?;
+        let head_u = self.unit_index(Unit::Head)?;
+        let cp_u = self.unit_index(Unit::CodePredictor)?;
+        let layer_u: Vec<usize> = (0..layers)
+            .map(|l| self.unit_index(Unit::Layer(l)))
+            .collect::<Result<_>>()?;
+        let layer_name = |l: usize| format!("talker.model.layers.{l}");
+        let table = self.text_table(rows)?;
+
+        // Forward, keeping every unit's inputs.
+        let embedded: Vec<Embedded> = {
+            let (src, _) = self.gather(emb_u, false)?;
+            let unit = EmbeddingUnit::load(&src, cfg, numerics)?;
+            mine.iter()
+                .map(|m| {
+                    let text = TextRows {
+                        table: &table,
+                        ids: &m.text_ids,
+                    };
+                    unit.forward(&m.batch, &self.speaker, text)
+                })
+                .collect::<candle_core::Result<_>>()?
+        };
+        let mut inputs: Vec<Vec<Tensor>> = Vec::with_capacity(layers);
+        let mut x: Vec<Tensor> = embedded.iter().map(|e| e.inputs.clone()).collect();
+        for (l, &u) in layer_u.iter().enumerate() {
+            let (src, _) = self.gather(u, false)?;
+            let layer = DecoderLayer::load(&src, &layer_name(l), tcfg, numerics)?;
+            let next = mine
+                .iter()
+                .zip(&x)
+                .map(|(m, x)| layer.forward(x, &m.ctx, None))
+                .collect::<candle_core::Result<Vec<_>>>()?;
+            inputs.push(std::mem::replace(&mut x, next));
+        }
+        let head_in = x;
+        let (l_talker, frame_hidden): (Vec<Tensor>, Vec<Tensor>) = {
+            let (src, _) = self.gather(head_u, false)?;
+            let head = HeadUnit::load(&src, cfg, numerics)?;
+            mine.iter()
+                .zip(&head_in)
+                .map(|(m, x)| head.forward(x, &m.batch))
+                .collect::<candle_core::Result<Vec<_>>>()?
+                .into_iter()
+                .unzip()
+        };
+        let l_sub: Vec<Tensor> = {
+            let (src, _) = self.gather(cp_u, false)?;
+            let cp = CodePredictor::load_parts(&src, cfg, numerics, false)?;
+            mine.iter()
+                .zip(&frame_hidden)
+                .zip(&embedded)
+                .map(|((m, fh), e)| {
+                    sub_loss(&cp, fh, &e.c0_embed, &e.sub_embeds, &m.batch.frame_codes)
+                })
+                .collect::<candle_core::Result<_>>()?
+        };
+        let mut local = Vec::with_capacity(mine.len());
+        for ((m, lt), ls) in mine.iter().zip(&l_talker).zip(&l_sub) {
+            let (lt, ls) = (scalar(lt)?, scalar(ls)?);
+            local.push(Local {
+                index: m.index,
+                total: lt + SUB_LOSS_WEIGHT * ls,
+                talker: lt,
+                sub: ls,
+                frames: m.frames,
+            });
+        }
+        let sums = self.agree_losses(&local, micro, epoch)?;
+        drop((l_talker, l_sub));
+
+        // Backward, in reverse, recomputing each unit with `Var`s; gradients of the step's
+        // micro-batches are summed, then reduced once per unit.
+        let scale = 1.0 / micro.len() as f64;
+        let mut grads: Vec<Option<Tensor>> = vec![None; self.params.len()];
+        let grad_or_zero = |g: &candle_core::backprop::GradStore, v: &Var| -> Result<Tensor> {
+            Ok(match g.get(v.as_tensor()) {
+                Some(t) => t.clone(),
+                None => v.as_tensor().zeros_like()?,
+            })
+        };
+        let (mut d_fh, mut d_c0, mut d_sub) = (Vec::new(), Vec::new(), Vec::new());
+        {
+            let (src, vars) = self.gather(cp_u, true)?;
+            let cp = CodePredictor::load_parts(&src, cfg, numerics, false)?;
+            let mut acc = vec![None; vars.len()];
+            for ((m, fh), e) in mine.iter().zip(&frame_hidden).zip(&embedded) {
+                let fh = Var::from_tensor(fh)?;
+                let c0 = Var::from_tensor(&e.c0_embed)?;
+                let sb = Var::from_tensor(&e.sub_embeds)?;
+                let l = sub_loss(
+                    &cp,
+                    fh.as_tensor(),
+                    c0.as_tensor(),
+                    sb.as_tensor(),
+                    &m.batch.frame_codes,
+                )?;
+                let g = (l * (SUB_LOSS_WEIGHT * scale))?.backward()?;
+                accumulate_vars(&g, &vars, &mut acc, in_place)?;
+                d_fh.push(grad_or_zero(&g, &fh)?);
+                d_c0.push(grad_or_zero(&g, &c0)?);
+                d_sub.push(grad_or_zero(&g, &sb)?);
+            }
+            self.reduce(cp_u, acc, &mut grads)?;
+        }
+        let mut d_x: Vec<Tensor> = Vec::with_capacity(mine.len());
+        {
+            let (src, vars) = self.gather(head_u, true)?;
+            let head = HeadUnit::load(&src, cfg, numerics)?;
+            let mut acc = vec![None; vars.len()];
+            for ((m, x), dfh) in mine.iter().zip(&head_in).zip(&d_fh) {
+                let xv = Var::from_tensor(x)?;
+                let (lt, fh) = head.forward(xv.as_tensor(), &m.batch)?;
+                let g = ((lt * scale)? + (fh * dfh)?.sum_all()?)?.backward()?;
+                accumulate_vars(&g, &vars, &mut acc, in_place)?;
+                d_x.push(grad_or_zero(&g, &xv)?);
+            }
+            self.reduce(head_u, acc, &mut grads)?;
+        }
+        for (l, &u) in layer_u.iter().enumerate().rev() {
+            let (src, vars) = self.gather(u, true)?;
+            let layer = DecoderLayer::load(&src, &layer_name(l), tcfg, numerics)?;
+            let mut acc = vec![None; vars.len()];
+            let mut next = Vec::with_capacity(mine.len());
+            for ((m, x), dout) in mine.iter().zip(&inputs[l]).zip(&d_x) {
+                let xv = Var::from_tensor(x)?;
+                let out = layer.forward(xv.as_tensor(), &m.ctx, None)?;
+                let g = (out * dout)?.sum_all()?.backward()?;
+                accumulate_vars(&g, &vars, &mut acc, in_place)?;
+                next.push(grad_or_zero(&g, &xv)?);
+            }
+            d_x = next;
+            self.reduce(u, acc, &mut grads)?;
+        }
+        let mut text_grad: Option<Tensor> = None;
+        {
+            let (src, vars) = self.gather(emb_u, true)?;
+            let unit = EmbeddingUnit::load(&src, cfg, numerics)?;
+            let mut acc = vec![None; vars.len()];
+            let rows_var = rows.map(Var::from_tensor).transpose()?;
+            for (k, m) in mine.iter().enumerate() {
+                let t = match &rows_var {
+                    Some(v) => v.as_tensor().clone(),
+                    None => table.clone(),
+                };
+                let e = unit.forward(
+                    &m.batch,
+                    &self.speaker,
+                    TextRows {
+                        table: &t,
+                        ids: &m.text_ids,
+                    },
+                )?;
+                let obj = (((e.inputs * &d_x[k])?.sum_all()?
+                    + (e.c0_embed * &d_c0[k])?.sum_all()?)?
+                    + (e.sub_embeds * &d_sub[k])?.sum_all()?)?;
+                let g = obj.backward()?;
+                accumulate_vars(&g, &vars, &mut acc, in_place)?;
+                if let Some(v) = &rows_var {
+                    if let Some(t) = g.get(v.as_tensor()) {
+                        add_into(&mut text_grad, t, in_place)?;
+                    }
+                }
+            }
+            self.reduce(emb_u, acc, &mut grads)?;
+        }
+        Ok(Pass {
+            sums,
+            grads,
+            text_grad,
+        })
+    }
+}

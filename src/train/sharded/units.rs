@@ -1,0 +1,169 @@
+//! Moving a unit's weights and gradients (docs/distributed.md §4.2): the all-gather of a unit's
+//! trained tensors in the storage dtype, the reduce-scatter of its summed f32 gradients into the
+//! owned rows, and the row-sparse gather of the step's text-table rows.
+
+use std::collections::{BTreeMap, HashMap};
+
+use anyhow::{Context, Result};
+use candle_core::{DType, Tensor, Var};
+
+use super::ShardedTrainer;
+use crate::dist::flat::{gather_rows, FlatLayout};
+use crate::model::layers::{trainable_or_frozen, TensorSource};
+use crate::train::params::at_arith;
+use crate::train::units::Unit;
+
+/// A unit's trained tensors (the text table excepted) and their flat-shard layout.
+pub(super) struct UnitShards {
+    pub unit: Unit,
+    /// Indices into the parameters.
+    pub members: Vec<usize>,
+    pub layout: FlatLayout,
+}
+
+/// A unit's weights for one pass: gathered trained tensors and the frozen ones, read in the
+/// arithmetic dtype (docs/training.md §5.5).
+pub(super) struct UnitSource<'a> {
+    pub tensors: HashMap<String, Tensor>,
+    pub frozen: &'a BTreeMap<String, Tensor>,
+    pub arith: DType,
+}
+
+impl TensorSource for UnitSource<'_> {
+    fn tensor(&self, name: &str, shape: &[usize]) -> anyhow::Result<Tensor> {
+        let t = trainable_or_frozen(name, shape, self.tensors.get(name), self.frozen.get(name))?;
+        at_arith(name, t, self.arith)
+    }
+    fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name) || self.frozen.contains_key(name)
+    }
+}
+
+/// Groups the parameters (in order) into units, the text table left out.
+pub(super) fn group_units(
+    units_of: impl IntoIterator<Item = (usize, Unit)>,
+    text: Option<usize>,
+    shapes: &[Vec<usize>],
+    world: usize,
+    rank: usize,
+) -> Vec<UnitShards> {
+    let mut units: Vec<UnitShards> = Vec::new();
+    for (i, unit) in units_of {
+        if Some(i) == text {
+            continue;
+        }
+        match units.last_mut() {
+            Some(u) if u.unit == unit => u.members.push(i),
+            _ => units.push(UnitShards {
+                unit,
+                members: vec![i],
+                layout: FlatLayout::new(&[], world, rank),
+            }),
+        }
+    }
+    for u in &mut units {
+        let s: Vec<Vec<usize>> = u.members.iter().map(|&i| shapes[i].clone()).collect();
+        u.layout = FlatLayout::new(&s, world, rank);
+    }
+    units
+}
+
+impl ShardedTrainer {
+    /// All-gathers unit `u`: its full tensors in the storage dtype, as `Var`s when `vars`.
+    pub(super) fn gather(&self, u: usize, vars: bool) -> Result<(UnitSource<'_>, Vec<Var>)> {
+        let unit = &self.units[u];
+        let shards: Vec<Tensor> = unit
+            .members
+            .iter()
+            .map(|&i| self.params[i].var.as_tensor().clone())
+            .collect();
+        let fulls =
+            unit.layout
+                .gather(self.coll.as_ref(), &shards, self.storage, &self.opts.device)?;
+        let mut tensors = HashMap::new();
+        let mut out = Vec::new();
+        for (&i, full) in unit.members.iter().zip(fulls) {
+            let t = if vars {
+                let v = Var::from_tensor(&full)?;
+                let t = v.as_tensor().clone();
+                out.push(v);
+                t
+            } else {
+                full
+            };
+            tensors.insert(self.params[i].name.clone(), t);
+        }
+        Ok((
+            UnitSource {
+                tensors,
+                frozen: &self.frozen,
+                arith: self.arith,
+            },
+            out,
+        ))
+    }
+
+    /// Sums `acc` (unit `u`'s full f32 gradients from this rank's micro-batches; `None` = zero)
+    /// over the ranks into this rank's rows, stored at the parameters' indices in `out`.
+    pub(super) fn reduce(
+        &self,
+        u: usize,
+        acc: Vec<Option<Tensor>>,
+        out: &mut [Option<Tensor>],
+    ) -> Result<()> {
+        let unit = &self.units[u];
+        let fulls = unit
+            .members
+            .iter()
+            .zip(acc)
+            .map(|(&i, g)| match g {
+                Some(g) => Ok(g),
+                None => Ok(Tensor::zeros(
+                    self.shapes[i].as_slice(),
+                    DType::F32,
+                    &self.opts.device,
+                )?),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let shards = unit
+            .layout
+            .reduce_scatter(self.coll.as_ref(), &fulls, &self.opts.device)?;
+        for (&i, g) in unit.members.iter().zip(shards) {
+            out[i] = Some(g);
+        }
+        Ok(())
+    }
+
+    pub(super) fn unit_index(&self, unit: Unit) -> Result<usize> {
+        self.units
+            .iter()
+            .position(|u| u.unit == unit)
+            .with_context(|| {
+                format!(
+                    "unit {unit} has no trained tensor: sharded training trains every unit \
+                     (freeze fewer tensors)"
+                )
+            })
+    }
+
+    /// The rows `ids` (the step's, sorted and distinct) of the trained text table, from their
+    /// owners, in the storage dtype.
+    pub(super) fn gather_text_rows(&self, t: usize, ids: &[u32]) -> Result<Tensor> {
+        gather_rows(
+            self.coll.as_ref(),
+            &self.splits[t],
+            self.params[t].var.as_tensor(),
+            ids,
+            &self.opts.device,
+        )
+    }
+
+    /// The text table as a one-tensor flat layout (grad-op gathers it whole).
+    pub(super) fn text_layout(&self, t: usize) -> FlatLayout {
+        FlatLayout::new(
+            std::slice::from_ref(&self.shapes[t]),
+            self.world(),
+            self.rank(),
+        )
+    }
+}
