@@ -17,7 +17,7 @@
 //! Heartbeats: every rank and rank 0 send each other a heartbeat every second on the control
 //! plane, from a thread of their own. A rank that is alive but silent — stopped (SIGSTOP), or
 //! its machine gone without closing the connection — is noticed when nothing has come from it
-//! for the timeout, and the run is aborted naming it, even while the others are busy computing
+//! for half the timeout, and the run is aborted naming it, even while the others are busy computing
 //! or blocked inside a GPU collective, where no socket timeout applies.
 
 use std::io::{Read, Write};
@@ -161,9 +161,9 @@ impl Control {
                 }
                 self.abort(
                     &format!(
-                        "rank {peer} stopped responding: nothing was heard from it for {} s (the \
-                         timeout, train.dist_timeout); it is stopped (SIGSTOP), hung outside \
-                         this program, or its machine is unreachable",
+                        "rank {peer} stopped responding: nothing was heard from it for {} s (half \
+                         of train.dist_timeout); it is stopped (SIGSTOP), hung outside this \
+                         program, or its machine is unreachable",
                         self.silence.as_secs()
                     ),
                     true,
@@ -383,7 +383,9 @@ impl TcpCollective {
             bye_seen: Condvar::new(),
             write: Mutex::new(()),
             last_heard: Mutex::new(vec![Instant::now(); links.len().max(ep.world)]),
-            silence: ep.timeout,
+            // Half the timeout: a silent peer is named before the collective waiting for it
+            // times out (which could only name the ring neighbours).
+            silence: (ep.timeout / 2).max(Duration::from_secs(1)),
             on_abort: Mutex::new(Vec::new()),
             links,
         });

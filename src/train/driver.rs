@@ -166,7 +166,7 @@ fn with_hint(e: anyhow::Error, checkpoints: &std::path::Path, lr: f64) -> anyhow
             "the last good checkpoint is {}; run `voiceclone train` again to continue from it",
             d.display()
         ),
-        (None, false) => "no checkpoint was saved yet".to_string(),
+        (None, false) => return e,
     };
     e.context(hint)
 }

@@ -292,3 +292,17 @@ impl SpawnOutput for std::process::Command {
         std::thread::spawn(move || self.output().unwrap())
     }
 }
+
+/// The process id a test hook printed in `line` (`… (pid P)`).
+pub fn pid_in(line: &str) -> i32 {
+    line.rsplit("(pid ")
+        .next()
+        .and_then(|s| s.trim_end_matches(')').parse().ok())
+        .unwrap_or_else(|| panic!("no pid in {line:?}"))
+}
+
+/// Sends `sig` to the process a test hook named in `line`.
+pub fn signal_pid_in(line: &str, sig: i32) {
+    // SAFETY: kill(2) on a process id this test's run printed; at worst ESRCH.
+    unsafe { libc::kill(pid_in(line), sig) };
+}

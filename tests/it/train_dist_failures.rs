@@ -141,3 +141,203 @@ fn a_rendezvous_with_a_missing_rank_times_out_naming_it() {
     let err1 = String::from_utf8_lossy(&outs[1].stderr);
     assert!(err1.contains("rank 1"), "{err1}");
 }
+
+/// Where a rank can die while a checkpoint of 3 ranks is written, and the hook that stops it
+/// there: (what, environment, marker of the pause).
+const SAVE_KILL_POINTS: &[(&str, &str, &str, &str)] = &[
+    (
+        "rank 1, its file written",
+        "VOICECLONE_TEST_PAUSE_AFTER_RANK_FILE",
+        "4:1",
+        "rank 1 paused after writing its file of step 4",
+    ),
+    (
+        "rank 0, its file written",
+        "VOICECLONE_TEST_PAUSE_AFTER_RANK_FILE",
+        "4:0",
+        "rank 0 paused after writing its file of step 4",
+    ),
+    (
+        "rank 0, every rank file written",
+        "VOICECLONE_TEST_PAUSE_IN_CHECKPOINT_WRITE",
+        "4:rank-files",
+        "paused in checkpoint write at step 4 (rank-files)",
+    ),
+    (
+        "rank 0, index written",
+        "VOICECLONE_TEST_PAUSE_IN_CHECKPOINT_WRITE",
+        "4:index",
+        "paused in checkpoint write at step 4 (index)",
+    ),
+    (
+        "rank 0, directory in place, latest not yet",
+        "VOICECLONE_TEST_PAUSE_IN_CHECKPOINT_WRITE",
+        "4:in-place",
+        "paused in checkpoint write at step 4 (in-place)",
+    ),
+    (
+        "rank 0, latest written, not pruned",
+        "VOICECLONE_TEST_PAUSE_IN_CHECKPOINT_WRITE",
+        "4:latest",
+        "paused in checkpoint write at step 4 (latest)",
+    ),
+];
+
+/// Runs `args` until the hook `(var, value)` pauses a rank at `marker`, SIGKILLs that rank, and
+/// checks the run failed naming a rank.
+fn kill_at(ws: &std::path::Path, args: &[&str], var: &str, value: &str, marker: &str) {
+    let (err, status, took) = run_until(ws, args, &[(var, value)], marker, |_, line| {
+        signal_pid_in(line, libc::SIGKILL)
+    });
+    assert!(!status.success(), "{err}");
+    assert!(err.contains("was killed by signal 9"), "{err}");
+    assert!(took < std::time::Duration::from_secs(40), "{took:?}");
+    no_orphans(ws);
+}
+
+#[test]
+#[cfg_attr(not(feature = "test-hooks"), ignore = "needs --features test-hooks")]
+fn a_rank_killed_anywhere_in_a_save_resumes_to_the_uninterrupted_result() {
+    let model = "tiny-0b6";
+    let args = [
+        "--max-steps",
+        "6",
+        "--save-every",
+        "2",
+        "--keep",
+        "3",
+        "--cpu-ranks",
+        "3",
+    ];
+    let full = workspace(model);
+    ok(&train(full.path(), &args));
+    let want = state(full.path(), 6);
+    let check = |ws: &std::path::Path, what: &str| {
+        let o = train(ws, &args);
+        ok(&o);
+        assert!(
+            state(ws, 6) == want,
+            "killed at {what}: the resumed run differs"
+        );
+        assert_eq!(metrics(ws), metrics(full.path()), "killed at {what}");
+        let left: Vec<String> = std::fs::read_dir(ws.join("checkpoints"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(".tmp-") || n.starts_with(".old-"))
+            .collect();
+        assert!(left.is_empty(), "killed at {what}: left {left:?}");
+    };
+    for (what, var, value, marker) in SAVE_KILL_POINTS {
+        let ws = workspace(model);
+        kill_at(ws.path(), &args, var, value, marker);
+        check(ws.path(), what);
+    }
+    // A re-save of step 4 (after a kill with its directory in place but `latest` still naming
+    // step 2) killed while the old step-4 directory is moved aside.
+    let ws = workspace(model);
+    kill_at(
+        ws.path(),
+        &args,
+        "VOICECLONE_TEST_PAUSE_IN_CHECKPOINT_WRITE",
+        "4:in-place",
+        "paused in checkpoint write at step 4 (in-place)",
+    );
+    kill_at(
+        ws.path(),
+        &args,
+        "VOICECLONE_TEST_PAUSE_IN_CHECKPOINT_WRITE",
+        "4:old-aside",
+        "paused in checkpoint write at step 4 (old-aside)",
+    );
+    check(ws.path(), "a re-save, old directory moved aside");
+}
+
+#[test]
+#[cfg_attr(not(feature = "test-hooks"), ignore = "needs --features test-hooks")]
+fn max_restarts_restarts_a_killed_rank_and_finishes_like_an_uninterrupted_run() {
+    let model = "tiny-0b6";
+    let args = ["--max-steps", "6", "--save-every", "2", "--cpu-ranks", "3"];
+    let full = workspace(model);
+    ok(&train(full.path(), &args));
+    let ws = workspace(model);
+    let mut restarting = args.to_vec();
+    restarting.extend(["--max-restarts", "1"]);
+    let (err, status, _) = run_until(
+        ws.path(),
+        &restarting,
+        &[
+            ("VOICECLONE_TEST_PAUSE_AT_STEP", "4:1"),
+            ("VOICECLONE_TEST_FIRST_ATTEMPT_ONLY", "1"),
+        ],
+        "rank 1 paused at step 4",
+        |_, line| signal_pid_in(line, libc::SIGKILL),
+    );
+    assert!(status.success(), "{err}");
+    assert!(
+        err.contains("rank 1 was killed by signal 9")
+            && err.contains(
+                "restarting every rank from the last complete checkpoint (restart 1 of 1)"
+            ),
+        "{err}"
+    );
+    assert!(
+        state(ws.path(), 6) == state(full.path(), 6),
+        "the restarted run differs from the uninterrupted one"
+    );
+    assert_eq!(metrics(ws.path()), metrics(full.path()));
+    no_orphans(ws.path());
+
+    // A failure that a restart would only repeat is not restarted.
+    let ws = workspace(model);
+    let mut a = vec!["train"];
+    a.extend_from_slice(BASE);
+    a.extend([
+        "--max-steps",
+        "6",
+        "--cpu-ranks",
+        "2",
+        "--max-restarts",
+        "2",
+    ]);
+    let o = command(ws.path(), &a)
+        .env("VOICECLONE_TEST_NAN_AT_STEP", "2")
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("the loss became NaN at step 2"), "{err}");
+    assert!(!err.contains("restarting every rank"), "{err}");
+}
+
+#[test]
+#[cfg_attr(not(feature = "test-hooks"), ignore = "needs --features test-hooks")]
+fn a_stopped_rank_ends_the_run_within_the_timeout_naming_it() {
+    let model = "tiny-0b6";
+    let ws = tempfile::tempdir().unwrap();
+    make_workspace(
+        ws.path(),
+        model,
+        &synthetic_rows(7, 21),
+        &xvector(hidden(model), 3),
+        "[train]\ndist_timeout = 6",
+    );
+    let (err, status, took) = run_until(
+        ws.path(),
+        &["--max-steps", "6", "--cpu-ranks", "3"],
+        &[("VOICECLONE_TEST_PAUSE_AT_STEP", "2:2")],
+        "rank 2 paused at step 2",
+        |_, line| signal_pid_in(line, libc::SIGSTOP),
+    );
+    assert!(!status.success());
+    assert!(
+        err.contains("rank 2 stopped responding")
+            && err.contains("rank 2 did not stop after the failure and was killed"),
+        "{err}"
+    );
+    assert!(
+        took < std::time::Duration::from_secs(6 + 30),
+        "the run took {took:?} to end"
+    );
+    eprintln!("a stopped rank ended the run after {took:?}:\n{err}");
+    no_orphans(ws.path());
+}
