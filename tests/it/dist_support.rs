@@ -238,8 +238,8 @@ pub fn no_orphans(ws: &Path) {
 }
 
 /// Runs `voiceclone train` with `env`, reading its error output until a line contains `marker`
-/// (then `act(pid of the line's process or of the launcher)`), and returns the output, the exit
-/// status and how long it ran after `act`.
+/// (then `act(the launcher, the line)`), and returns the error output, the exit status and how
+/// long it ran after `act`.
 pub fn run_until(
     ws: &Path,
     args: &[&str],
@@ -247,7 +247,6 @@ pub fn run_until(
     marker: &str,
     act: impl FnOnce(&std::process::Child, &str),
 ) -> (String, std::process::ExitStatus, std::time::Duration) {
-    use std::io::{BufRead, BufReader};
     let mut a = vec!["train"];
     a.extend_from_slice(BASE);
     a.extend_from_slice(args);
@@ -255,17 +254,26 @@ pub fn run_until(
     for (k, v) in env {
         cmd.env(k, v);
     }
+    run_command_until(cmd, marker, act)
+}
+
+/// [`run_until`] for any command (a launcher that starts voiceclone).
+pub fn run_command_until(
+    mut cmd: std::process::Command,
+    marker: &str,
+    act: impl FnOnce(&std::process::Child, &str),
+) -> (String, std::process::ExitStatus, std::time::Duration) {
+    use std::io::{BufRead, BufReader};
     let mut child = cmd
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     let err = child.stderr.take().unwrap();
-    let mut lines = BufReader::new(err).lines();
     let mut seen = String::new();
     let mut acted = None;
     let mut act = Some(act);
-    for line in lines.by_ref() {
+    for line in BufReader::new(err).lines() {
         let line = line.unwrap();
         seen.push_str(&line);
         seen.push('\n');
@@ -280,6 +288,19 @@ pub fn run_until(
     let took = acted.map(|t| t.elapsed()).unwrap_or_default();
     assert!(acted.is_some(), "never saw {marker:?}:\n{seen}");
     (seen, status, took)
+}
+
+/// Two consecutive free loopback ports `(p, p + 1)`: MASTER_PORT for a launcher's own store and
+/// the rendezvous voiceclone opens on MASTER_PORT + 1.
+pub fn two_free_ports() -> u16 {
+    for _ in 0..100 {
+        let a = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let p = a.local_addr().unwrap().port();
+        if p < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", p + 1)).is_ok() {
+            return p;
+        }
+    }
+    panic!("no two consecutive free ports");
 }
 
 /// Runs a command on a thread, returning its output when joined.
