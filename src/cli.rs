@@ -575,11 +575,16 @@ impl SpeakArgs {
     existing checkpoints/ is renamed to checkpoints.N/ (never deleted).\n\n\
     At the end the model is exported to model/ (see voiceclone export).\n\n\
     --gpus N trains on N GPUs and --cpu-ranks N on N CPU processes, sharded (FSDP; train.shard \
-    full or grad-op), with the same results as one device. A process started by torchrun \
-    (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) or as one of several Slurm tasks \
-    (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, MASTER_ADDR) is one rank of such a run and starts \
-    nothing itself: that is how runs span several nodes (the workspace must be on a shared \
-    filesystem). Checkpoints of a sharded run continue at any number of ranks, or on one device."
+    full or grad-op), with the same results as one device; --max-restarts K starts every rank \
+    again from the last checkpoint when one fails. A process started by torchrun (with \
+    --no-python; RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), by scripts/ray_train.py \
+    or as one of several Slurm tasks (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, MASTER_ADDR) is \
+    one rank of such a run and starts nothing itself: that is how runs span several nodes (the \
+    workspace must be on a shared filesystem). Checkpoints of a sharded run continue at any \
+    number of ranks, or on one device.\n\n\
+    --backend autograd runs the code path of a GPU (autograd over plain ops, weights stored in \
+    bf16) on the CPU, to check what a GPU run computes; auto, the default, is the CPU kernels on \
+    the CPU and autograd on a GPU."
 )]
 pub struct TrainArgs {
     /// Qwen3-TTS Base model to fine-tune: hub repo id or local directory [model.base].
