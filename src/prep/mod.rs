@@ -142,7 +142,7 @@ pub(crate) fn collect(
             }
         }
     }
-    let discovery = sources::discover(&opts.inputs, &ws.data_dir());
+    let discovery = sources::discover(&opts.inputs, ws.root(), &ws.data_dir());
     let progress = Progress::new(discovery.files.len() as u64, "files", "prep");
     for w in &discovery.warnings {
         progress.warn(w.clone());

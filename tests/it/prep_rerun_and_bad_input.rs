@@ -357,3 +357,55 @@ fn truncated_recordings_give_their_readable_part_with_a_warning() {
         );
     }
 }
+
+/// Links inside the recordings folder — two that loop back to it and one into the workspace —
+/// give exactly the utterances of the same folder without them, on the first run and on every
+/// re-run (prep once followed them without end, and read the workspace's own segments back in).
+#[test]
+fn links_that_loop_or_lead_into_the_workspace_change_nothing() {
+    if !common::have_assets() {
+        return;
+    }
+    let files = small_speech_files(2);
+    let root = tempfile::tempdir().unwrap();
+    let rec = root.path().join("rec");
+    std::fs::create_dir_all(rec.join("sub")).unwrap();
+    copy(&files[0], &rec.join(files[0].file_name().unwrap()));
+    copy(&files[1], &rec.join("sub").join(files[1].file_name().unwrap()));
+    let manifest_of = |ws: &Path| {
+        let started = std::time::Instant::now();
+        let o = voiceclone(
+            ws,
+            &[
+                "prep",
+                rec.to_str().unwrap(),
+                "--whisper-model",
+                whisper_model().to_str().unwrap(),
+                "--language",
+                "en",
+            ],
+        );
+        assert!(o.status.success(), "{}", stderr(&o));
+        (
+            std::fs::read_to_string(ws.join("data/train.jsonl")).unwrap(),
+            started.elapsed(),
+            stderr(&o),
+        )
+    };
+    let plain_ws = root.path().join("plain");
+    std::fs::create_dir_all(&plain_ws).unwrap();
+    let (plain, plain_took, _) = manifest_of(&plain_ws);
+    assert!(!plain.is_empty());
+
+    let ws = root.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    std::os::unix::fs::symlink(".", rec.join("sub/loop")).unwrap();
+    std::os::unix::fs::symlink("..", rec.join("sub/up")).unwrap();
+    std::os::unix::fs::symlink(&ws, rec.join("workspace")).unwrap();
+    for run in 0..3 {
+        let (linked, took, err) = manifest_of(&ws);
+        assert_eq!(linked, plain, "run {run}: the links changed the utterances");
+        assert!(err.contains("this is the workspace"), "{err}");
+        eprintln!("run {run}: {took:?} with the links, {plain_took:?} without");
+    }
+}
