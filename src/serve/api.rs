@@ -215,6 +215,8 @@ struct SpeechParams {
     language: Option<String>,
     seed: Option<u64>,
     non_streaming: Option<bool>,
+    /// Our `stream` field: a WAV sent as it is generated (placeholder sizes) instead of whole.
+    stream: bool,
     opts: DecodeOptions,
 }
 
@@ -261,6 +263,7 @@ fn parse_speech(state: &State, body: &[u8]) -> Result<SpeechParams, ApiError> {
         "sub_top_p",
         "max_frames",
         "non_streaming",
+        "stream",
     ];
     if let Some(k) = obj.keys().find(|k| !KNOWN.contains(&k.as_str())) {
         return Err(ApiError::invalid(
@@ -467,6 +470,7 @@ fn parse_speech(state: &State, body: &[u8]) -> Result<SpeechParams, ApiError> {
         language: string("language")?,
         seed,
         non_streaming: boolean("non_streaming", &obj)?,
+        stream: boolean("stream", &obj)?.unwrap_or(false),
         opts,
     })
 }
@@ -558,13 +562,37 @@ async fn speech(
         )
     });
     let body = ChannelBody::new(rx, cancel, state.inflight.clone());
-    Ok(Response::builder()
+    let response = Response::builder()
         .status(StatusCode::OK)
         .header("content-type", content_type)
         .header("x-voiceclone-seed", seed.to_string())
-        .header("cache-control", "no-cache")
+        .header("cache-control", "no-cache");
+    if p.format == Format::Wav && p.framing == Framing::Audio && !p.stream {
+        // A whole WAV, its sizes filled in (docs/serving.md §2): generated first, then sent
+        // with its length. A client that hangs up meanwhile drops this future and with it the
+        // body, which cancels the generation.
+        let bytes = http_body_util::BodyExt::collect(body)
+            .await
+            .map_err(|e| ApiError::internal(e.to_string()))?
+            .to_bytes();
+        let wav = Bytes::from(with_sizes(bytes.to_vec()));
+        return Ok(response
+            .body(http::full(wav))
+            .expect("static response parts"));
+    }
+    Ok(response
         .body(http_body_util::BodyExt::boxed(body))
         .expect("static response parts"))
+}
+
+/// A complete streamed WAV (44-byte header with placeholder sizes, then the samples) with its
+/// RIFF and data sizes filled in.
+fn with_sizes(mut wav: Vec<u8>) -> Vec<u8> {
+    if let (Ok(data), Ok(riff)) = (u32::try_from(wav.len() - 44), u32::try_from(wav.len() - 8)) {
+        wav[4..8].copy_from_slice(&riff.to_le_bytes());
+        wav[40..44].copy_from_slice(&data.to_le_bytes());
+    }
+    wav
 }
 
 fn shutting_down() -> ApiError {

@@ -351,7 +351,7 @@ fn pcm_samples(bytes: &[u8]) -> Vec<i16> {
         .collect()
 }
 
-/// The samples of a streamed WAV response (a 44-byte header of unknown length, then PCM).
+/// The samples of a WAV response (a 44-byte header, then PCM).
 fn wav_samples(bytes: &[u8]) -> Vec<i16> {
     assert!(bytes.len() >= 44, "no WAV header");
     assert_eq!(&bytes[0..4], b"RIFF");
@@ -439,6 +439,30 @@ fn speech_equals_speak_in_every_format_and_streams_while_generating() {
     assert_eq!(wav.header("x-voiceclone-seed"), Some("7"));
     let got = wav_samples(&wav.body);
     assert_same_samples(&got, &want, "serve's WAV vs speak's");
+    // The whole WAV is sent with its real sizes (its length is known before the first byte
+    // goes out): the RIFF and data chunk sizes and Content-Length agree with the body.
+    let size = |at: usize| u32::from_le_bytes(wav.body[at..at + 4].try_into().unwrap()) as usize;
+    assert_eq!(size(4), wav.body.len() - 8, "RIFF size");
+    assert_eq!(size(40), wav.body.len() - 44, "data size");
+    assert_eq!(
+        wav.header("content-length"),
+        Some(wav.body.len().to_string().as_str())
+    );
+    // ... byte for byte what `voiceclone speak` writes.
+    assert!(
+        wav.body == std::fs::read(ws.path().join("speak-ref.wav")).unwrap(),
+        "serve's WAV is not speak's file byte for byte"
+    );
+    // Asked to stream ("stream": true), a WAV goes out as it is generated, its sizes the
+    // 0xFFFFFFFF placeholders of an unknown length.
+    let mut streamed_req = body("wav", "audio");
+    streamed_req["stream"] = json!(true);
+    let streamed = speech(&server.addr, &streamed_req);
+    assert_eq!(streamed.status, 200);
+    assert_eq!(&streamed.body[4..8], &[0xFF; 4]);
+    assert_eq!(&streamed.body[40..44], &[0xFF; 4]);
+    assert_eq!(streamed.header("content-length"), None);
+    assert_eq!(wav_samples(&streamed.body), got);
 
     let pcm = speech(&server.addr, &body("pcm", "audio"));
     assert_eq!(pcm.status, 200);
@@ -946,6 +970,35 @@ fn a_full_queue_is_429_and_a_client_that_hangs_up_frees_its_row() {
     assert_eq!(server.health()["status"], "ok");
 }
 
+/// A whole WAV is sent after generation; a client that hangs up before then still frees its
+/// row at once (the response's future is dropped with the connection).
+#[cfg(feature = "test-hooks")]
+#[test]
+fn a_client_that_hangs_up_before_its_whole_wav_frees_its_row() {
+    use std::io::Write;
+    let ws = workspace("");
+    let delay = Duration::from_millis(700);
+    let env = slow_frames(delay.as_millis() as u64);
+    let server = Server::start(ws.path(), &[], &env_refs(&env));
+    let body = json!({"model": "m", "input": TEXT, "voice": "default", "seed": 7}).to_string();
+    let mut s = std::net::TcpStream::connect(&server.addr).unwrap();
+    write!(
+        s,
+        "POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let t = Instant::now();
+    while server.health()["running"] != 1 {
+        assert!(t.elapsed() < Duration::from_secs(10), "the request never ran");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop(s);
+    // Seed 7 gives 6 frames: 4.2 s if the row ran to its end.
+    wait_idle(&server, delay * 3);
+}
+
 #[cfg(feature = "test-hooks")]
 #[test]
 fn sigterm_during_a_stream_finishes_it_and_exits_0() {
@@ -1105,7 +1158,7 @@ fn readme_examples_run_against_the_server() {
             .any(|v| v["id"] == voice["id"]));
     }
     if let Some(py) = openai_python() {
-        let o = Command::new(py)
+        let o = Command::new(&py)
             .args(["-c", &here(&python)])
             .current_dir(ws.path())
             .env_remove("OPENAI_API_KEY")
@@ -1120,6 +1173,18 @@ fn readme_examples_run_against_the_server() {
         let got = wav_samples(&file("hello-openai.wav"));
         assert_same_samples(&got, &want, "the openai client's WAV vs speak's");
         assert_eq!(pcm_samples(&file("hello-openai.pcm")), got);
+        // Python's wave module reads the file the client wrote with its true length (it
+        // once read 2,147,483,647 frames from the placeholder sizes).
+        let o = Command::new(py)
+            .args([
+                "-c",
+                "import wave,sys; w=wave.open(sys.argv[1]); print(w.getnframes())",
+            ])
+            .arg(ws.path().join("hello-openai.wav"))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), got.len().to_string(), "frames by Python's wave");
     }
 }
 
