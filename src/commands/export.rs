@@ -79,6 +79,9 @@ pub fn run(ws: &Workspace, config: &Config, args: &ExportArgs) -> Result<()> {
 
 /// Prints where the export went and how to use it.
 pub fn report(ws: &Workspace, s: &export::ExportSummary) {
+    for note in &s.recovered {
+        eprintln!("note: {note}");
+    }
     let out = ws.relative(&s.output);
     let names: Vec<String> = s.speakers.iter().map(|(n, _)| format!("{n:?}")).collect();
     println!(

@@ -137,6 +137,11 @@ pub(crate) fn speak_model(ws: &Workspace, config: &Config) -> Result<ModelSource
         return ws.model_source(&config.speak.model);
     }
     let exported = ws.model_dir();
+    // An export interrupted while it replaced model/ may have left it moved aside: put it
+    // back rather than quietly speaking with the base model.
+    for note in crate::train::export::recover(&exported)? {
+        eprintln!("note: {note}");
+    }
     if exported.join("config.json").is_file() {
         return Ok(ModelSource::Local(exported));
     }

@@ -293,6 +293,9 @@ pub fn finish(
         .as_ref()
         .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.clone()))
         .unwrap_or_else(|| ws.model_dir());
+    for note in export::recover(&output)? {
+        eprintln!("note: {note}");
+    }
     if export::is_current(&output, &ckpt, &c.speaker_name) {
         println!(
             "{} is up to date (export of {})",

@@ -258,7 +258,13 @@ mod tests {
     fn names(d: &Discovery, root: &Path) -> Vec<String> {
         d.files
             .iter()
-            .map(|f| f.path.strip_prefix(root).unwrap().to_string_lossy().into_owned())
+            .map(|f| {
+                f.path
+                    .strip_prefix(root)
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned()
+            })
             .collect()
     }
 
@@ -270,7 +276,13 @@ mod tests {
         for d in ["rec/a", "rec/b", "ws/data/segments"] {
             std::fs::create_dir_all(dir.path().join(d)).unwrap();
         }
-        for f in ["rec/a/1.wav", "rec/b/2.wav", "rec/3.wav", "ws/data/segments/s.wav", "ws/r.wav"] {
+        for f in [
+            "rec/a/1.wav",
+            "rec/b/2.wav",
+            "rec/3.wav",
+            "ws/data/segments/s.wav",
+            "ws/r.wav",
+        ] {
             std::fs::write(dir.path().join(f), b"x").unwrap();
         }
         let plain = discover(std::slice::from_ref(&rec), &ws, &ws.join("data"));

@@ -77,10 +77,85 @@ pub struct ExportSummary {
     pub trained_tensors: usize,
     /// The directory replaced an earlier export.
     pub replaced: bool,
+    /// What was repaired of an earlier interrupted export first ([`recover`]).
+    pub recovered: Vec<String>,
 }
 
 /// Whether `output` already holds the export of `checkpoint` for `speaker_name` (its marker
 /// names the same checkpoint directory, step and speaker, or the checkpoint's named speakers).
+/// Repairs what an interrupted export to `output` left next to it (docs/training.md §10). An
+/// export builds `.NAME.tmp-export-PID/` (complete once it holds the marker, written last),
+/// moves an earlier export aside to `.NAME.old-export-PID/`, renames the new one into place and
+/// deletes the old one. Killed between the renames, `output` is missing: the complete new export
+/// is moved into place (or, if there is none, the earlier one put back). Then leftovers are
+/// removed: incomplete or superseded temporary directories, and earlier exports once `output`
+/// is an export. Returns what was done, for the user.
+pub fn recover(output: &Path) -> Result<Vec<String>> {
+    let (Some(parent), Some(name)) = (output.parent(), output.file_name()) else {
+        return Ok(Vec::new());
+    };
+    let parent = if parent.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        parent
+    };
+    let name = name.to_string_lossy();
+    let (tmp, old) = (
+        format!(".{name}.tmp-export-"),
+        format!(".{name}.old-export-"),
+    );
+    let Ok(entries) = fs::read_dir(parent) else {
+        return Ok(Vec::new());
+    };
+    let (mut tmps, mut olds) = (Vec::new(), Vec::new());
+    for e in entries.flatten() {
+        let n = e.file_name().to_string_lossy().into_owned();
+        if e.path().is_dir() && n.starts_with(&tmp) {
+            tmps.push(e.path());
+        } else if e.path().is_dir() && n.starts_with(&old) {
+            olds.push(e.path());
+        }
+    }
+    // Newest first.
+    let newest_first = |v: &mut Vec<PathBuf>| {
+        v.sort_by_key(|p| std::cmp::Reverse(fs::metadata(p).and_then(|m| m.modified()).ok()))
+    };
+    newest_first(&mut tmps);
+    newest_first(&mut olds);
+    let mut done = Vec::new();
+    if !output.exists() {
+        let complete = tmps.iter().position(|t| t.join(MARKER).is_file());
+        let back = match complete {
+            Some(i) => Some((tmps.remove(i), "finished an export that was interrupted")),
+            None => olds.iter().position(|o| o.join(MARKER).is_file()).map(|i| {
+                (
+                    olds.remove(i),
+                    "restored the previous export, which an interrupted export had moved aside",
+                )
+            }),
+        };
+        if let Some((dir, what)) = back {
+            fs::rename(&dir, output).with_context(|| {
+                format!("cannot move {} to {}", dir.display(), output.display())
+            })?;
+            done.push(format!("{}: {what}", output.display()));
+        }
+    }
+    for t in tmps {
+        fs::remove_dir_all(&t).with_context(|| format!("cannot remove {}", t.display()))?;
+    }
+    if output.join(MARKER).is_file() {
+        for o in olds.into_iter().filter(|o| o.join(MARKER).is_file()) {
+            fs::remove_dir_all(&o).with_context(|| format!("cannot remove {}", o.display()))?;
+            done.push(format!(
+                "removed {}, the previous export that an interrupted export replaced",
+                o.display()
+            ));
+        }
+    }
+    Ok(done)
+}
+
 pub fn is_current(output: &Path, checkpoint: &Path, speaker_name: &str) -> bool {
     let Ok(text) = fs::read_to_string(output.join(MARKER)) else {
         return false;
@@ -161,6 +236,7 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
         named_rows(&index.identity.speakers).collect()
     };
     crate::artifacts::speaker::check_unique(rows.iter().map(|(n, _)| n.as_str()))?;
+    let recovered = recover(&opts.output)?;
     let replaced = check_output(&opts.output)?;
     let hidden = opts.files.config.talker_config.hidden_size;
     for ((name, _), (_, x)) in rows.iter().zip(&vectors) {
@@ -199,14 +275,7 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "model".into());
-    // Leftovers of interrupted exports to the same place, then a fresh temporary directory.
-    let prefix = format!(".{base_name}.tmp-export-");
-    for e in fs::read_dir(&parent)?.flatten() {
-        if e.file_name().to_string_lossy().starts_with(&prefix) && e.path().is_dir() {
-            let _ = fs::remove_dir_all(e.path());
-        }
-    }
-    let tmp = parent.join(format!("{prefix}{}", std::process::id()));
+    let tmp = parent.join(format!(".{base_name}.tmp-export-{}", std::process::id()));
     fs::create_dir_all(&tmp)?;
     let result = (|| -> Result<(usize, usize)> {
         copy_model_files(opts.files, &tmp)?;
@@ -246,9 +315,13 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
         }
     };
     if replaced {
+        // Crash-safe with `recover`: killed after the first rename, the next run puts the old
+        // export back; after the second, it deletes the old one.
         let old = parent.join(format!(".{base_name}.old-export-{}", std::process::id()));
         fs::rename(&opts.output, &old)?;
+        crate::train::hooks::pause_point("export-old-aside");
         fs::rename(&tmp, &opts.output)?;
+        crate::train::hooks::pause_point("export-in-place");
         fs::remove_dir_all(&old)?;
     } else {
         fs::rename(&tmp, &opts.output)
@@ -261,6 +334,7 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
         tensors,
         trained_tensors,
         replaced,
+        recovered,
     })
 }
 
@@ -478,4 +552,34 @@ fn to_bf16_bytes(dtype: StDtype, data: &[u8]) -> Result<Vec<u8>> {
             .collect(),
         _ => data.to_vec(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn export_dir(p: &Path, content: &str) {
+        fs::create_dir_all(p).unwrap();
+        fs::write(p.join(MARKER), content).unwrap();
+    }
+
+    #[test]
+    fn recovery_puts_back_the_previous_export_when_the_new_one_is_incomplete() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("model");
+        export_dir(&dir.path().join(".model.old-export-7"), "previous");
+        // Killed before the new export was complete: its marker is written last.
+        fs::create_dir_all(dir.path().join(".model.tmp-export-7")).unwrap();
+        let done = recover(&model).unwrap();
+        assert_eq!(fs::read_to_string(model.join(MARKER)).unwrap(), "previous");
+        assert!(done[0].contains("restored the previous export"), "{done:?}");
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1, "leftovers remain");
+        // Nothing to do now; and a directory the user made is never touched.
+        assert!(recover(&model).unwrap().is_empty());
+        let mine = dir.path().join("mine");
+        fs::create_dir_all(&mine).unwrap();
+        fs::create_dir_all(dir.path().join(".mine.old-export-3")).unwrap();
+        assert!(recover(&mine).unwrap().is_empty());
+        assert!(dir.path().join(".mine.old-export-3").exists());
+    }
 }

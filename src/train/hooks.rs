@@ -57,6 +57,19 @@ pub trait TrainHooks: Send + Sync {
     fn rank_file_written(&self, _step: usize, _rank: usize) {}
 }
 
+/// A named point outside the training loop where a `test-hooks` build can pause (for a test
+/// to kill the process there): with `VOICECLONE_TEST_PAUSE_AT_POINT=NAME` it prints `test hook:
+/// paused at NAME (pid P)` and sleeps 10 minutes. Does nothing in a default build.
+pub fn pause_point(name: &str) {
+    #[cfg(feature = "test-hooks")]
+    if std::env::var("VOICECLONE_TEST_PAUSE_AT_POINT").is_ok_and(|v| v == name) {
+        eprintln!("test hook: paused at {name} (pid {})", std::process::id());
+        std::thread::sleep(std::time::Duration::from_secs(600));
+    }
+    #[cfg(not(feature = "test-hooks"))]
+    let _ = name;
+}
+
 /// No intervention (every production run).
 pub struct NoHooks;
 

@@ -371,7 +371,10 @@ fn links_that_loop_or_lead_into_the_workspace_change_nothing() {
     let rec = root.path().join("rec");
     std::fs::create_dir_all(rec.join("sub")).unwrap();
     copy(&files[0], &rec.join(files[0].file_name().unwrap()));
-    copy(&files[1], &rec.join("sub").join(files[1].file_name().unwrap()));
+    copy(
+        &files[1],
+        &rec.join("sub").join(files[1].file_name().unwrap()),
+    );
     let manifest_of = |ws: &Path| {
         let started = std::time::Instant::now();
         let o = voiceclone(

@@ -991,7 +991,10 @@ fn a_client_that_hangs_up_before_its_whole_wav_frees_its_row() {
     .unwrap();
     let t = Instant::now();
     while server.health()["running"] != 1 {
-        assert!(t.elapsed() < Duration::from_secs(10), "the request never ran");
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the request never ran"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     drop(s);
@@ -1184,7 +1187,11 @@ fn readme_examples_run_against_the_server() {
             .output()
             .unwrap();
         assert!(o.status.success(), "{}", stderr(&o));
-        assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), got.len().to_string(), "frames by Python's wave");
+        assert_eq!(
+            String::from_utf8_lossy(&o.stdout).trim(),
+            got.len().to_string(),
+            "frames by Python's wave"
+        );
     }
 }
 

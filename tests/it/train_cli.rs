@@ -672,3 +672,93 @@ fn a_non_finite_loss_stops_without_saving_the_broken_step() {
     assert_eq!(latest(ws), "step-0000003");
     assert!(!ws.join("model").exists(), "--no-export exported");
 }
+
+/// Runs `voiceclone ARGS` in `ws` until the test hook pauses it at `point`, then SIGKILLs it.
+fn kill_at_point(ws: &Path, args: &[&str], point: &str) {
+    let mut child = command(ws, args)
+        .env("VOICECLONE_TEST_PAUSE_AT_POINT", point)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let err = child.stderr.take().unwrap();
+    let mut seen = String::new();
+    for line in BufReader::new(err).lines() {
+        let line = line.unwrap();
+        seen.push_str(&line);
+        seen.push('\n');
+        if line.contains(&format!("paused at {point}")) {
+            child.kill().unwrap();
+            break;
+        }
+    }
+    let status = child.wait().unwrap();
+    assert!(!status.success(), "never paused at {point}:\n{seen}");
+}
+
+/// What is left next to `model/` besides it.
+fn export_leftovers(ws: &Path) -> Vec<String> {
+    std::fs::read_dir(ws)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".model."))
+        .collect()
+}
+
+/// An export killed while it replaces `model/`: between its two renames (no `model/` at all)
+/// the next `speak` puts the previous export back instead of quietly falling back to the base
+/// model; after them, the next export removes the previous one's copy.
+#[test]
+#[cfg_attr(not(feature = "test-hooks"), ignore = "needs --features test-hooks")]
+fn an_export_killed_while_replacing_model_is_repaired_by_the_next_run() {
+    let ws = workspace(6);
+    ok(&train(ws.path(), &["--max-steps", "2"]));
+    let model = ws.path().join("model");
+    let config = std::fs::read(model.join("config.json")).unwrap();
+
+    kill_at_point(ws.path(), &["export"], "export-old-aside");
+    assert!(!model.exists());
+    // The complete new export and the previous one moved aside.
+    assert_eq!(
+        export_leftovers(ws.path()).len(),
+        2,
+        "{:?}",
+        export_leftovers(ws.path())
+    );
+    let o = voiceclone(
+        ws.path(),
+        &[
+            "speak",
+            "Hello.",
+            "-o",
+            "out.wav",
+            "--greedy",
+            "--max-frames",
+            "3",
+        ],
+    );
+    ok(&o);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("finished an export that was interrupted"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(model.join("config.json")).unwrap(), config);
+    assert!(export_leftovers(ws.path()).is_empty());
+
+    kill_at_point(ws.path(), &["export"], "export-in-place");
+    assert!(model.join("config.json").is_file());
+    assert_eq!(export_leftovers(ws.path()).len(), 1);
+    let o = voiceclone(ws.path(), &["export"]);
+    ok(&o);
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("removed"),
+        "{}",
+        text(&o)
+    );
+    assert!(
+        export_leftovers(ws.path()).is_empty(),
+        "{:?}",
+        export_leftovers(ws.path())
+    );
+}
