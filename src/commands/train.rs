@@ -49,6 +49,9 @@ pub fn run(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<()> {
     let backend = train::Backend::resolve(c.backend, &device)?;
     let opts = run.options(ws, config, device.clone(), backend);
     let mut trainer = Trainer::new(opts, false)?;
+    for w in &trainer.warnings {
+        eprintln!("warning: {w}");
+    }
     let total = trainer.total_steps();
     match &trainer.resumed_from {
         Some(dir) => print_resumed(

@@ -160,6 +160,9 @@ fn train_rank(
     let most = coll.all_reduce_host(&[state], ReduceOp::Max)?[0];
     let all = coll.all_reduce_host(&[state], ReduceOp::Sum)?[0];
     if rank == 0 {
+        for w in &trainer.warnings {
+            eprintln!("warning: {w}");
+        }
         let total = trainer.total_steps();
         match &trainer.resumed_from {
             Some(dir) => print_resumed(

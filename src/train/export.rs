@@ -573,7 +573,11 @@ mod tests {
         let done = recover(&model).unwrap();
         assert_eq!(fs::read_to_string(model.join(MARKER)).unwrap(), "previous");
         assert!(done[0].contains("restored the previous export"), "{done:?}");
-        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1, "leftovers remain");
+        assert_eq!(
+            fs::read_dir(dir.path()).unwrap().count(),
+            1,
+            "leftovers remain"
+        );
         // Nothing to do now; and a directory the user made is never touched.
         assert!(recover(&model).unwrap().is_empty());
         let mine = dir.path().join("mine");

@@ -230,6 +230,9 @@ pub struct Trainer {
     pub resumed_from: Option<PathBuf>,
     /// Set when the data changed since the checkpoint (the epoch restarted).
     pub data_changed: bool,
+    /// What setting up found and repaired that the user should hear of (damaged checkpoints
+    /// moved aside).
+    pub warnings: Vec<String>,
     last_loss: Option<f64>,
 }
 
@@ -269,7 +272,7 @@ impl Trainer {
             ..
         } = setup;
         let (mut step, mut last_loss) = (0, None);
-        checkpoint::recover(&opts.checkpoints)?;
+        let warnings = checkpoint::recover(&opts.checkpoints)?.warnings();
         let resume = run::find_resume(&opts, &identity, &dataset, fresh)?;
         if let Some(r) = &resume {
             let tensors = checkpoint::load_tensors(
@@ -316,6 +319,7 @@ impl Trainer {
             step,
             resumed_from: resume.as_ref().map(|r| r.dir.clone()),
             data_changed: resume.as_ref().is_some_and(|r| r.data_changed),
+            warnings,
             opts,
             last_loss,
         })

@@ -725,13 +725,14 @@ fn an_export_killed_while_replacing_model_is_repaired_by_the_next_run() {
         "{:?}",
         export_leftovers(ws.path())
     );
+    let out = ws.path().join("out.wav");
     let o = voiceclone(
         ws.path(),
         &[
             "speak",
             "Hello.",
             "-o",
-            "out.wav",
+            out.to_str().unwrap(),
             "--greedy",
             "--max-frames",
             "3",
@@ -761,4 +762,92 @@ fn an_export_killed_while_replacing_model_is_repaired_by_the_next_run() {
         "{:?}",
         export_leftovers(ws.path())
     );
+}
+
+/// Every rank file of a checkpoint, raw.
+fn every_rank(ws: &Path, step: usize) -> Vec<BTreeMap<String, (String, Vec<usize>, Vec<u8>)>> {
+    let dir = ws.join(format!("checkpoints/step-{step:07}"));
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("rank-")
+        })
+        .collect();
+    files.sort();
+    assert!(!files.is_empty());
+    files.iter().map(|f| read_raw(f)).collect()
+}
+
+/// A damaged newest checkpoint — a truncated rank file, a garbled or missing `index.json` — is
+/// moved aside with a warning naming it and why, and training continues from the newest whole
+/// checkpoint to the uninterrupted result (it once stopped with an error, or for a missing
+/// index fell back silently). Single-device and sharded.
+#[test]
+fn a_damaged_newest_checkpoint_is_moved_aside_and_training_continues_from_the_one_before() {
+    let args = [
+        "--max-steps",
+        "6",
+        "--save-every",
+        "2",
+        "--keep",
+        "5",
+        "--lr",
+        "5e-3",
+        "--warmup-steps",
+        "2",
+    ];
+    type Damage = fn(&Path);
+    let damages: [(&str, Damage); 3] = [
+        ("truncated", |d| {
+            let f = d.join("rank-00000.safetensors");
+            let len = std::fs::metadata(&f).unwrap().len();
+            let file = std::fs::OpenOptions::new().write(true).open(&f).unwrap();
+            file.set_len(len / 2).unwrap();
+        }),
+        ("not a voiceclone checkpoint index", |d| {
+            std::fs::write(d.join("index.json"), "{\"format\": garbled").unwrap()
+        }),
+        ("has no index.json", |d| {
+            std::fs::remove_file(d.join("index.json")).unwrap()
+        }),
+    ];
+    for ranks in [None, Some("2")] {
+        let mut full: Vec<&str> = args.to_vec();
+        if let Some(n) = ranks {
+            full.extend(["--cpu-ranks", n]);
+        }
+        let reference = workspace(6);
+        ok(&train(reference.path(), &full));
+        let want = every_rank(reference.path(), 6);
+        for (why, damage) in damages {
+            let ws = workspace(6);
+            let mut first = full.clone();
+            first[1] = "4";
+            ok(&train(ws.path(), &first));
+            damage(&ws.path().join("checkpoints/step-0000004"));
+            let o = train(ws.path(), &full);
+            ok(&o);
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(
+                err.contains("checkpoints/step-0000004 is damaged") && err.contains(why),
+                "{ranks:?} {why}: {err}"
+            );
+            assert!(
+                String::from_utf8_lossy(&o.stdout)
+                    .contains("resuming from checkpoints/step-0000002"),
+                "{}",
+                text(&o)
+            );
+            // Kept, not deleted; the run ends as the uninterrupted one did.
+            assert!(ws.path().join("checkpoints/.damaged-step-0000004").is_dir());
+            assert!(
+                every_rank(ws.path(), 6) == want,
+                "{ranks:?} {why}: the run differs"
+            );
+        }
+    }
 }

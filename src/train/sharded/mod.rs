@@ -102,6 +102,8 @@ pub struct ShardedTrainer {
     tag: String,
     pub resumed_from: Option<PathBuf>,
     pub data_changed: bool,
+    /// Rank 0: damaged checkpoints it moved aside while repairing `checkpoints/`.
+    pub warnings: Vec<String>,
     last_loss: Option<f64>,
 }
 

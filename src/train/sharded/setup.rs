@@ -86,9 +86,11 @@ impl ShardedTrainer {
         } = setup;
         // One rank repairs the shared checkpoints/ while the others wait: ranks repairing it
         // together would race on the same renames and deletions.
-        if rank == 0 {
-            checkpoint::recover(&opts.checkpoints)?;
-        }
+        let warnings = if rank == 0 {
+            checkpoint::recover(&opts.checkpoints)?.warnings()
+        } else {
+            Vec::new()
+        };
         coll.barrier()?;
         let (mut step, mut last_loss) = (0, None);
         let resume = run::find_resume(&opts, &identity, &dataset, fresh)?;
@@ -145,6 +147,7 @@ impl ShardedTrainer {
             tag,
             resumed_from: resume.as_ref().map(|r| r.dir.clone()),
             data_changed: resume.as_ref().is_some_and(|r| r.data_changed),
+            warnings,
             opts,
             last_loss,
         };
