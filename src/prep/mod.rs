@@ -106,6 +106,28 @@ pub fn run(
     Ok(summary)
 }
 
+/// prep writes `data/` of the workspace: find out before any transcription whether it can,
+/// rather than after (and then blaming the input).
+fn ensure_writable(ws: &Workspace) -> Result<()> {
+    let fail = |path: &std::path::Path, e: std::io::Error| {
+        anyhow::anyhow!(
+            "cannot write into the workspace {}: {}: {e}; prep writes its results under data/ \
+             there (use --workdir to choose another workspace)",
+            ws.root().display(),
+            path.display()
+        )
+    };
+    for dir in [ws.segments_dir(), ws.prep_records_dir()] {
+        std::fs::create_dir_all(&dir).map_err(|e| fail(&dir, e))?;
+    }
+    let probe = ws
+        .data_dir()
+        .join(format!(".voiceclone-write-probe-{}", std::process::id()));
+    std::fs::write(&probe, b"").map_err(|e| fail(&probe, e))?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
+}
+
 /// What one prep pass over a set of inputs produced: a record per current source, and the
 /// summary without the reference clip and manifest (which the caller writes).
 pub(crate) struct Collected {
@@ -142,6 +164,7 @@ pub(crate) fn collect(
             }
         }
     }
+    ensure_writable(ws)?;
     let discovery = sources::discover(&opts.inputs, ws.root(), &ws.data_dir());
     let progress = Progress::new(discovery.files.len() as u64, "files", "prep");
     for w in &discovery.warnings {

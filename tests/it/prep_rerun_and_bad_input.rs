@@ -412,3 +412,44 @@ fn links_that_loop_or_lead_into_the_workspace_change_nothing() {
         eprintln!("run {run}: {took:?} with the links, {plain_took:?} without");
     }
 }
+
+/// A workspace prep cannot write into is refused before any transcription, naming the
+/// workspace (it used to transcribe everything first, then call the input unreadable).
+#[test]
+fn an_unwritable_workspace_is_refused_before_any_work() {
+    if !common::have_assets() {
+        return;
+    }
+    let files = small_speech_files(1);
+    let inputs = tempfile::tempdir().unwrap();
+    copy(
+        &files[0],
+        &inputs.path().join(files[0].file_name().unwrap()),
+    );
+    let ws_dir = tempfile::tempdir().unwrap();
+    // `data` is a file: nothing can be created under it (root ignores permission bits, so a
+    // read-only directory would not stop a test run as root).
+    std::fs::write(ws_dir.path().join("data"), b"not a folder").unwrap();
+    let ws = Workspace::open(ws_dir.path()).unwrap();
+    let loads = AtomicUsize::new(0);
+    let make = || -> anyhow::Result<Arc<dyn Transcriber>> {
+        loads.fetch_add(1, Ordering::SeqCst);
+        Ok(Arc::new(WhisperTranscriber::load(&whisper_model(), "en")?))
+    };
+    let e = prep::run(&ws, &options(inputs.path()), &make).unwrap_err();
+    let msg = format!("{e:#}");
+    assert!(
+        msg.contains("cannot write into the workspace")
+            && msg.contains(&ws_dir.path().display().to_string()),
+        "{msg}"
+    );
+    assert_eq!(
+        loads.load(Ordering::SeqCst),
+        0,
+        "Whisper was loaded before the refusal"
+    );
+    assert_eq!(
+        std::fs::read(ws_dir.path().join("data")).unwrap(),
+        b"not a folder"
+    );
+}
