@@ -306,6 +306,16 @@ pub fn resolve_layers(layers: Vec<(Table, Source)>) -> Result<Resolved> {
     });
     for (layer, source) in layers {
         check_against_schema(&layer, &defaults, "", &source)?;
+        // A value of the right kind may still not fit its setting (a port above 65535): try the
+        // layer alone over the defaults, so the error names the file or flag that set it.
+        let mut alone = defaults.clone();
+        merge_into(&mut alone, layer.clone(), "", &source, &mut BTreeMap::new());
+        Value::Table(alone).try_into::<Config>().map_err(|e| {
+            anyhow::anyhow!(
+                "invalid value in {source}: {}",
+                e.to_string().trim().replace('\n', " ")
+            )
+        })?;
         merge_into(&mut merged, layer, "", &source, &mut sources);
     }
     let config: Config = Value::Table(merged.clone())
@@ -721,6 +731,24 @@ mod tests {
         assert_eq!(r.config.prep.min_seconds, 1.0);
         assert_eq!(r.config.prep.max_seconds, 15.0);
         assert_eq!(r.sources["prep.jobs"], Source::Default);
+    }
+
+    #[test]
+    fn a_value_that_does_not_fit_its_setting_names_the_file_and_the_key() {
+        let err = resolve_layers(vec![
+            layer("[serve]\nport = 8080", "fine.toml"),
+            layer("[serve]\nport = 99999", "ws.toml"),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("ws.toml") && err.contains("serve.port") && err.contains("99999"),
+            "{err}"
+        );
+        assert!(
+            !err.contains("internal error") && !err.contains('\n'),
+            "{err}"
+        );
     }
 
     #[test]
