@@ -229,6 +229,9 @@ pub enum CodecCommand {
         /// Output JSON file.
         #[arg(short, long, value_name = "JSON")]
         output: PathBuf,
+        /// Replace the output file if it exists.
+        #[arg(long)]
+        overwrite: bool,
         #[command(flatten)]
         tokenizer: TokenizerArgs,
     },
@@ -239,6 +242,9 @@ pub enum CodecCommand {
         /// Output WAV file.
         #[arg(short, long, value_name = "WAV")]
         output: PathBuf,
+        /// Replace the output file if it exists.
+        #[arg(long)]
+        overwrite: bool,
         #[command(flatten)]
         tokenizer: TokenizerArgs,
     },

@@ -179,6 +179,7 @@ pub struct ServeConfig {
     pub max_input_chars: usize,
     pub max_body_mb: f64,
     pub max_voice_seconds: f64,
+    pub max_voices: usize,
     pub shutdown_seconds: f64,
 }
 

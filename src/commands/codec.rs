@@ -10,9 +10,26 @@ use crate::cli::CodecCommand;
 use crate::config::Config;
 use crate::workspace::Workspace;
 
+/// Existing outputs are only replaced with `--overwrite`, as everywhere else; checked before
+/// any model is loaded.
+fn check_output(output: &std::path::Path, overwrite: bool) -> Result<()> {
+    anyhow::ensure!(
+        overwrite || !output.exists(),
+        "{} already exists; pass --overwrite to replace it",
+        output.display()
+    );
+    Ok(())
+}
+
 pub fn run(ws: &Workspace, config: &Config, cmd: &CodecCommand) -> Result<()> {
     match cmd {
-        CodecCommand::Encode { audio, output, .. } => {
+        CodecCommand::Encode {
+            audio,
+            output,
+            overwrite,
+            ..
+        } => {
+            check_output(output, *overwrite)?;
             let codec = load_codec(ws, config)?;
             let samples = audio::load_mono(audio, codec.sample_rate())?;
             anyhow::ensure!(!samples.is_empty(), "{} contains no audio", audio.display());
@@ -20,7 +37,13 @@ pub fn run(ws: &Workspace, config: &Config, cmd: &CodecCommand) -> Result<()> {
             write_codes_file(output, &frames)?;
             println!("wrote {}: {} frames", output.display(), frames.len());
         }
-        CodecCommand::Decode { codes, output, .. } => {
+        CodecCommand::Decode {
+            codes,
+            output,
+            overwrite,
+            ..
+        } => {
+            check_output(output, *overwrite)?;
             let frames = read_codes_file(codes)?;
             let codec = load_codec(ws, config)?;
             let samples = codec

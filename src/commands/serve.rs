@@ -32,7 +32,10 @@ pub fn run(ws: &Workspace, config: &Config) -> Result<()> {
     let (precision, why) = match config.speak.precision {
         P::Auto => (
             Precision::auto(stored, false),
-            format!("auto, the checkpoint stores {stored:?}"),
+            match stored {
+                Some(d) => format!("auto, the checkpoint stores {d:?}"),
+                None => "auto".to_string(),
+            },
         ),
         P::F32 => (Precision::F32, "as asked".into()),
         P::Bf16Weights => (Precision::Bf16Weights, "as asked".into()),
@@ -56,7 +59,13 @@ pub fn run(ws: &Workspace, config: &Config) -> Result<()> {
     let default_voice = match resolve_voice(ws, &mut synth, &VoiceSpec::default()) {
         Ok(v) => Some(v),
         Err(e) => {
-            eprintln!("no \"default\" voice: {e:#}");
+            match e.downcast_ref::<super::speak::SeveralSpeakers>() {
+                Some(s) => eprintln!(
+                    "no \"default\" voice: {}; each request names one as its \"voice\"",
+                    s.which()
+                ),
+                None => eprintln!("no \"default\" voice: {e:#}"),
+            }
             None
         }
     };
@@ -81,6 +90,7 @@ pub fn run(ws: &Workspace, config: &Config) -> Result<()> {
         max_input_chars: s.max_input_chars,
         max_body_bytes: (s.max_body_mb * 1024.0 * 1024.0) as usize,
         max_voice_seconds: s.max_voice_seconds,
+        max_voices: s.max_voices,
         shutdown_grace: Duration::from_secs_f64(s.shutdown_seconds),
         defaults,
         language: config.speak.language.clone(),

@@ -431,6 +431,29 @@ impl VoiceCache {
     }
 }
 
+/// No voice was asked for and several are there: the caller says how to choose one (`speak`'s
+/// `--speaker`, a request's `voice`).
+#[derive(Debug)]
+pub(crate) struct SeveralSpeakers {
+    pub of: &'static str,
+    pub names: Vec<String>,
+}
+
+impl SeveralSpeakers {
+    /// "this model has several speakers (a, b)".
+    pub fn which(&self) -> String {
+        format!("{} ({})", self.of, self.names.join(", "))
+    }
+}
+
+impl std::fmt::Display for SeveralSpeakers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}; choose one with --speaker", self.which())
+    }
+}
+
+impl std::error::Error for SeveralSpeakers {}
+
 pub(crate) fn resolve_voice(
     ws: &Workspace,
     synth: &mut Synthesizer,
@@ -464,10 +487,11 @@ pub(crate) fn resolve_voice(
     if ref_text.is_none() && !speakers.is_empty() {
         return match speakers.as_slice() {
             [only] => Ok(Voice::Speaker(only.clone())),
-            many => bail!(
-                "this model has several speakers ({}); choose one with --speaker",
-                many.join(", ")
-            ),
+            many => Err(SeveralSpeakers {
+                of: "this model has several speakers",
+                names: many.to_vec(),
+            }
+            .into()),
         };
     }
     // The workspace's reference voice; with named speakers, one of them must be chosen.
@@ -481,10 +505,13 @@ pub(crate) fn resolve_voice(
                 h,
             )?));
         }
-        many => bail!(
-            "this workspace has named speakers ({}); choose one with --speaker",
-            many.join(", ")
-        ),
+        many => {
+            return Err(SeveralSpeakers {
+                of: "this workspace has named speakers",
+                names: many.to_vec(),
+            }
+            .into())
+        }
     }
     let ref_wav = ws.ref_wav();
     if ref_text.is_some() {

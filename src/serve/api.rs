@@ -42,9 +42,13 @@ fn authorized(req: &Request<Incoming>, key: &str) -> bool {
     let Ok(v) = v.to_str() else {
         return false;
     };
-    let Some(token) = v.strip_prefix("Bearer ") else {
+    // The scheme is case-insensitive (HTTP authentication schemes are); the token is not.
+    let Some((scheme, token)) = v.trim().split_once(' ') else {
         return false;
     };
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return false;
+    }
     // Constant-time comparison.
     let (a, b) = (token.trim().as_bytes(), key.as_bytes());
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
@@ -724,6 +728,10 @@ fn fail(
     }
 }
 
+fn too_many_voices(full: &super::voices::Full) -> ApiError {
+    ApiError::invalid(None, "too_many_voices", full.to_string())
+}
+
 async fn register_voice(
     req: Request<Incoming>,
     state: &Arc<State>,
@@ -739,6 +747,10 @@ async fn register_voice(
                 state.synth.speakers().join(", ")
             ),
         ));
+    }
+    // Refused before the upload is read and decoded; checked again when it is added.
+    if state.voices.len() >= state.opts.max_voices {
+        return Err(too_many_voices(&super::voices::Full(state.opts.max_voices)));
     }
     let boundary = req
         .headers()
@@ -806,6 +818,7 @@ async fn register_voice(
         .filter(|e| e.len() <= 5 && e.chars().all(|c| c.is_ascii_alphanumeric()));
     let state2 = state.clone();
     let max_seconds = state.opts.max_voice_seconds;
+    let max_voices = state.opts.max_voices;
     let entry = tokio::task::spawn_blocking(move || -> Result<_, ApiError> {
         let audio = crate::audio::decode_bytes(file.data, ext.as_deref()).map_err(|e| {
             ApiError::invalid(
@@ -843,8 +856,11 @@ async fn register_voice(
         };
         state2
             .voices
-            .add(name, transcript, xvector, ref_codes)
-            .map_err(|e| ApiError::internal(format!("{e:#}")))
+            .add(name, transcript, xvector, ref_codes, max_voices)
+            .map_err(|e| match e.downcast_ref::<super::voices::Full>() {
+                Some(full) => too_many_voices(full),
+                None => ApiError::internal(format!("{e:#}")),
+            })
     })
     .await
     .map_err(|e| ApiError::internal(format!("voice registration failed: {e}")))??;

@@ -96,6 +96,13 @@ impl ApiError {
                 "code": self.code,
             }}),
         );
+        if self.status == StatusCode::TOO_MANY_REQUESTS {
+            // The queue frees a place when a running request ends: a few seconds.
+            r.headers_mut().insert(
+                "retry-after",
+                hyper::header::HeaderValue::from_static(RETRY_AFTER_SECONDS),
+            );
+        }
         if self.status == StatusCode::UNAUTHORIZED {
             r.headers_mut().insert(
                 "www-authenticate",
@@ -105,6 +112,9 @@ impl ApiError {
         r
     }
 }
+
+/// What a 429 answer's `Retry-After` says, in seconds.
+pub const RETRY_AFTER_SECONDS: &str = "2";
 
 /// Counts the streams being sent; the shutdown waits for it to reach 0.
 #[derive(Debug, Default)]

@@ -38,6 +38,8 @@ pub struct ServeOptions {
     pub max_input_chars: usize,
     pub max_body_bytes: usize,
     pub max_voice_seconds: f64,
+    /// Voices `POST /v1/voices` may register (`serve.max_voices`).
+    pub max_voices: usize,
     /// How long in-flight requests may take after SIGTERM/Ctrl-C.
     pub shutdown_grace: Duration,
     /// Decoding defaults of a request (from `[speak]`); `seed` is unused.

@@ -235,13 +235,24 @@ impl Registry {
             .collect()
     }
 
-    /// Registers a voice: written to disk first, then visible.
+    /// How many voices are registered.
+    pub fn len(&self) -> usize {
+        self.entries.read().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Registers a voice: written to disk first, then visible. Refused with [`Full`] when
+    /// `limit` voices are already there.
     pub fn add(
         &self,
         name: String,
         transcript: Option<String>,
         xvector: Vec<f32>,
         ref_codes: Option<Vec<CodeFrame>>,
+        limit: usize,
     ) -> Result<Entry> {
         ensure!(
             xvector.len() == self.dim,
@@ -254,6 +265,9 @@ impl Registry {
             .map(|d| d.as_secs())
             .unwrap_or(0);
         let mut entries = self.entries.write().unwrap_or_else(|e| e.into_inner());
+        if entries.len() >= limit {
+            return Err(Full(limit).into());
+        }
         let id = loop {
             let id = new_id();
             if !entries.contains_key(&id) {
@@ -292,9 +306,39 @@ impl Registry {
     }
 }
 
+/// The store holds its limit of voices (`serve.max_voices`).
+#[derive(Debug)]
+pub struct Full(pub usize);
+
+impl std::fmt::Display for Full {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "this server already holds {} registered voices (serve.max_voices); delete one \
+             (DELETE /v1/voices/ID) before registering another",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for Full {}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_full_registry_refuses_another_voice() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = Workspace::open(dir.path()).unwrap();
+        let reg = Registry::open(&ws, "m", 2).unwrap();
+        reg.add("a".into(), None, vec![1.0, 2.0], None, 1).unwrap();
+        let e = reg
+            .add("b".into(), None, vec![1.0, 2.0], None, 1)
+            .unwrap_err();
+        assert!(e.downcast_ref::<Full>().is_some(), "{e}");
+        assert_eq!(reg.len(), 1);
+    }
 
     #[test]
     fn voices_survive_a_restart_and_ids_are_opaque() {
@@ -302,7 +346,7 @@ mod tests {
         let ws = Workspace::open(dir.path()).unwrap();
         let reg = Registry::open(&ws, "m", 4).unwrap();
         let a = reg
-            .add("a".into(), None, vec![1.0, 2.0, 3.0, 4.0], None)
+            .add("a".into(), None, vec![1.0, 2.0, 3.0, 4.0], None, 8)
             .unwrap();
         let frames = vec![CodeFrame([7; 16]), CodeFrame([9; 16])];
         let b = reg
@@ -311,6 +355,7 @@ mod tests {
                 Some("hello".into()),
                 vec![0.5; 4],
                 Some(frames.clone()),
+                8,
             )
             .unwrap();
         assert!(is_voice_id(&a.id) && is_voice_id(&b.id) && a.id != b.id);

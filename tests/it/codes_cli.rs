@@ -171,8 +171,36 @@ fn codec_encode_decode_files() {
     );
     assert_eq!(reader.duration() as usize, frames.len() * 1920);
 
+    // Existing outputs are replaced only with --overwrite, as everywhere else.
+    let before = std::fs::read(&json).unwrap();
+    for (verb, input, output) in [("encode", &clip, &json), ("decode", &json, &wav)] {
+        let out = codec(dir.path(), verb, input, output);
+        assert!(!out.status.success(), "{verb} replaced its output");
+        assert!(
+            stderr(&out).contains("pass --overwrite"),
+            "{}",
+            stderr(&out)
+        );
+    }
+    assert_eq!(std::fs::read(&json).unwrap(), before);
+    let model = fixture_model();
+    let out = voiceclone(
+        dir.path(),
+        &[
+            "codec",
+            "encode",
+            clip.to_str().unwrap(),
+            "-o",
+            json.to_str().unwrap(),
+            "--overwrite",
+            "--model",
+            &model,
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+
     std::fs::write(&json, r#"{"codes": [[1, 2, 3]]}"#).unwrap();
-    let out = codec(dir.path(), "decode", &json, &wav);
+    let out = codec(dir.path(), "decode", &json, &dir.path().join("bad.wav"));
     assert!(!out.status.success());
     assert!(
         stderr(&out).contains("16 non-negative ints"),

@@ -67,7 +67,6 @@ fn speak(ws: &Path, args: &[&str]) -> Vec<i16> {
 struct Server {
     child: Child,
     addr: String,
-    #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
     log: PathBuf,
 }
 
@@ -612,7 +611,7 @@ fn register(addr: &str, fields: &[(&str, Option<&str>, &[u8])]) -> Resp {
 
 #[test]
 fn registered_voices_speak_like_speak_and_survive_a_restart() {
-    let ws = workspace("");
+    let ws = workspace("\n[serve]\nmax_voices = 2\n");
     let clip = std::fs::read(ref_wav()).unwrap();
     let transcript = "This is the reference transcript.";
     let ids = {
@@ -631,6 +630,14 @@ fn registered_voices_speak_like_speak_and_survive_a_restart() {
         assert_eq!(icl["name"], "narrator");
         let xv = register(&server.addr, &[("file", Some("clip.wav"), &clip)]);
         assert_eq!(xv.status, 201);
+        // serve.max_voices is 2 here: a third voice is refused until one is deleted.
+        let (status, code, msg) =
+            register(&server.addr, &[("file", Some("clip.wav"), &clip)]).error();
+        assert_eq!((status, code.as_str()), (400, "too_many_voices"), "{msg}");
+        assert!(
+            msg.contains("serve.max_voices") && msg.contains("DELETE"),
+            "{msg}"
+        );
         let xv = xv.json();
         assert_eq!(xv["mode"], "x-vector");
         let ids = [
@@ -764,6 +771,14 @@ fn every_error_is_openai_style_json_with_a_clear_message() {
     let r = post(ok_body.as_bytes(), &[auth]);
     assert_eq!(r.status, 200);
     assert_eq!(wav_samples(&r.body).len(), 2 * SAMPLES_PER_FRAME);
+    // The scheme is case-insensitive, the key is not.
+    for scheme in ["bearer", "BEARER"] {
+        let header = format!("{scheme} sekrit");
+        let r = post(ok_body.as_bytes(), &[("Authorization", &header)]);
+        assert_eq!(r.status, 200, "{scheme}");
+    }
+    let r = post(ok_body.as_bytes(), &[("Authorization", "Bearer SEKRIT")]);
+    assert_eq!(r.status, 401);
 
     let cases: Vec<(Value, u16, &str, &str)> = vec![
         (json!("not an object"), 400, "invalid_json", "JSON object"),
@@ -962,6 +977,11 @@ fn a_full_queue_is_429_and_a_client_that_hangs_up_frees_its_row() {
     .finish();
     let (s, code, msg) = c.error();
     assert_eq!((s, code.as_str()), (429, "queue_full"), "{msg}");
+    assert_eq!(
+        c.header("retry-after"),
+        Some("2"),
+        "a 429 says when to retry"
+    );
     // Both clients hang up mid-stream: their rows leave the batch at the next frames (the
     // two requests would run for 12 frame steps).
     drop(a);
@@ -1209,6 +1229,15 @@ fn custom_voice_speakers_and_split_texts_equal_speak() {
     )
     .unwrap();
     let server = Server::start(ws.path(), &[], &[]);
+    // The start-up lines speak of what serve has: a request's "voice", not speak's flags,
+    // and the stored dtype by its name.
+    let startup = std::fs::read_to_string(&server.log).unwrap();
+    assert!(
+        startup.contains("each request names one as its \"voice\"")
+            && !startup.contains("--speaker")
+            && !startup.contains("Some("),
+        "{startup}"
+    );
     let voices = request(&server.addr, "GET", "/v1/voices", &[], b"").json();
     let ids: Vec<&str> = voices["data"]
         .as_array()

@@ -4,7 +4,7 @@
 //! micro-batches and reduce-scattered once.
 
 use anyhow::Result;
-use candle_core::{Tensor, Var};
+use candle_core::{DType, Tensor, Var};
 
 use super::{accumulate_vars, add_into, scalar, Local, Micro, Pass, ShardedTrainer};
 use crate::model::code_predictor::CodePredictor;
@@ -142,7 +142,10 @@ impl ShardedTrainer {
             for ((m, x), dfh) in mine.iter().zip(&head_in).zip(&d_fh) {
                 let xv = Var::from_tensor(x)?;
                 let (lt, fh) = head.forward(xv.as_tensor(), &m.batch)?;
-                let g = ((lt * scale)? + (fh * dfh)?.sum_all()?)?.backward()?;
+                // `lt` is f32 (the cross-entropy computes in f32), `fh` in the arithmetic dtype
+                // (bf16 on CUDA): candle adds only equal dtypes.
+                let upstream = (fh * dfh)?.sum_all()?.to_dtype(DType::F32)?;
+                let g = ((lt * scale)? + upstream)?.backward()?;
                 accumulate_vars(&g, &vars, &mut acc, in_place)?;
                 d_x.push(grad_or_zero(&g, &xv)?);
             }
