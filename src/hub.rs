@@ -169,15 +169,61 @@ fn hub_file(repo_id: &str, file: &str) -> Result<PathBuf> {
             }
             .into())
         }
-        Err(e) => {
-            Err(e).with_context(|| format!("cannot download {file} from hub repository {repo_id}"))
-        }
+        Err(e) => bail!(
+            "cannot download {file} from hub repository {repo_id}: {} (without network, set \
+             HF_HUB_OFFLINE=1 to use the Hugging Face cache, or name a local model directory)",
+            distinct_causes(&e)
+        ),
     }
+}
+
+/// An error and its sources as one line, each message once: the hub client's errors repeat
+/// their source's text in their own (a DNS failure read three times over).
+fn distinct_causes(e: &dyn std::error::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut next = Some(e);
+    while let Some(err) = next {
+        let msg = err.to_string();
+        if !parts.iter().any(|p| p.contains(msg.trim())) {
+            // A later, longer message that contains an earlier one replaces it.
+            parts.retain(|p| !msg.contains(p.as_str()));
+            parts.push(msg);
+        }
+        next = err.source();
+    }
+    parts.join(": ")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cause_repeated_in_its_wrapper_is_said_once() {
+        #[derive(Debug)]
+        struct E(String, Option<Box<E>>);
+        impl std::fmt::Display for E {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+        impl std::error::Error for E {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                self.1.as_deref().map(|e| e as _)
+            }
+        }
+        let dns = "failed to lookup address information";
+        let e = E(
+            format!("request error: https://h/x: Dns Failed: {dns}"),
+            Some(Box::new(E(
+                format!("https://h/x: Dns Failed: {dns}"),
+                Some(Box::new(E(dns.into(), None))),
+            ))),
+        );
+        let text = distinct_causes(&e);
+        assert_eq!(text.matches(dns).count(), 1, "{text}");
+        assert_eq!(text.matches("https://h/x").count(), 1, "{text}");
+    }
 
     #[test]
     fn repo_ids_are_recognised() {

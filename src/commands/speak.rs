@@ -24,6 +24,7 @@ pub fn run(ws: &Workspace, config: &Config, args: &SpeakArgs) -> Result<()> {
     let outputs = plan_outputs(&jobs, args, batch_mode)?;
 
     let source = speak_model(ws, config)?;
+    refuse_without_a_voice(ws, &source, &jobs)?;
     let load_started = std::time::Instant::now();
     let files = ModelFiles::resolve(&source)
         .with_context(|| format!("cannot load the model {}", source.describe()))?;
@@ -529,11 +530,41 @@ pub(crate) fn resolve_voice(
     if ref_wav.is_file() {
         return clone_from_file(synth, &ref_wav, None);
     }
-    bail!(
+    bail!(no_voice(ws))
+}
+
+fn no_voice(ws: &Workspace) -> String {
+    format!(
         "no voice to speak with: pass --ref-audio (and --ref-text for in-context cloning) or \
          --speaker, or run `voiceclone prep` in workspace {} first",
         ws.root().display()
     )
+}
+
+/// Before any weight is downloaded or loaded: a text that asks for no voice needs one from the
+/// workspace (a reference clip, an x-vector, named speakers) or from the model itself (its
+/// speakers, read from its config.json alone).
+fn refuse_without_a_voice(ws: &Workspace, source: &ModelSource, jobs: &[Job]) -> Result<()> {
+    let asks_none = |v: &VoiceSpec| v.speaker.is_none() && v.ref_audio.is_none();
+    if !jobs.iter().any(|j| asks_none(&j.voice)) {
+        return Ok(());
+    }
+    let workspace_voice = ws.ref_wav().is_file()
+        || ws.speaker_file().is_file()
+        || !super::embed::workspace_speakers(ws)
+            .unwrap_or_default()
+            .is_empty();
+    if workspace_voice {
+        return Ok(());
+    }
+    let config = source
+        .file(crate::model::files::CONFIG)
+        .and_then(|p| crate::model::config::Qwen3TtsConfig::from_file(&p))
+        .with_context(|| format!("cannot read the model {}", source.describe()))?;
+    if config.talker_config.spk_id.is_empty() {
+        bail!(no_voice(ws));
+    }
+    Ok(())
 }
 
 fn clone_from_file(synth: &mut Synthesizer, path: &Path, ref_text: Option<&str>) -> Result<Voice> {
