@@ -43,8 +43,35 @@ pub fn write_atomic_with(
     })();
     if result.is_err() {
         let _ = fs::remove_file(&tmp);
+    } else {
+        remove_stale_temps(dest);
     }
     result
+}
+
+/// Removes what writes of `dest` by processes that no longer run left behind (killed between
+/// creating their temporary file and renaming it); a live process's temporary file is kept.
+fn remove_stale_temps(dest: &Path) {
+    let (Some(parent), Some(name)) = (dest.parent(), dest.file_name()) else {
+        return;
+    };
+    let prefix = format!(".{}.tmp-", name.to_string_lossy());
+    let Ok(entries) = fs::read_dir(if parent.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        parent
+    }) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let n = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = n.strip_prefix(&prefix).and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = fs::remove_file(e.path());
+        }
+    }
 }
 
 /// `path` relative to `base` when it lies inside it, else unchanged; always with `/` separators.
@@ -56,6 +83,25 @@ pub fn display_relative(path: &Path, base: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_write_removes_what_killed_writes_of_the_same_file_left() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("train.jsonl");
+        // A process id that cannot be running (above the kernel's limit), and a live one.
+        let dead = dir.path().join(".train.jsonl.tmp-4294967294");
+        let live = dir.path().join(format!(
+            ".train.jsonl.tmp-{}",
+            std::os::unix::process::parent_id()
+        ));
+        let other = dir.path().join(".other.jsonl.tmp-4294967294");
+        for p in [&dead, &live, &other] {
+            fs::write(p, b"half").unwrap();
+        }
+        write_atomic(&dest, b"whole").unwrap();
+        assert_eq!(fs::read(&dest).unwrap(), b"whole");
+        assert!(!dead.exists() && live.exists() && other.exists());
+    }
 
     #[test]
     fn atomic_write_replaces_whole_file_and_cleans_up_on_error() {

@@ -14,7 +14,7 @@
 //! The directory is written under a temporary name and renamed into place; an existing
 //! directory is only replaced when it is an earlier export (or empty).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::fs;
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
@@ -349,7 +349,7 @@ fn copy_model_files(files: &ModelFiles, dest: &Path) -> Result<()> {
         .filter_map(|p| fs::canonicalize(p).ok())
         .collect();
     match &files.source {
-        ModelSource::Local(dir) => copy_dir(dir, dest, true, &weights),
+        ModelSource::Local(dir) => copy_dir(dir, dest, true, &weights, &mut HashSet::new()),
         ModelSource::Hub { .. } => {
             for f in HUB_FILES {
                 if let Some(src) = files.source.optional_file(f)? {
@@ -366,7 +366,20 @@ fn copy_model_files(files: &ModelFiles, dest: &Path) -> Result<()> {
     }
 }
 
-fn copy_dir(src: &Path, dest: &Path, top: bool, skip: &[PathBuf]) -> Result<()> {
+/// Copies `src` into `dest`, following links; a folder reached again through a link (a loop, or
+/// a second link to it) is copied once and not entered again (`visited`: device and inode).
+fn copy_dir(
+    src: &Path,
+    dest: &Path,
+    top: bool,
+    skip: &[PathBuf],
+    visited: &mut HashSet<(u64, u64)>,
+) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let m = fs::metadata(src).with_context(|| format!("cannot read {}", src.display()))?;
+    if !visited.insert((m.dev(), m.ino())) {
+        return Ok(());
+    }
     for e in fs::read_dir(src).with_context(|| format!("cannot read {}", src.display()))? {
         let e = e?;
         let name = e.file_name().to_string_lossy().into_owned();
@@ -384,8 +397,12 @@ fn copy_dir(src: &Path, dest: &Path, top: bool, skip: &[PathBuf]) -> Result<()> 
         }
         let to = dest.join(&name);
         if path.is_dir() {
+            let m = fs::metadata(&path)?;
+            if visited.contains(&(m.dev(), m.ino())) {
+                continue;
+            }
             fs::create_dir_all(&to)?;
-            copy_dir(&path, &to, false, skip)?;
+            copy_dir(&path, &to, false, skip, visited)?;
         } else if path.is_file() {
             fs::copy(&path, &to).with_context(|| format!("cannot copy {}", path.display()))?;
         }
@@ -561,6 +578,22 @@ mod tests {
     fn export_dir(p: &Path, content: &str) {
         fs::create_dir_all(p).unwrap();
         fs::write(p.join(MARKER), content).unwrap();
+    }
+
+    #[test]
+    fn a_model_folder_with_a_link_loop_is_copied_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("base");
+        fs::create_dir_all(src.join("speech_tokenizer")).unwrap();
+        fs::write(src.join("vocab.json"), "{}").unwrap();
+        fs::write(src.join("speech_tokenizer/config.json"), "{}").unwrap();
+        std::os::unix::fs::symlink("..", src.join("speech_tokenizer/up")).unwrap();
+        let dest = dir.path().join("out");
+        fs::create_dir_all(&dest).unwrap();
+        copy_dir(&src, &dest, true, &[], &mut HashSet::new()).unwrap();
+        assert!(dest.join("vocab.json").is_file());
+        assert!(dest.join("speech_tokenizer/config.json").is_file());
+        assert!(!dest.join("speech_tokenizer/up").exists());
     }
 
     #[test]
