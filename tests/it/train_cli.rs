@@ -764,8 +764,11 @@ fn an_export_killed_while_replacing_model_is_repaired_by_the_next_run() {
     );
 }
 
+/// A rank file's tensors, raw: name → (dtype, shape, bytes).
+type RankFile = BTreeMap<String, (String, Vec<usize>, Vec<u8>)>;
+
 /// Every rank file of a checkpoint, raw.
-fn every_rank(ws: &Path, step: usize) -> Vec<BTreeMap<String, (String, Vec<usize>, Vec<u8>)>> {
+fn every_rank(ws: &Path, step: usize) -> Vec<RankFile> {
     let dir = ws.join(format!("checkpoints/step-{step:07}"));
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap()
