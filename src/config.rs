@@ -472,6 +472,17 @@ impl Resolved {
                 ),
             ));
         }
+        if t.gpus > 0 && t.backend == TrainBackend::Kernels {
+            return Err(bad(
+                "train.backend",
+                format!(
+                    "\"kernels\" runs on the CPU only, and train.gpus is {} (set in {}); use \
+                     \"auto\" or \"autograd\"",
+                    t.gpus,
+                    self.source_of("train.gpus")
+                ),
+            ));
+        }
         if t.dist_timeout == 0 {
             return Err(bad(
                 "train.dist_timeout",
@@ -750,6 +761,26 @@ mod tests {
             !err.contains("internal error") && !err.contains('\n'),
             "{err}"
         );
+    }
+
+    #[test]
+    fn the_cpu_kernels_are_refused_for_gpus_up_front() {
+        let err = resolve_layers(vec![layer(
+            "[train]\ngpus = 2\nbackend = \"kernels\"",
+            "ws.toml",
+        )])
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("train.backend") && err.contains("CPU only"),
+            "{err}"
+        );
+        let r = resolve_layers(vec![layer(
+            "[train]\nbackend = \"autograd-f32\"",
+            "ws.toml",
+        )])
+        .unwrap();
+        assert_eq!(r.config.train.backend, TrainBackend::AutogradF32);
     }
 
     #[test]
