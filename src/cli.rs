@@ -671,6 +671,12 @@ pub struct TrainArgs {
     #[arg(long, value_name = "BACKEND")]
     pub backend: Option<String>,
 
+    /// How the optimizer keeps its state: fp32 (masters and moments), int8 (fp32 masters,
+    /// 8-bit moments) or bf16-compensated (bf16 weights with a bf16 compensation, fp32
+    /// moments) [train.optimizer_state, default fp32].
+    #[arg(long, value_name = "MODE")]
+    pub optimizer_state: Option<String>,
+
     /// Sharded runs: restart every rank from the last checkpoint when one fails, at most N
     /// times [train.max_restarts].
     #[arg(long, value_name = "N")]
@@ -727,6 +733,11 @@ impl TrainArgs {
             .set("train.shard", "--shard", self.shard.clone())
             .set("train.backend", "--backend", self.backend.clone())
             .count("train.max_restarts", "--max-restarts", self.max_restarts)
+            .set(
+                "train.optimizer_state",
+                "--optimizer-state",
+                self.optimizer_state.clone(),
+            )
             .flag(
                 "train.speaker_balance",
                 "--speaker-balance",

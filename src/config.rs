@@ -107,6 +107,7 @@ pub struct TrainConfig {
     pub speaker_balance: bool,
     pub backend: TrainBackend,
     pub max_restarts: usize,
+    pub optimizer_state: OptimizerState,
 }
 
 /// `train.shard`: what a sharded run shards (docs/distributed.md §4).
@@ -141,6 +142,31 @@ pub enum TrainBackend {
 
 impl TrainBackend {
     pub const NAMES: &'static [&'static str] = &["auto", "kernels", "autograd", "autograd-f32"];
+}
+
+/// `train.optimizer_state`: how the optimizer keeps its state (docs/training.md §6.5).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum OptimizerState {
+    /// fp32 masters and moments.
+    #[default]
+    Fp32,
+    /// fp32 masters, AdamW's moments in 8-bit block codes.
+    Int8,
+    /// bf16 weights as the masters with a bf16 compensation (Kahan), fp32 moments.
+    Bf16Compensated,
+}
+
+impl OptimizerState {
+    pub const NAMES: &'static [&'static str] = &["fp32", "int8", "bf16-compensated"];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            OptimizerState::Fp32 => "fp32",
+            OptimizerState::Int8 => "int8",
+            OptimizerState::Bf16Compensated => "bf16-compensated",
+        }
+    }
 }
 
 /// `[speak]`: synthesis defaults. Sampling keys at 0 take the model's
@@ -222,6 +248,7 @@ const CHOICES: &[(&str, &[&str])] = &[
     ("speak.non_streaming", NonStreaming::NAMES),
     ("train.shard", Shard::NAMES),
     ("train.backend", TrainBackend::NAMES),
+    ("train.optimizer_state", OptimizerState::NAMES),
     ("embed.mode", EmbedMode::NAMES),
 ];
 

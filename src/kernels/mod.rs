@@ -16,6 +16,7 @@
 //! | [`matvec`] | `x · wᵀ` for a few f32 rows against bf16 candle weights (the tensor path) |
 //! | [`grad`] | inner loops of the training kernels with hand-written backward passes |
 //! | [`optim`], [`loss`] | AdamW's element-wise updates, the fused cross-entropy |
+//! | [`moment8`] | 8-bit block codes of AdamW's moments (training) |
 //! | [`alloc`] | the memory-reuse policy |
 //! | [`pool`] | running a whole computation on a worker of the rayon pool |
 //! | [`team`] | helper threads that stay awake between the short loops of a frame |
@@ -56,6 +57,7 @@ pub mod loss;
 pub mod mat;
 pub mod math;
 pub mod matvec;
+pub mod moment8;
 pub mod optim;
 pub mod pool;
 pub mod q8;

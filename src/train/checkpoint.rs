@@ -29,7 +29,6 @@ use super::optim::AdamState;
 use super::params::ParamStore;
 use super::sampler::Cursor;
 use super::stwrite::{self, Entry};
-use crate::model::weights::Weights;
 
 pub const LATEST: &str = "latest";
 pub const INDEX: &str = "index.json";
@@ -398,6 +397,10 @@ pub struct OptimizerInfo {
     pub weight_decay: f64,
     /// Updates taken (AdamW's bias-correction step count).
     pub step: u64,
+    /// How the state is kept (docs/training.md §6.5); checkpoints from before the modes are
+    /// fp32.
+    #[serde(default)]
+    pub state: crate::config::OptimizerState,
 }
 
 /// `index.json`.
@@ -458,6 +461,7 @@ impl Index {
 pub struct State<'a> {
     pub params: &'a ParamStore,
     pub adam: &'a AdamState,
+    pub mode: crate::config::OptimizerState,
 }
 
 /// A checkpoint being written: a temporary directory next to the finished ones, which only
@@ -576,23 +580,56 @@ pub fn save(
 }
 
 fn write_rank_file(path: &Path, state: &State) -> Result<()> {
+    let shapes: Vec<&[usize]> = state.params.params.iter().map(|p| p.shape()).collect();
+    write_state(path, state.mode, &state.params.params, state.adam, &shapes)
+}
+
+/// Writes the rank file of `params` (with `full_shapes`, the whole tensors' shapes) and their
+/// moments in `mode`'s entries ([`super::saved_state::entries`]); parameters with no rows
+/// (a rank's empty shard) are left out.
+pub fn write_state(
+    path: &Path,
+    mode: crate::config::OptimizerState,
+    params: &[super::params::Param],
+    adam: &AdamState,
+    full_shapes: &[&[usize]],
+) -> Result<()> {
+    use super::saved_state;
     let mut entries = Vec::new();
     let mut sources = Vec::new();
-    for (i, p) in state.params.params.iter().enumerate() {
-        for (kind, t) in [
-            ("master", p.master()),
-            ("exp_avg", state.adam.m[i].clone()),
-            ("exp_avg_sq", state.adam.v[i].clone()),
-        ] {
+    for (i, p) in params.iter().enumerate() {
+        if p.shape().first() == Some(&0) {
+            continue;
+        }
+        let rows = p.shape().first().copied().unwrap_or(1);
+        let saved = saved_state::entries(mode, full_shapes[i], rows);
+        let tensors = saved_state::tensors(p, &adam.m[i], &adam.v[i])?;
+        anyhow::ensure!(
+            saved.len() == tensors.len(),
+            "{}: the optimizer state does not match mode {}",
+            p.name,
+            mode.name()
+        );
+        for (e, t) in saved.into_iter().zip(tensors) {
+            anyhow::ensure!(
+                t.dims().iter().product::<usize>() == e.shape.iter().product::<usize>(),
+                "{}: {} has {:?}, the checkpoint entry {:?}",
+                p.name,
+                e.kind,
+                t.dims(),
+                e.shape
+            );
             entries.push(Entry {
-                name: format!("{kind}.{}", p.name),
-                dtype: safetensors::Dtype::F32,
-                shape: p.shape().to_vec(),
+                name: format!("{}.{}", e.kind, p.name),
+                dtype: e.dtype,
+                shape: e.shape,
             });
             sources.push(t);
         }
     }
-    write_tensors(path, &entries, |i| stwrite::f32_bytes(&sources[i]))
+    write_tensors(path, &entries, |i| {
+        super::saved_state::bytes(&sources[i], entries[i].dtype)
+    })
 }
 
 /// Writes a rank file: `entries` with their bytes from `bytes(i)`, synced to disk.
@@ -814,12 +851,14 @@ pub fn validate(dir: &Path) -> Result<()> {
                 .iter()
                 .filter(|s| s.rank == rank && s.rows[1] > s.rows[0])
             {
-                let mut shape = info.shape.clone();
-                if let Some(r) = shape.first_mut() {
-                    *r = s.rows[1] - s.rows[0];
-                }
-                for kind in ["master", "exp_avg", "exp_avg_sq"] {
-                    let key = format!("{kind}.{name}");
+                let saved = super::saved_state::entries(
+                    index.optimizer.state,
+                    &info.shape,
+                    s.rows[1] - s.rows[0],
+                );
+                for e in saved {
+                    let key = format!("{}.{name}", e.kind);
+                    let shape = e.shape;
                     let t = header
                         .get(&key)
                         .with_context(|| format!("{} has no tensor {key}", path.display()))?;
@@ -830,8 +869,11 @@ pub fn validate(dir: &Path) -> Result<()> {
                             .collect()
                     });
                     let end = t["data_offsets"][1].as_u64().unwrap_or(u64::MAX);
-                    if t["dtype"] != "F32" || dims.as_deref() != Some(shape.as_slice()) {
-                        bail!("{}: {key} is not f32 {shape:?}", path.display());
+                    let dtype = format!("{:?}", e.dtype);
+                    let dims_ok = dims.as_deref() == Some(shape.as_slice())
+                        || (info.shape.is_empty() && dims.as_deref() == Some(&[]));
+                    if t["dtype"] != dtype.as_str() || !dims_ok {
+                        bail!("{}: {key} is not {dtype} {shape:?}", path.display());
                     }
                     if 8 + n + end > size {
                         bail!(
@@ -874,66 +916,6 @@ pub fn read_index(dir: &Path) -> Result<Index> {
         );
     }
     Ok(index)
-}
-
-/// The full fp32 tensors of `kind` ("master", "exp_avg", "exp_avg_sq") of the checkpoint in
-/// `dir`, reassembled from the row ranges of every rank.
-pub fn load_tensors(
-    dir: &Path,
-    index: &Index,
-    kinds: &[&str],
-    device: &Device,
-) -> Result<BTreeMap<String, Tensor>> {
-    let files: Vec<PathBuf> = (0..index.world_size)
-        .map(|r| dir.join(rank_file(r)))
-        .collect();
-    for f in &files {
-        if !f.is_file() {
-            bail!(
-                "checkpoint {} is incomplete: {} is missing",
-                dir.display(),
-                f.display()
-            );
-        }
-    }
-    let mut out = BTreeMap::new();
-    // One rank file at a time keeps peak memory near one copy of the state.
-    let mut parts: BTreeMap<String, Vec<(usize, Tensor)>> = BTreeMap::new();
-    for (rank, file) in files.iter().enumerate() {
-        let w = Weights::load(std::slice::from_ref(file), DType::F32, device, |n| {
-            kinds.iter().any(|k| n.starts_with(&format!("{k}.")))
-        })?;
-        for (name, info) in &index.params {
-            for s in info
-                .shards
-                .iter()
-                .filter(|s| s.rank == rank && s.rows[1] > s.rows[0])
-            {
-                let mut shape = info.shape.clone();
-                if let Some(rows) = shape.first_mut() {
-                    *rows = s.rows[1] - s.rows[0];
-                }
-                for k in kinds {
-                    let key = format!("{k}.{name}");
-                    parts
-                        .entry(key.clone())
-                        .or_default()
-                        .push((s.rows[0], w.get(&key, &shape)?));
-                }
-            }
-        }
-    }
-    for (key, mut p) in parts {
-        p.sort_by_key(|(start, _)| *start);
-        let ts: Vec<Tensor> = p.into_iter().map(|(_, t)| t).collect();
-        let t = if ts.len() == 1 {
-            ts.into_iter().next().expect("one part")
-        } else {
-            Tensor::cat(&ts, 0)?
-        };
-        out.insert(key, t);
-    }
-    Ok(out)
 }
 
 /// Reads row ranges of the tensors of a checkpoint written by any number of ranks (a sharded
@@ -1007,7 +989,8 @@ impl RowReader {
         Ok(&self.files[&rank])
     }
 
-    /// Rows `rows` of `KIND.NAME` ("master", "exp_avg" or "exp_avg_sq") as an f32 tensor.
+    /// Rows `rows` of `KIND.NAME` (an entry of [`super::saved_state::entries`]) as a tensor
+    /// of the dtype it was saved in (f32, bf16 or u8), shaped as saved with `rows.len()` rows.
     pub fn rows(
         &mut self,
         kind: &str,
@@ -1021,61 +1004,116 @@ impl RowReader {
             .get(name)
             .with_context(|| format!("checkpoint {} has no tensor {name}", self.dir.display()))?
             .clone();
-        let row_len: usize = info.shape.iter().skip(1).product();
-        let mut values: Vec<f32> = Vec::with_capacity(rows.len() * row_len);
+        let mut bytes: Vec<u8> = Vec::new();
         let mut shards = info.shards.clone();
         shards.sort_by_key(|s| s.rows[0]);
         let key = format!("{kind}.{name}");
         let dir = self.dir.clone();
+        let mut form: Option<(safetensors::Dtype, Vec<usize>)> = None;
         for s in &shards {
             let have = s.rows[0]..s.rows[1];
             let want = crate::dist::shard::overlap(&have, &rows);
             if want.is_empty() {
                 continue;
             }
+            let path = dir.join(rank_file(s.rank));
             let map = self.file(s.rank)?;
-            let st = safetensors::SafeTensors::deserialize(map).with_context(|| {
-                format!(
-                    "{} is not a safetensors file",
-                    dir.join(rank_file(s.rank)).display()
+            let st = safetensors::SafeTensors::deserialize(map)
+                .with_context(|| format!("{} is not a safetensors file", path.display()))?;
+            let view = st
+                .tensor(&key)
+                .map_err(|_| anyhow::anyhow!("{} has no tensor {key}", path.display()))?;
+            // A 0-dimensional tensor is one row.
+            let vshape = if view.shape().is_empty() {
+                vec![1]
+            } else {
+                view.shape().to_vec()
+            };
+            let rest = vshape[1..].to_vec();
+            let dtype = view.dtype();
+            if vshape[0] != have.len()
+                || !matches!(
+                    dtype,
+                    safetensors::Dtype::F32 | safetensors::Dtype::BF16 | safetensors::Dtype::U8
                 )
-            })?;
-            let view = st.tensor(&key).map_err(|_| {
-                anyhow::anyhow!(
-                    "{} has no tensor {key}",
-                    dir.join(rank_file(s.rank)).display()
-                )
-            })?;
-            let mut expect = info.shape.clone();
-            if let Some(r) = expect.first_mut() {
-                *r = have.len();
-            }
-            if view.shape() != expect.as_slice() || view.dtype() != safetensors::Dtype::F32 {
+                || form.as_ref().is_some_and(|f| f != &(dtype, rest.clone()))
+            {
                 bail!(
-                    "{}: {key} is {:?} {:?}, the index says f32 {expect:?}",
-                    dir.join(rank_file(s.rank)).display(),
-                    view.dtype(),
-                    view.shape()
+                    "{}: {key} is {dtype:?} {:?}, the index says {} rows of it are here",
+                    path.display(),
+                    view.shape(),
+                    have.len()
                 );
             }
-            let bytes = &view.data()
-                [(want.start - have.start) * row_len * 4..(want.end - have.start) * row_len * 4];
-            values.extend(
-                bytes
-                    .chunks_exact(4)
-                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+            let row_bytes = rest.iter().product::<usize>() * dtype.bitsize() / 8;
+            bytes.extend_from_slice(
+                &view.data()
+                    [(want.start - have.start) * row_bytes..(want.end - have.start) * row_bytes],
             );
+            form = Some((dtype, rest));
         }
-        let mut shape = info.shape.clone();
-        if let Some(r) = shape.first_mut() {
-            *r = rows.len();
-        }
+        let Some((dtype, rest)) = form else {
+            bail!(
+                "checkpoint {}: rows {rows:?} of {name} are not saved",
+                self.dir.display()
+            );
+        };
+        let row_bytes = rest.iter().product::<usize>() * dtype.bitsize() / 8;
         anyhow::ensure!(
-            values.len() == rows.len() * row_len,
-            "checkpoint {}: rows {rows:?} of {name} are not all saved",
+            bytes.len() == rows.len() * row_bytes,
+            "checkpoint {}: rows {rows:?} of {key} are not all saved",
             self.dir.display()
         );
-        Ok(Tensor::from_vec(values, shape, device)?)
+        let mut shape = vec![rows.len()];
+        shape.extend(rest);
+        if info.shape.is_empty() {
+            shape.clear();
+        }
+        let t = match dtype {
+            safetensors::Dtype::F32 => Tensor::from_vec(
+                bytes
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect::<Vec<f32>>(),
+                shape,
+                device,
+            )?,
+            safetensors::Dtype::BF16 => Tensor::from_vec(
+                bytes
+                    .chunks_exact(2)
+                    .map(|b| half::bf16::from_le_bytes([b[0], b[1]]))
+                    .collect::<Vec<_>>(),
+                shape,
+                device,
+            )?,
+            _ => Tensor::from_vec(bytes, shape, device)?,
+        };
+        Ok(t)
+    }
+
+    /// The full fp32 master of every trained tensor (for a compensated checkpoint, weight plus
+    /// compensation).
+    pub fn masters(&mut self, device: &Device) -> Result<BTreeMap<String, Tensor>> {
+        let mut out = BTreeMap::new();
+        let names: Vec<(String, usize)> = self
+            .index
+            .params
+            .iter()
+            .map(|(n, i)| (n.clone(), i.shape.first().copied().unwrap_or(1)))
+            .collect();
+        for (name, rows) in names {
+            let mut m = self
+                .rows("master", &name, 0..rows, device)?
+                .to_dtype(DType::F32)?;
+            let shape = self.index.params[&name].shape.clone();
+            if super::saved_state::compensated(self.index.optimizer.state, &shape) {
+                m = (m + self
+                    .rows("comp", &name, 0..rows, device)?
+                    .to_dtype(DType::F32)?)?;
+            }
+            out.insert(name, m);
+        }
+        Ok(out)
     }
 }
 
@@ -1127,6 +1165,7 @@ mod tests {
                 eps: 1e-8,
                 weight_decay: 0.0,
                 step: step as u64,
+                state: crate::config::OptimizerState::Fp32,
             },
             loss: None,
             params: BTreeMap::new(),

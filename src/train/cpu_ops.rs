@@ -14,6 +14,7 @@ use candle_core::{
 
 use crate::kernels::{loss, optim};
 use crate::model::grad_kernels::cpu_f32;
+use crate::train::moments::Moment;
 
 fn slice_mut<'a>(s: &'a mut CpuStorage, l: &Layout, what: &str) -> Result<&'a mut [f32]> {
     let CpuStorage::F32(v) = s else {
@@ -139,6 +140,155 @@ impl InplaceOp3 for ParamUpdate {
         let (decay, step, bc2, eps) = (self.decay, self.step_size, self.bc2_sqrt, self.eps);
         optim::param_update(p, m, v, decay, step, bc2, eps);
         Ok(())
+    }
+}
+
+/// Runs `f` on the CPU storage of `t`, mutable: how a kernel that updates several tensors at
+/// once (the fused update) gets at each of them. Nested calls must name distinct tensors.
+fn with_storage_mut<R: Send>(
+    t: &Tensor,
+    f: impl FnOnce(&mut CpuStorage, &Layout) -> Result<R> + Send,
+) -> Result<R> {
+    struct Op<F, R> {
+        f: std::sync::Mutex<Option<F>>,
+        out: std::sync::Mutex<Option<Result<R>>>,
+    }
+    impl<F: FnOnce(&mut CpuStorage, &Layout) -> Result<R> + Send, R: Send> candle_core::InplaceOp1
+        for Op<F, R>
+    {
+        fn name(&self) -> &'static str {
+            "storage-mut"
+        }
+        fn cpu_fwd(&self, s: &mut CpuStorage, l: &Layout) -> Result<()> {
+            let f = self.f.lock().expect("unpoisoned").take();
+            if let Some(f) = f {
+                *self.out.lock().expect("unpoisoned") = Some(f(s, l));
+            }
+            Ok(())
+        }
+    }
+    if !t.device().is_cpu() || !t.is_contiguous() {
+        bail!("in-place CPU kernels need contiguous CPU tensors");
+    }
+    let op = Op {
+        f: std::sync::Mutex::new(Some(f)),
+        out: std::sync::Mutex::new(None),
+    };
+    t.inplace_op1(&op)?;
+    let out = op.out.into_inner().expect("unpoisoned");
+    out.unwrap_or_else(|| bail!("in-place kernel did not run"))
+}
+
+fn contiguous<'a, T>(v: &'a mut [T], l: &Layout, what: &str) -> Result<&'a mut [T]> {
+    let Some((a, b)) = l.contiguous_offsets() else {
+        bail!("{what}: expected a contiguous tensor")
+    };
+    Ok(&mut v[a..b])
+}
+
+/// The gradient of a fused update: a dense f32 tensor, or row-sparse.
+pub enum GradRows<'a> {
+    Dense(&'a Tensor),
+    Sparse(&'a crate::train::sparse::RowGrad),
+}
+
+/// Whether [`fused_update`] applies to `p`: an f32 CPU weight (its own master, or
+/// bf16-valued with a compensation).
+pub fn fused_supported(p: &crate::train::params::Param) -> bool {
+    supported(p.var.as_tensor())
+        && p.compensation()
+            .is_none_or(|c| c.device().is_cpu() && c.is_contiguous())
+        && (p.master_in_place().is_some() || p.compensation().is_some())
+}
+
+/// AdamW on `p` in place with [`optim::fused_update`] (8-bit moments, compensated weights).
+pub fn fused_update(
+    p: &crate::train::params::Param,
+    g: GradRows,
+    m: &Moment,
+    v: &Moment,
+    k: &optim::StepConsts,
+) -> Result<()> {
+    let (rows, cols) = crate::kernels::moment8::rows_cols(p.shape());
+    let dense_storage;
+    let dense: Option<&[f32]> = match &g {
+        GradRows::Dense(t) => {
+            if !supported(t) || t.elem_count() != p.elem_count() {
+                bail!(
+                    "{}: the fused update needs a contiguous f32 gradient",
+                    p.name
+                );
+            }
+            dense_storage = t.storage_and_layout();
+            let (s, l) = (&*dense_storage.0, dense_storage.1);
+            let candle_core::Storage::Cpu(s) = s else {
+                bail!("{}: the gradient is not on the CPU", p.name)
+            };
+            Some(cpu_f32(s, l, "adamw-fused")?)
+        }
+        GradRows::Sparse(_) => None,
+    };
+    let row = |r: usize| -> Option<&[f32]> {
+        match &g {
+            GradRows::Dense(_) => dense.map(|d| &d[r * cols..(r + 1) * cols]),
+            GradRows::Sparse(rows) => rows.row(r),
+        }
+    };
+    if let GradRows::Sparse(rg) = &g {
+        if rg.rows() != rows || rg.width() != cols {
+            bail!(
+                "{}: the row gradient is {}×{}",
+                p.name,
+                rg.rows(),
+                rg.width()
+            );
+        }
+    }
+    with_storage_mut(p.var.as_tensor(), |ws, wl| {
+        let w = slice_mut(ws, wl, "adamw-fused weights")?;
+        with_comp(p.compensation(), w, |weights| {
+            with_moment(m, |mm| {
+                with_moment(v, |vm| {
+                    optim::fused_update(rows, cols, weights, mm, vm, &row, k);
+                    Ok(())
+                })
+            })
+        })
+    })
+}
+
+fn with_comp(
+    comp: Option<&Tensor>,
+    w: &mut [f32],
+    f: impl FnOnce(optim::WeightsMut) -> Result<()> + Send,
+) -> Result<()> {
+    match comp {
+        None => f(optim::WeightsMut::Master(w)),
+        Some(c) => with_storage_mut(c, |cs, cl| {
+            let CpuStorage::BF16(cv) = cs else {
+                bail!("the compensation must be bf16")
+            };
+            let comp = contiguous(cv, cl, "compensation")?;
+            f(optim::WeightsMut::Compensated { w, comp })
+        }),
+    }
+}
+
+fn with_moment(m: &Moment, f: impl FnOnce(optim::MomentMut) -> Result<()> + Send) -> Result<()> {
+    match m {
+        Moment::F32(t) => with_storage_mut(t, |s, l| {
+            f(optim::MomentMut::F32(slice_mut(s, l, "moment")?))
+        }),
+        Moment::Codes8(c) => with_storage_mut(&c.codes, |cs, cl| {
+            let CpuStorage::U8(cv) = cs else {
+                bail!("8-bit moment codes must be u8")
+            };
+            let codes = contiguous(cv, cl, "moment codes")?;
+            with_storage_mut(&c.scales, |ss, sl| {
+                let scales = slice_mut(ss, sl, "moment scales")?;
+                f(optim::MomentMut::Codes8 { codes, scales })
+            })
+        }),
     }
 }
 

@@ -279,7 +279,7 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
     fs::create_dir_all(&tmp)?;
     let result = (|| -> Result<(usize, usize)> {
         copy_model_files(opts.files, &tmp)?;
-        let counts = write_weights(opts, &index, &speaker_rows, &tmp.join(mf::SINGLE_FILE))?;
+        let counts = write_weights(opts, &speaker_rows, &tmp.join(mf::SINGLE_FILE))?;
         write_config(&opts.files.config_path, &rows, &tmp.join(mf::CONFIG))?;
         let marker = if index.identity.speakers.is_empty() {
             json!({
@@ -442,15 +442,11 @@ fn write_config(base: &Path, speakers: &[(String, usize)], dest: &Path) -> Resul
 /// and returns (tensor count, trained tensor count).
 fn write_weights(
     opts: &ExportOptions,
-    index: &checkpoint::Index,
     speakers: &[(usize, &[f32])],
     dest: &Path,
 ) -> Result<(usize, usize)> {
-    let trained = checkpoint::load_tensors(&opts.checkpoint, index, &["master"], &Device::Cpu)?;
-    let trained: BTreeMap<String, Tensor> = trained
-        .into_iter()
-        .map(|(k, v)| (k.trim_start_matches("master.").to_string(), v))
-        .collect();
+    let trained: BTreeMap<String, Tensor> =
+        checkpoint::RowReader::open(&opts.checkpoint)?.masters(&Device::Cpu)?;
     let mmaps = opts
         .files
         .checkpoint

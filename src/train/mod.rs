@@ -20,10 +20,12 @@ pub mod hooks;
 pub mod lock;
 pub mod loss;
 pub mod metrics;
+pub mod moments;
 pub mod optim;
 pub mod params;
 pub mod run;
 pub mod sampler;
+pub mod saved_state;
 pub mod sharded;
 pub mod signal;
 pub mod sparse;
@@ -50,7 +52,7 @@ use self::params::{ArithSource, Masters, ParamStore};
 use self::run::{IndexParts, RunSetup};
 use self::sampler::Sampler;
 use self::sparse::RowGrad;
-use crate::config::{TrainBackend, TrainConfig};
+use crate::config::{OptimizerState, TrainBackend, TrainConfig};
 use crate::model::config::Qwen3TtsConfig;
 use crate::model::files::ModelFiles;
 use crate::model::ops::Numerics;
@@ -126,8 +128,13 @@ impl Backend {
         self == Backend::CpuKernels
     }
 
-    fn masters(self) -> Masters {
+    /// How a trained tensor of (full) `shape` keeps its master with optimizer-state mode
+    /// `state`: small tensors (norms, biases, whose values are near 1, where a bf16
+    /// compensation is too coarse for small updates) keep fp32 masters in every mode
+    /// (docs/training.md §6.5).
+    pub fn masters(self, state: OptimizerState, shape: &[usize]) -> Masters {
         match self {
+            _ if saved_state::compensated(state, shape) => Masters::Compensated,
             Backend::CpuKernels => Masters::Shared,
             Backend::Autograd(_) => Masters::Separate,
         }
@@ -251,19 +258,17 @@ impl Trainer {
                 n.starts_with(params::TRAINABLE_PREFIX)
             })
             .context("cannot load the base model")?;
-        let mut params = ParamStore::new(
-            &weights,
-            &setup.trained,
-            backend.storage_dtype(),
-            backend.masters(),
-        )?;
+        let mut params =
+            ParamStore::new(&weights, &setup.trained, backend.storage_dtype(), |shape| {
+                backend.masters(opts.config.optimizer_state, shape)
+            })?;
         drop(weights);
         let arith = backend.arith_dtype(&opts.device);
         let talker =
             Talker::from_source(&ArithSource::new(&params, arith), &cfg, backend.numerics())?;
-        let masters: Vec<Tensor> = params.params.iter().map(|p| p.master()).collect();
-        let mut adam = AdamState::zeros(&masters)?;
-        drop(masters);
+        let mode = opts.config.optimizer_state;
+        let mut adam =
+            AdamState::zeros(&params.params, |p| saved_state::eight_bit(mode, p.shape()))?;
         let RunSetup {
             dataset,
             speaker,
@@ -272,26 +277,33 @@ impl Trainer {
             ..
         } = setup;
         let (mut step, mut last_loss) = (0, None);
-        let warnings = checkpoint::recover(&opts.checkpoints)?.warnings();
+        let mut warnings = checkpoint::recover(&opts.checkpoints)?.warnings();
         let resume = run::find_resume(&opts, &identity, &dataset, fresh)?;
         if let Some(r) = &resume {
-            let tensors = checkpoint::load_tensors(
-                &r.dir,
-                &r.index,
-                &["master", "exp_avg", "exp_avg_sq"],
-                &opts.device,
-            )?;
-            let take = |key: String| {
-                tensors
-                    .get(&key)
-                    .cloned()
-                    .with_context(|| format!("checkpoint {} has no {key}", r.dir.display()))
-            };
+            let mut reader = checkpoint::RowReader::open(&r.dir)?;
+            let saved = r.index.optimizer.state;
             for (i, p) in params.params.iter_mut().enumerate() {
-                p.set_master(take(format!("master.{}", p.name))?)?;
-                adam.m[i] = take(format!("exp_avg.{}", p.name))?;
-                adam.v[i] = take(format!("exp_avg_sq.{}", p.name))?;
+                let shape = p.shape().to_vec();
+                let rows = shape.first().copied().unwrap_or(1);
+                let (m, v) = saved_state::restore(
+                    &mut reader,
+                    saved,
+                    mode,
+                    p,
+                    &shape,
+                    0..rows,
+                    &opts.device,
+                )?;
+                adam.m[i] = m;
+                adam.v[i] = v;
             }
+            warnings.extend(
+                saved_state::Conversion {
+                    from: saved,
+                    to: mode,
+                }
+                .message(),
+            );
             adam.step = r.index.optimizer.step;
             step = r.index.step;
             sampler = run::resumed_sampler(&opts, &dataset, r.cursor);
@@ -514,6 +526,7 @@ impl Trainer {
             step: self.step,
             adamw: &self.adamw,
             adam_step: self.adam.step,
+            state: self.opts.config.optimizer_state,
             loss: self.last_loss,
             world_size: 1,
         }
@@ -521,6 +534,7 @@ impl Trainer {
         let state = State {
             params: &self.params,
             adam: &self.adam,
+            mode: self.opts.config.optimizer_state,
         };
         let speakers = checkpoint::SpeakerSnapshot::new(&self.identity.speakers, &self.speaker)?;
         checkpoint::save(

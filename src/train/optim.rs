@@ -5,6 +5,7 @@
 use candle_core::{DType, Result, Tensor};
 
 use super::cpu_ops;
+use super::moments::{Moment, Which};
 use super::params::Param;
 use super::sparse::{self, RowGrad};
 
@@ -76,23 +77,29 @@ impl AdamW {
             params.len()
         );
         let mut dense = Vec::with_capacity(params.len());
+        let mut fused = Vec::with_capacity(params.len());
         for (i, (p, g)) in params.iter().zip(grads).enumerate() {
             let shape = p.shape();
             if p.elem_count() == 0 {
                 // A rank's empty shard of a tensor (docs/distributed.md §4.5): nothing to update,
                 // and no device operation on an empty tensor.
                 dense.push(None);
+                fused.push(false);
                 continue;
             }
             for (what, t) in [("exp_avg", &state.m[i]), ("exp_avg_sq", &state.v[i])] {
                 anyhow::ensure!(
-                    t.dims() == shape && t.dtype() == DType::F32,
-                    "optimizer: {what} of {} has shape {:?} ({:?}), expected {shape:?} (f32)",
+                    t.dims() == shape,
+                    "optimizer: {what} of {} has shape {:?}, expected {shape:?}",
                     p.name,
                     t.dims(),
-                    t.dtype()
                 );
             }
+            // The three-pass in-place loops cover f32 masters with f32 moments; the rest
+            // takes the fused update.
+            let plain = p.master_in_place().is_some()
+                && matches!((&state.m[i], &state.v[i]), (Moment::F32(_), Moment::F32(_)));
+            fused.push(!plain);
             dense.push(match g {
                 Grad::Dense(g) => {
                     anyhow::ensure!(
@@ -104,7 +111,7 @@ impl AdamW {
                     let g = g.to_dtype(DType::F32)?.contiguous()?;
                     if in_place {
                         anyhow::ensure!(
-                            p.master_in_place().is_some() && cpu_ops::supported(&g),
+                            cpu_ops::supported(&g) && (plain || cpu_ops::fused_supported(p)),
                             "optimizer: {} cannot be updated in place",
                             p.name
                         );
@@ -113,7 +120,7 @@ impl AdamW {
                 }
                 Grad::Rows(rows) => {
                     anyhow::ensure!(
-                        in_place && p.master_in_place().is_some(),
+                        in_place && (plain || cpu_ops::fused_supported(p)),
                         "optimizer: {}: row-sparse gradients need the in-place CPU update",
                         p.name
                     );
@@ -134,11 +141,31 @@ impl AdamW {
                 continue;
             }
             match (g, &dense[i]) {
+                (Grad::Rows(rows), _) if fused[i] => self.apply_fused(
+                    t,
+                    lr,
+                    clip,
+                    p,
+                    cpu_ops::GradRows::Sparse(rows),
+                    &state.m[i],
+                    &state.v[i],
+                )?,
                 (Grad::Rows(rows), _) => {
-                    self.apply_rows(t, lr, clip, p, rows, &state.m[i], &state.v[i])?
+                    let (m, v) = (f32_moment(&state.m[i])?, f32_moment(&state.v[i])?);
+                    self.apply_rows(t, lr, clip, p, rows, m, v)?
                 }
+                (Grad::Dense(_), Some(g)) if in_place && fused[i] => self.apply_fused(
+                    t,
+                    lr,
+                    clip,
+                    p,
+                    cpu_ops::GradRows::Dense(g),
+                    &state.m[i],
+                    &state.v[i],
+                )?,
                 (Grad::Dense(_), Some(g)) if in_place => {
-                    self.apply_in_place(t, lr, clip, p, g, &state.m[i], &state.v[i])?
+                    let (m, v) = (f32_moment(&state.m[i])?, f32_moment(&state.v[i])?);
+                    self.apply_in_place(t, lr, clip, p, g, m, v)?
                 }
                 (Grad::Dense(_), Some(g)) => {
                     let g = if clip < 1.0 {
@@ -146,11 +173,11 @@ impl AdamW {
                     } else {
                         g.clone()
                     };
-                    let (np, nm, nv) =
-                        self.update(t, lr, &p.master(), &g, &state.m[i], &state.v[i])?;
+                    let (m, v) = (state.m[i].decode()?, state.v[i].decode()?);
+                    let (np, nm, nv) = self.update(t, lr, &p.master()?, &g, &m, &v)?;
                     p.set_master(np)?;
-                    state.m[i] = nm;
-                    state.v[i] = nv;
+                    state.m[i] = state.m[i].encode_like(&nm)?;
+                    state.v[i] = state.v[i].encode_like(&nv)?;
                 }
                 (Grad::Dense(_), None) => unreachable!("dense gradients are prepared above"),
             }
@@ -201,6 +228,41 @@ impl AdamW {
                 eps: self.eps as f32,
             },
         )
+    }
+}
+
+fn f32_moment(m: &Moment) -> Result<&Tensor> {
+    match m {
+        Moment::F32(t) => Ok(t),
+        Moment::Codes8(_) => candle_core::bail!("8-bit moments take the fused update"),
+    }
+}
+
+impl AdamW {
+    /// One in-place update with the fused CPU kernel: 8-bit moments, compensated weights.
+    #[allow(clippy::too_many_arguments)]
+    fn apply_fused(
+        &self,
+        t: u64,
+        lr: f64,
+        clip: f64,
+        param: &Param,
+        g: cpu_ops::GradRows,
+        m: &Moment,
+        v: &Moment,
+    ) -> Result<()> {
+        let bc1 = 1.0 - self.beta1.powi(t as i32);
+        let bc2 = 1.0 - self.beta2.powi(t as i32);
+        let k = crate::kernels::optim::StepConsts {
+            weight1: (1.0 - self.beta1) as f32,
+            beta2: self.beta2 as f32,
+            clip: clip as f32,
+            decay: (1.0 - lr * self.weight_decay) as f32,
+            step: (lr / bc1) as f32,
+            bc2_sqrt: bc2.sqrt() as f32,
+            eps: self.eps as f32,
+        };
+        cpu_ops::fused_update(param, g, m, v, &k)
     }
 }
 
@@ -264,30 +326,34 @@ pub fn accumulate(acc: Tensor, g: &Tensor, in_place: bool) -> Result<Tensor> {
     }
 }
 
-/// AdamW's per-parameter state: fp32 first and second moments (in parameter order) and the
-/// number of updates taken.
+/// AdamW's per-parameter state: first and second moments (in parameter order, f32 or 8-bit,
+/// [`Moment`]) and the number of updates taken.
 #[derive(Debug, Clone)]
 pub struct AdamState {
     pub step: u64,
-    pub m: Vec<Tensor>,
-    pub v: Vec<Tensor>,
+    pub m: Vec<Moment>,
+    pub v: Vec<Moment>,
 }
 
 impl AdamState {
-    /// Zero moments shaped like `masters` (fp32).
-    pub fn zeros(masters: &[Tensor]) -> Result<Self> {
-        // Separate buffers: the moments are updated in place.
-        let z = || -> Result<Vec<Tensor>> {
-            masters
+    /// Zero moments for `params`, 8-bit where `eight_bit(param)` says so.
+    pub fn zeros(params: &[Param], eight_bit: impl Fn(&Param) -> bool) -> Result<Self> {
+        let z = |which| -> Result<Vec<Moment>> {
+            params
                 .iter()
-                .map(|t| Tensor::zeros(t.shape(), DType::F32, t.device()))
+                .map(|p| Moment::zeros(p.shape(), eight_bit(p), which, p.var.device()))
                 .collect()
         };
         Ok(Self {
             step: 0,
-            m: z()?,
-            v: z()?,
+            m: z(Which::First)?,
+            v: z(Which::Second)?,
         })
+    }
+
+    /// Bytes the moments hold.
+    pub fn bytes(&self) -> usize {
+        self.m.iter().chain(&self.v).map(Moment::bytes).sum()
     }
 }
 
@@ -402,14 +468,20 @@ mod tests {
         let names: Vec<String> = tensors.keys().cloned().collect();
         let opt = AdamW::new(0.1);
         for (masters, in_place) in [(Masters::Shared, true), (Masters::Separate, false)] {
-            let mut store = ParamStore::new(&weights, &names, DType::F32, masters).unwrap();
+            let mut store = ParamStore::new(&weights, &names, DType::F32, |_| masters).unwrap();
             let before: Vec<Vec<f32>> = store
                 .params
                 .iter()
-                .map(|p| p.master().flatten_all().unwrap().to_vec1().unwrap())
+                .map(|p| {
+                    p.master()
+                        .unwrap()
+                        .flatten_all()
+                        .unwrap()
+                        .to_vec1()
+                        .unwrap()
+                })
                 .collect();
-            let ms: Vec<Tensor> = store.params.iter().map(|p| p.master()).collect();
-            let mut state = AdamState::zeros(&ms).unwrap();
+            let mut state = AdamState::zeros(&store.params, |_| false).unwrap();
             assert_eq!(store.params[0].name, "talker.codec_head.weight");
             let good = Tensor::ones((2, 2), DType::F32, &dev).unwrap();
             let wrong = Tensor::ones(3, DType::F32, &dev).unwrap();
@@ -421,12 +493,20 @@ mod tests {
             assert!(e.contains("talker.model.norm.weight"), "{e}");
             assert_eq!(state.step, 0, "{masters:?}");
             for (p, b) in store.params.iter().zip(&before) {
-                let now: Vec<f32> = p.master().flatten_all().unwrap().to_vec1().unwrap();
+                let now: Vec<f32> = p
+                    .master()
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1()
+                    .unwrap();
                 assert_eq!(&now, b, "{masters:?}: {} was updated", p.name);
             }
             for m in state.m.iter().chain(&state.v) {
                 assert_eq!(
-                    m.abs()
+                    m.decode()
+                        .unwrap()
+                        .abs()
                         .unwrap()
                         .sum_all()
                         .unwrap()
@@ -444,7 +524,7 @@ mod tests {
                 .unwrap();
             assert_eq!(state.step, 1);
             assert_ne!(
-                store.params[1].master().to_vec1::<f32>().unwrap(),
+                store.params[1].master().unwrap().to_vec1::<f32>().unwrap(),
                 before[1]
             );
         }

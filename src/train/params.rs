@@ -90,6 +90,9 @@ pub struct Param {
     pub var: Var,
     /// fp32 master when the compute dtype is not f32; `None` = the var is the master.
     master: Option<Tensor>,
+    /// [`Masters::Compensated`]: the bf16 compensation of the bf16-valued var (the master is
+    /// their sum).
+    comp: Option<Tensor>,
 }
 
 impl Param {
@@ -105,49 +108,94 @@ impl Param {
         if master.dtype() != DType::F32 {
             bail!("the master of {name} must be f32, not {:?}", master.dtype());
         }
-        let (var, master) = match masters {
-            Masters::Shared if compute == DType::F32 => (Var::from_tensor(&master)?, None),
+        let (var, master, comp) = match masters {
+            Masters::Shared if compute == DType::F32 => (Var::from_tensor(&master)?, None, None),
             Masters::Shared => bail!("the trained tensors can only be their own masters in f32"),
             // `copy` so that the master and the var never share storage.
             Masters::Separate => (
                 Var::from_tensor(&master.to_dtype(compute)?.copy()?)?,
                 Some(master.copy()?),
+                None,
             ),
+            Masters::Compensated => {
+                let (w, c) = split_compensated(&master)?;
+                (
+                    Var::from_tensor(&w.to_dtype(compute)?.copy()?)?,
+                    None,
+                    Some(c),
+                )
+            }
         };
         Ok(Self {
             name,
             unit,
             var,
             master,
+            comp,
         })
     }
 
-    /// The fp32 master weights.
-    pub fn master(&self) -> Tensor {
-        match &self.master {
-            Some(m) => m.clone(),
-            None => self.var.as_tensor().clone(),
+    /// The bf16 compensation ([`Masters::Compensated`]).
+    pub fn compensation(&self) -> Option<&Tensor> {
+        self.comp.as_ref()
+    }
+
+    /// Sets a compensated parameter's weight and compensation as saved (bf16 each), without
+    /// the rounding of a sum and a split: resuming keeps every bit.
+    pub fn set_compensated(&mut self, w: &Tensor, comp: &Tensor) -> Result<()> {
+        if self.comp.is_none() {
+            bail!("{} is not a compensated parameter", self.name);
+        }
+        self.var.set(&w.to_dtype(self.var.dtype())?)?;
+        self.comp = Some(comp.to_dtype(DType::BF16)?.copy()?);
+        Ok(())
+    }
+
+    /// The fp32 master weights (for a compensated parameter, weight plus compensation).
+    pub fn master(&self) -> candle_core::Result<Tensor> {
+        match (&self.master, &self.comp) {
+            (Some(m), _) => Ok(m.clone()),
+            (None, Some(c)) => {
+                self.var.as_tensor().to_dtype(DType::F32)? + c.to_dtype(DType::F32)?
+            }
+            (None, None) => Ok(self.var.as_tensor().clone()),
         }
     }
 
     /// The master when it can be updated in place: the `Var` itself (f32 compute).
     pub fn master_in_place(&self) -> Option<&Tensor> {
-        match &self.master {
-            Some(_) => None,
-            None => Some(self.var.as_tensor()),
+        match (&self.master, &self.comp) {
+            (None, None) => Some(self.var.as_tensor()),
+            _ => None,
         }
     }
 
-    /// Replaces the master (fp32, same shape) and refreshes the compute copy.
+    /// Replaces the master (fp32, same shape) and refreshes the compute copy; a compensated
+    /// parameter keeps the bf16 rounding as its weight and the rest as its compensation.
     pub fn set_master(&mut self, value: Tensor) -> candle_core::Result<()> {
-        match &mut self.master {
-            Some(m) => {
+        match (&mut self.master, &mut self.comp) {
+            (Some(m), _) => {
                 self.var.set(&value.to_dtype(self.var.dtype())?)?;
                 *m = value;
             }
-            None => self.var.set(&value)?,
+            (None, Some(c)) => {
+                let (w, rest) = split_compensated(&value)?;
+                self.var.set(&w.to_dtype(self.var.dtype())?)?;
+                *c = rest;
+            }
+            (None, None) => self.var.set(&value)?,
         }
         Ok(())
+    }
+
+    /// Bytes of the optimizer's copy of the weights beyond the compute copy: the fp32 master,
+    /// or the bf16 compensation.
+    pub fn master_bytes(&self) -> usize {
+        match (&self.master, &self.comp) {
+            (Some(m), _) => m.elem_count() * 4,
+            (None, Some(c)) => c.elem_count() * 2,
+            (None, None) => 0,
+        }
     }
 
     pub fn shape(&self) -> &[usize] {
@@ -166,6 +214,17 @@ pub enum Masters {
     Shared,
     /// A separate fp32 master; the `Var` is a copy in the compute dtype.
     Separate,
+    /// No fp32 master: the `Var` holds bf16 values (stored in the compute dtype) and a bf16
+    /// compensation keeps what bf16 cannot (docs/training.md §6.5).
+    Compensated,
+}
+
+/// `value` (f32) as a bf16 weight and the bf16 rest: `w = bf16(value)`, `comp = bf16(value − w)`.
+pub fn split_compensated(value: &Tensor) -> candle_core::Result<(Tensor, Tensor)> {
+    let value = value.to_dtype(DType::F32)?;
+    let w = value.to_dtype(DType::BF16)?;
+    let comp = (value - w.to_dtype(DType::F32)?)?.to_dtype(DType::BF16)?;
+    Ok((w, comp))
 }
 
 /// The trained parameters (ordered by unit, then name) and the frozen talker tensors; builds
@@ -178,30 +237,22 @@ pub struct ParamStore {
 
 impl ParamStore {
     /// `weights` holds the talker in f32 (the masters); `trained` names the trained tensors;
-    /// the model will compute in `compute` (f32 on CPU, bf16 on CUDA). `Masters::Shared` needs
-    /// f32 compute.
+    /// the model will compute in `compute` (f32 on CPU, bf16 on CUDA); `masters(shape)` says
+    /// how each tensor keeps its master (`Masters::Shared` needs f32 compute).
     pub fn new(
         weights: &Weights,
         trained: &[String],
         compute: DType,
-        masters: Masters,
+        masters: impl Fn(&[usize]) -> Masters,
     ) -> Result<Self> {
         if weights.dtype() != DType::F32 {
             bail!("training needs the checkpoint loaded in f32 (the master weights)");
         }
-        if masters == Masters::Shared && compute != DType::F32 {
-            bail!("the trained tensors can only be their own masters in f32");
-        }
         let mut params = Vec::with_capacity(trained.len());
         for name in trained {
             let t = weights.get_any(name)?;
-            params.push(Param::new(
-                name.clone(),
-                unit_of(name)?,
-                t,
-                compute,
-                masters,
-            )?);
+            let kind = masters(t.dims());
+            params.push(Param::new(name.clone(), unit_of(name)?, t, compute, kind)?);
         }
         params.sort_by(|a, b| (a.unit, &a.name).cmp(&(b.unit, &b.name)));
         let mut frozen = BTreeMap::new();
@@ -231,7 +282,7 @@ impl ParamStore {
             .into_iter()
             .filter(|n| trainable(n))
             .collect();
-        Self::new(weights, &trained, DType::F32, Masters::Shared)
+        Self::new(weights, &trained, DType::F32, |_| Masters::Shared)
     }
 
     /// The trained `Var` named `name`.

@@ -172,6 +172,7 @@ pub struct IndexParts<'a> {
     pub step: usize,
     pub adamw: &'a AdamW,
     pub adam_step: u64,
+    pub state: crate::config::OptimizerState,
     pub loss: Option<f64>,
     pub world_size: usize,
 }
@@ -200,6 +201,7 @@ impl IndexParts<'_> {
                 eps: self.adamw.eps,
                 weight_decay: self.adamw.weight_decay,
                 step: self.adam_step,
+                state: self.state,
             },
             loss: self.loss,
             params,

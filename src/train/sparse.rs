@@ -81,7 +81,8 @@ impl RowGrad {
         self.data.iter().map(|&v| (v as f64) * (v as f64)).sum()
     }
 
-    fn row(&self, r: usize) -> Option<&[f32]> {
+    /// Row `r`'s gradient, if it has one.
+    pub fn row(&self, r: usize) -> Option<&[f32]> {
         let s = self.slot[r];
         (s >= 0).then(|| &self.data[s as usize * self.width..(s as usize + 1) * self.width])
     }

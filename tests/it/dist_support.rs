@@ -88,22 +88,42 @@ pub fn state(ws: &Path, step: usize) -> BTreeMap<String, (Vec<usize>, Vec<f32>)>
             })
             .collect();
         shards.sort();
-        for kind in ["master", "exp_avg", "exp_avg_sq"] {
+        // Every mode's entries (docs/training.md §7): bf16 weights and 8-bit codes read as
+        // f32 values.
+        for kind in [
+            "master",
+            "comp",
+            "exp_avg",
+            "exp_avg_scale",
+            "exp_avg_sq",
+            "exp_avg_sq_scale",
+        ] {
+            let key = format!("{kind}.{name}");
+            if !files[shards[0].1].contains_key(&key) {
+                continue;
+            }
             let mut values = Vec::new();
             for (_, rank) in &shards {
-                let (_, _, bytes) = &files[*rank][&format!("{kind}.{name}")];
-                values.extend(
-                    bytes
-                        .chunks_exact(4)
-                        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-                );
+                let (dtype, _, bytes) = &files[*rank][&key];
+                match dtype.as_str() {
+                    "F32" => values.extend(
+                        bytes
+                            .chunks_exact(4)
+                            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+                    ),
+                    "BF16" => values.extend(
+                        bytes
+                            .chunks_exact(2)
+                            .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()),
+                    ),
+                    "U8" => values.extend(bytes.iter().map(|&b| b as f32)),
+                    other => panic!("{key} is {other}"),
+                }
             }
-            assert_eq!(
-                values.len(),
-                shape.iter().product::<usize>(),
-                "{kind}.{name}"
-            );
-            out.insert(format!("{kind}.{name}"), (shape.clone(), values));
+            if !kind.ends_with("_scale") {
+                assert_eq!(values.len(), shape.iter().product::<usize>(), "{key}");
+            }
+            out.insert(key, (shape.clone(), values));
         }
     }
     out

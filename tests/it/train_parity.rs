@@ -281,7 +281,7 @@ fn loss_gradients_and_batch_match_the_official_modules() {
             .params
             .params
             .iter()
-            .map(|p| (p.name.clone(), p.master().copy().unwrap()))
+            .map(|p| (p.name.clone(), p.master().unwrap().copy().unwrap()))
             .collect();
         let losses: Vec<f64> = serde_json::from_value(steps["losses"].clone()).unwrap();
         let norms: Vec<f64> = serde_json::from_value(steps["grad_norms_preclip"].clone()).unwrap();
@@ -323,7 +323,7 @@ fn loss_gradients_and_batch_match_the_official_modules() {
         let dn = steps["delta_norms"].as_object().unwrap();
         let mut worst = (0f64, String::new());
         for p in &tr.params.params {
-            let d = (p.master() - &before[&p.name]).unwrap();
+            let d = (p.master().unwrap() - &before[&p.name]).unwrap();
             let n = d
                 .sqr()
                 .unwrap()
@@ -381,7 +381,7 @@ fn the_autograd_path_trains_like_the_cpu_kernels() {
         let mut worst = (0f64, String::new());
         for (p, q) in kernels.params.params.iter().zip(&autograd.params.params) {
             assert_eq!(p.name, q.name);
-            let (pm, qm) = (p.master(), q.master());
+            let (pm, qm) = (p.master().unwrap(), q.master().unwrap());
             let d = max_abs(&pm, &qm) as f64;
             let norm = pm
                 .sqr()

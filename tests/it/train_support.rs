@@ -152,3 +152,27 @@ pub fn read_raw(path: &Path) -> std::collections::BTreeMap<String, (String, Vec<
         })
         .collect()
 }
+
+/// A copy of fixture model `name` with every tensor stored in f32 (the fixtures are bf16) and
+/// scaled by 1.001, so that its values are not bf16 numbers, in a new temporary directory; its
+/// path works wherever a fixture name does.
+pub fn f32_model_copy(name: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(model_dir(name)).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_file() {
+            std::fs::copy(e.path(), dir.path().join(e.file_name())).unwrap();
+        }
+    }
+    let path = dir.path().join("model.safetensors");
+    let tensors = candle_core::safetensors::load(&path, &candle_core::Device::Cpu).unwrap();
+    let f32s: std::collections::HashMap<String, candle_core::Tensor> = tensors
+        .into_iter()
+        .map(|(k, t)| {
+            let t = t.to_dtype(candle_core::DType::F32).unwrap();
+            (k, t.affine(1.001, 0.0).unwrap())
+        })
+        .collect();
+    candle_core::safetensors::save(&f32s, &path).unwrap();
+    dir
+}

@@ -11,7 +11,6 @@ use super::ShardedTrainer;
 use crate::dist::ReduceOp;
 use crate::train::checkpoint::{self, ParamInfo, PendingCheckpoint, Shard};
 use crate::train::run::IndexParts;
-use crate::train::stwrite;
 
 impl ShardedTrainer {
     /// Every tensor's shards over the ranks, for the index.
@@ -43,26 +42,14 @@ impl ShardedTrainer {
     }
 
     fn write_rank_file(&self, path: &std::path::Path) -> Result<()> {
-        let mut entries = Vec::new();
-        let mut sources = Vec::new();
-        for (i, p) in self.params.iter().enumerate() {
-            if p.shape().first() == Some(&0) {
-                continue;
-            }
-            for (kind, t) in [
-                ("master", p.master()),
-                ("exp_avg", self.adam.m[i].clone()),
-                ("exp_avg_sq", self.adam.v[i].clone()),
-            ] {
-                entries.push(stwrite::Entry {
-                    name: format!("{kind}.{}", p.name),
-                    dtype: safetensors::Dtype::F32,
-                    shape: p.shape().to_vec(),
-                });
-                sources.push(t);
-            }
-        }
-        checkpoint::write_tensors(path, &entries, |i| stwrite::f32_bytes(&sources[i]))
+        let shapes: Vec<&[usize]> = self.shapes.iter().map(Vec::as_slice).collect();
+        checkpoint::write_state(
+            path,
+            self.opts.config.optimizer_state,
+            &self.params,
+            &self.adam,
+            &shapes,
+        )
     }
 
     /// Saves a checkpoint: every rank writes its rows into the directory rank 0 created, and
@@ -104,6 +91,7 @@ impl ShardedTrainer {
                     step: self.step,
                     adamw: &self.adamw,
                     adam_step: self.adam.step,
+                    state: self.opts.config.optimizer_state,
                     loss: self.last_loss,
                     world_size: self.world(),
                 }

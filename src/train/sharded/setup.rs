@@ -22,6 +22,7 @@ use crate::train::checkpoint::{self, RowReader};
 use crate::train::optim::{AdamState, AdamW};
 use crate::train::params::{self, Param};
 use crate::train::run::{self, RunSetup};
+use crate::train::saved_state;
 use crate::train::units::unit_of;
 use crate::train::{Backend, TrainOptions, TEXT_EMBEDDING};
 
@@ -74,9 +75,17 @@ impl ShardedTrainer {
             world,
             rank,
         );
-        let masters: Vec<Tensor> = params.iter().map(|p| p.master()).collect();
-        let mut adam = AdamState::zeros(&masters)?;
-        drop(masters);
+        let state_mode = opts.config.optimizer_state;
+        let full_shape: HashMap<&str, &[usize]> = setup
+            .trained
+            .iter()
+            .zip(&shapes)
+            .map(|(n, s)| (n.as_str(), s.as_slice()))
+            .collect();
+        let mut adam = AdamState::zeros(&params, |p| {
+            saved_state::eight_bit(state_mode, full_shape[p.name.as_str()])
+        })?;
+        drop(full_shape);
         let RunSetup {
             dataset,
             speaker,
@@ -86,7 +95,7 @@ impl ShardedTrainer {
         } = setup;
         // One rank repairs the shared checkpoints/ while the others wait: ranks repairing it
         // together would race on the same renames and deletions.
-        let warnings = if rank == 0 {
+        let mut warnings = if rank == 0 {
             checkpoint::recover(&opts.checkpoints)?.warnings()
         } else {
             Vec::new()
@@ -108,9 +117,26 @@ impl ShardedTrainer {
                 if rows.is_empty() {
                     continue;
                 }
-                p.set_master(reader.rows("master", &p.name, rows.clone(), &opts.device)?)?;
-                adam.m[i] = reader.rows("exp_avg", &p.name, rows.clone(), &opts.device)?;
-                adam.v[i] = reader.rows("exp_avg_sq", &p.name, rows, &opts.device)?;
+                let (m, v) = saved_state::restore(
+                    &mut reader,
+                    r.index.optimizer.state,
+                    state_mode,
+                    p,
+                    &shapes[i],
+                    rows,
+                    &opts.device,
+                )?;
+                adam.m[i] = m;
+                adam.v[i] = v;
+            }
+            if rank == 0 {
+                warnings.extend(
+                    saved_state::Conversion {
+                        from: r.index.optimizer.state,
+                        to: state_mode,
+                    }
+                    .message(),
+                );
             }
             adam.step = r.index.optimizer.step;
             step = r.index.step;
@@ -190,7 +216,7 @@ fn load_owned_rows(
             unit_of(name)?,
             master,
             storage,
-            backend.masters(),
+            backend.masters(opts.config.optimizer_state, shape),
         )?);
     }
     Ok(params)

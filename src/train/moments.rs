@@ -1,0 +1,203 @@
+//! AdamW's moments in the form the optimizer-state mode keeps them (docs/training.md §6.5):
+//! f32 tensors, or 8-bit block codes with per-block f32 scales ([`crate::kernels::moment8`]
+//! has the codes). The CPU kernels update codes in place; the autograd backend (what CUDA
+//! runs) decodes a tensor with tensor ops, updates it in f32 and encodes it again, producing
+//! the same bytes on the CPU.
+
+use candle_core::{DType, Device, Result, Tensor};
+
+use crate::kernels::moment8;
+
+/// Which moment: the first is signed, the second (kept as √v) is not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Which {
+    First,
+    Second,
+}
+
+/// One moment of one parameter (or of a rank's rows of it).
+#[derive(Debug, Clone)]
+pub enum Moment {
+    F32(Tensor),
+    Codes8(Codes8),
+}
+
+/// 8-bit codes: `codes` u8 with the parameter's shape, `scales` f32 `(rows, blocks per row)`.
+#[derive(Debug, Clone)]
+pub struct Codes8 {
+    pub codes: Tensor,
+    pub scales: Tensor,
+    pub which: Which,
+}
+
+impl Moment {
+    /// Zeros for a tensor of `shape`, 8-bit when `eight_bit` (the caller decides from the
+    /// full tensor's shape, [`moment8::quantizes`], so that every shard of it agrees).
+    pub fn zeros(shape: &[usize], eight_bit: bool, which: Which, device: &Device) -> Result<Self> {
+        let f = Tensor::zeros(shape, DType::F32, device)?;
+        Self::encode(&f, eight_bit, which)
+    }
+
+    /// `values` (f32) in the form `eight_bit` asks for.
+    pub fn encode(values: &Tensor, eight_bit: bool, which: Which) -> Result<Self> {
+        if !eight_bit {
+            // A separate buffer: the CPU kernels update it in place.
+            return Ok(Moment::F32(values.to_dtype(DType::F32)?.copy()?));
+        }
+        let shape = values.dims().to_vec();
+        let (rows, cols) = moment8::rows_cols(&shape);
+        let bw = moment8::block_width(cols);
+        let nb = moment8::blocks_per_row(cols);
+        let x = values.to_dtype(DType::F32)?.reshape((rows, nb, bw))?;
+        let (codes, scales) = match which {
+            Which::First => {
+                let scale = x.abs()?.max_keepdim(2)?;
+                let r = x.abs()?.broadcast_div(&scale.maximum(f32::MIN_POSITIVE)?)?;
+                let k = r
+                    .log()?
+                    .affine(moment8::signed_log_factor() as f64, 127.0)?
+                    .round()?
+                    .clamp(0f32, 127f32)?;
+                let codes = (k * x.sign()?)?.affine(1.0, 128.0)?;
+                (codes, scale)
+            }
+            Which::Second => {
+                let s = x.sqrt()?;
+                let scale = s.max_keepdim(2)?;
+                let r = s.broadcast_div(&scale.maximum(f32::MIN_POSITIVE)?)?;
+                let k = r
+                    .log()?
+                    .affine(moment8::unsigned_log_factor() as f64, 255.0)?
+                    .round()?
+                    .clamp(1f32, 255f32)?;
+                let codes = (k * r.gt(0f32)?.to_dtype(DType::F32)?)?;
+                (codes, scale)
+            }
+        };
+        Ok(Moment::Codes8(Codes8 {
+            codes: codes.to_dtype(DType::U8)?.reshape(shape)?,
+            scales: scales.reshape((rows, nb))?.contiguous()?,
+            which,
+        }))
+    }
+
+    /// The values as an f32 tensor.
+    pub fn decode(&self) -> Result<Tensor> {
+        match self {
+            Moment::F32(t) => Ok(t.clone()),
+            Moment::Codes8(c) => c.decode(),
+        }
+    }
+
+    /// The same form (f32 or 8-bit) holding `values`.
+    pub fn encode_like(&self, values: &Tensor) -> Result<Self> {
+        match self {
+            Moment::F32(_) => Ok(Moment::F32(values.to_dtype(DType::F32)?)),
+            Moment::Codes8(c) => Self::encode(values, true, c.which),
+        }
+    }
+
+    /// Bytes held (codes and scales for 8-bit moments).
+    pub fn bytes(&self) -> usize {
+        match self {
+            Moment::F32(t) => t.elem_count() * 4,
+            Moment::Codes8(c) => c.codes.elem_count() + c.scales.elem_count() * 4,
+        }
+    }
+
+    pub fn dims(&self) -> &[usize] {
+        match self {
+            Moment::F32(t) => t.dims(),
+            Moment::Codes8(c) => c.codes.dims(),
+        }
+    }
+}
+
+impl Codes8 {
+    pub fn decode(&self) -> Result<Tensor> {
+        let shape = self.codes.dims().to_vec();
+        let (rows, cols) = moment8::rows_cols(&shape);
+        let nb = moment8::blocks_per_row(cols);
+        let bw = moment8::block_width(cols);
+        let dev = self.codes.device();
+        let table = match self.which {
+            Which::First => moment8::signed_table(),
+            Which::Second => moment8::unsigned_table(),
+        };
+        let table = Tensor::new(table.as_slice(), dev)?;
+        // u32 indices: candle's index_select reads the largest value of the index type as
+        // "padding" (a zero row), and 255 is a code.
+        let unit = table
+            .index_select(&self.codes.flatten_all()?.to_dtype(DType::U32)?, 0)?
+            .reshape((rows, nb, bw))?;
+        let x = unit.broadcast_mul(&self.scales.reshape((rows, nb, 1))?)?;
+        let x = match self.which {
+            Which::First => x,
+            Which::Second => x.sqr()?,
+        };
+        x.reshape(shape)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The tensor-op codes (the CUDA path) equal the slice kernels' byte for byte on the CPU,
+    /// and decode to the same values.
+    #[test]
+    fn tensor_codes_equal_the_kernels() {
+        let dev = Device::Cpu;
+        let (rows, cols) = (6, 1024);
+        let x: Vec<f32> = (0..rows * cols)
+            .map(|i| (i as f32 * 0.37).sin() * (1.0 + (i % 13) as f32).powi(2) * 1e-3)
+            .collect();
+        for which in [Which::First, Which::Second] {
+            let vals: Vec<f32> = match which {
+                Which::First => x.clone(),
+                Which::Second => x.iter().map(|v| v * v).collect(),
+            };
+            let t = Tensor::from_vec(vals.clone(), (rows, cols), &dev).unwrap();
+            let Moment::Codes8(c) = Moment::encode(&t, true, which).unwrap() else {
+                panic!("not 8-bit")
+            };
+            let codes: Vec<u8> = c.codes.flatten_all().unwrap().to_vec1().unwrap();
+            let scales: Vec<f32> = c.scales.flatten_all().unwrap().to_vec1().unwrap();
+            let bw = moment8::block_width(cols);
+            let mut want = vec![0u8; vals.len()];
+            let mut want_scales = Vec::new();
+            let mut want_back = vec![0f32; vals.len()];
+            for (i, (blk, out)) in vals.chunks(bw).zip(want.chunks_mut(bw)).enumerate() {
+                let s = match which {
+                    Which::First => moment8::encode_signed(blk, out),
+                    Which::Second => moment8::encode_sqrt(blk, out),
+                };
+                want_scales.push(s);
+                let back = &mut want_back[i * bw..(i + 1) * bw];
+                match which {
+                    Which::First => moment8::decode_signed(out, s, back),
+                    Which::Second => moment8::decode_sqrt(out, s, back),
+                }
+            }
+            assert_eq!(codes, want, "{which:?}");
+            assert_eq!(scales, want_scales, "{which:?}");
+            let back: Vec<f32> = c
+                .decode()
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            let diff = back
+                .iter()
+                .zip(&want_back)
+                .position(|(a, b)| a.to_bits() != b.to_bits());
+            assert!(
+                diff.is_none(),
+                "{which:?}: value {diff:?} decodes to {:?}, the kernel to {:?}",
+                diff.map(|i| back[i]),
+                diff.map(|i| want_back[i])
+            );
+        }
+    }
+}
