@@ -677,6 +677,11 @@ pub struct TrainArgs {
     #[arg(long, value_name = "MODE")]
     pub optimizer_state: Option<String>,
 
+    /// What lives in host memory: none, or optimizer (masters and moments, updated there by the
+    /// CPU kernels) [train.offload, default none].
+    #[arg(long, value_name = "WHAT")]
+    pub offload: Option<String>,
+
     /// Sharded runs: restart every rank from the last checkpoint when one fails, at most N
     /// times [train.max_restarts].
     #[arg(long, value_name = "N")]
@@ -738,6 +743,7 @@ impl TrainArgs {
                 "--optimizer-state",
                 self.optimizer_state.clone(),
             )
+            .set("train.offload", "--offload", self.offload.clone())
             .flag(
                 "train.speaker_balance",
                 "--speaker-balance",

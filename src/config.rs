@@ -108,6 +108,7 @@ pub struct TrainConfig {
     pub backend: TrainBackend,
     pub max_restarts: usize,
     pub optimizer_state: OptimizerState,
+    pub offload: Offload,
 }
 
 /// `train.shard`: what a sharded run shards (docs/distributed.md §4).
@@ -167,6 +168,21 @@ impl OptimizerState {
             OptimizerState::Bf16Compensated => "bf16-compensated",
         }
     }
+}
+
+/// `train.offload`: what lives in host memory (docs/training.md §6.6).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Offload {
+    /// Everything on the training device.
+    #[default]
+    None,
+    /// The optimizer's masters and moments on the host, updated there by the CPU kernels.
+    Optimizer,
+}
+
+impl Offload {
+    pub const NAMES: &'static [&'static str] = &["none", "optimizer"];
 }
 
 /// `[speak]`: synthesis defaults. Sampling keys at 0 take the model's
@@ -249,6 +265,7 @@ const CHOICES: &[(&str, &[&str])] = &[
     ("train.shard", Shard::NAMES),
     ("train.backend", TrainBackend::NAMES),
     ("train.optimizer_state", OptimizerState::NAMES),
+    ("train.offload", Offload::NAMES),
     ("embed.mode", EmbedMode::NAMES),
 ];
 

@@ -68,7 +68,7 @@ pub fn run(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<()> {
             trainer.params.elem_count(),
             &trainer.dataset,
             trainer.sampler.steps_per_epoch(c.grad_accum),
-            &placement(backend, &device),
+            &placement(backend, &device, c),
         ),
     }
     let outcome = trainer.run()?;
@@ -182,12 +182,22 @@ pub fn move_aside_if_fresh(ws: &Workspace, args: &TrainArgs) -> Result<()> {
 }
 
 /// Where and how a run computes, for its first line when that is not the default.
-pub fn placement(backend: train::Backend, device: &Device) -> String {
-    if backend == train::Backend::auto(device) {
-        String::new()
-    } else {
-        format!("; backend {} on {device:?}", backend.name())
+pub fn placement(
+    backend: train::Backend,
+    device: &Device,
+    c: &crate::config::TrainConfig,
+) -> String {
+    let mut out = String::new();
+    if backend != train::Backend::auto(device) {
+        out += &format!("; backend {} on {device:?}", backend.name());
     }
+    if c.optimizer_state != crate::config::OptimizerState::Fp32 {
+        out += &format!("; optimizer state {}", c.optimizer_state.name());
+    }
+    if c.offload == crate::config::Offload::Optimizer {
+        out += "; masters and moments offloaded to the host";
+    }
+    out
 }
 
 /// `--fresh` applies to the first attempt of a run only: a restarted attempt (voiceclone's

@@ -179,7 +179,7 @@ fn train_rank(
                 trainer.full_parameters(),
                 &trainer.dataset,
                 trainer.sampler.steps_per_epoch(config.train.grad_accum),
-                &super::train::placement(backend, device),
+                &super::train::placement(backend, device, &config.train),
             ),
         }
         println!(

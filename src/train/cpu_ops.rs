@@ -192,37 +192,28 @@ pub enum GradRows<'a> {
     Sparse(&'a crate::train::sparse::RowGrad),
 }
 
-/// Whether [`fused_update`] applies to `p`: an f32 CPU weight (its own master, or
-/// bf16-valued with a compensation).
-pub fn fused_supported(p: &crate::train::params::Param) -> bool {
-    supported(p.var.as_tensor())
-        && p.compensation()
-            .is_none_or(|c| c.device().is_cpu() && c.is_contiguous())
-        && (p.master_in_place().is_some() || p.compensation().is_some())
-}
-
-/// AdamW on `p` in place with [`optim::fused_update`] (8-bit moments, compensated weights).
+/// AdamW in place with [`optim::fused_update`] (8-bit moments, compensated weights) on the
+/// f32 CPU weights `w` of parameter `name`, with their compensation.
 pub fn fused_update(
-    p: &crate::train::params::Param,
+    name: &str,
+    w: &Tensor,
+    comp: Option<&Tensor>,
     g: GradRows,
     m: &Moment,
     v: &Moment,
     k: &optim::StepConsts,
 ) -> Result<()> {
-    let (rows, cols) = crate::kernels::moment8::rows_cols(p.shape());
+    let (rows, cols) = crate::kernels::moment8::rows_cols(w.dims());
     let dense_storage;
     let dense: Option<&[f32]> = match &g {
         GradRows::Dense(t) => {
-            if !supported(t) || t.elem_count() != p.elem_count() {
-                bail!(
-                    "{}: the fused update needs a contiguous f32 gradient",
-                    p.name
-                );
+            if !supported(t) || t.elem_count() != w.elem_count() {
+                bail!("{name}: the fused update needs a contiguous f32 gradient");
             }
             dense_storage = t.storage_and_layout();
             let (s, l) = (&*dense_storage.0, dense_storage.1);
             let candle_core::Storage::Cpu(s) = s else {
-                bail!("{}: the gradient is not on the CPU", p.name)
+                bail!("{name}: the gradient is not on the CPU")
             };
             Some(cpu_f32(s, l, "adamw-fused")?)
         }
@@ -236,17 +227,12 @@ pub fn fused_update(
     };
     if let GradRows::Sparse(rg) = &g {
         if rg.rows() != rows || rg.width() != cols {
-            bail!(
-                "{}: the row gradient is {}×{}",
-                p.name,
-                rg.rows(),
-                rg.width()
-            );
+            bail!("{name}: the row gradient is {}×{}", rg.rows(), rg.width());
         }
     }
-    with_storage_mut(p.var.as_tensor(), |ws, wl| {
+    with_storage_mut(w, |ws, wl| {
         let w = slice_mut(ws, wl, "adamw-fused weights")?;
-        with_comp(p.compensation(), w, |weights| {
+        with_comp(comp, w, |weights| {
             with_moment(m, |mm| {
                 with_moment(v, |vm| {
                     optim::fused_update(rows, cols, weights, mm, vm, &row, k);

@@ -123,9 +123,25 @@ impl Backend {
         }
     }
 
-    /// Whether the optimizer and gradient sums run as in-place CPU kernels.
+    /// Whether the gradient sums run as in-place CPU kernels.
     pub fn in_place(self) -> bool {
         self == Backend::CpuKernels
+    }
+
+    /// Whether the optimizer step runs as the CPU kernels on host copies: always with the CPU
+    /// kernels backend, and with `train.offload = "optimizer"` (docs/training.md §6.6).
+    pub fn optimizer_on_host(self, config: &TrainConfig) -> bool {
+        self.in_place() || config.offload == crate::config::Offload::Optimizer
+    }
+
+    /// Where a run on `opts.device` keeps its weights and optimizer state.
+    pub fn placement(self, opts: &TrainOptions) -> params::Placement {
+        params::Placement {
+            device: opts.device.clone(),
+            // The CPU kernels keep everything on the host already.
+            offload: opts.config.offload == crate::config::Offload::Optimizer
+                && self != Backend::CpuKernels,
+        }
     }
 
     /// How a trained tensor of (full) `shape` keeps its master with optimizer-state mode
@@ -252,16 +268,20 @@ impl Trainer {
         }
         let setup = RunSetup::new(&opts)?;
         let cfg = setup.cfg.clone();
+        let place = backend.placement(&opts);
         let weights = opts
             .files
-            .load_weights(DType::F32, &opts.device, |n| {
+            .load_weights(DType::F32, &place.state_device(), |n| {
                 n.starts_with(params::TRAINABLE_PREFIX)
             })
             .context("cannot load the base model")?;
-        let mut params =
-            ParamStore::new(&weights, &setup.trained, backend.storage_dtype(), |shape| {
-                backend.masters(opts.config.optimizer_state, shape)
-            })?;
+        let mut params = ParamStore::new(
+            &weights,
+            &setup.trained,
+            backend.storage_dtype(),
+            |shape| backend.masters(opts.config.optimizer_state, shape),
+            place,
+        )?;
         drop(weights);
         let arith = backend.arith_dtype(&opts.device);
         let talker =
@@ -285,15 +305,9 @@ impl Trainer {
             for (i, p) in params.params.iter_mut().enumerate() {
                 let shape = p.shape().to_vec();
                 let rows = shape.first().copied().unwrap_or(1);
-                let (m, v) = saved_state::restore(
-                    &mut reader,
-                    saved,
-                    mode,
-                    p,
-                    &shape,
-                    0..rows,
-                    &opts.device,
-                )?;
+                let dev = p.state_device();
+                let (m, v) =
+                    saved_state::restore(&mut reader, saved, mode, p, &shape, 0..rows, &dev)?;
                 adam.m[i] = m;
                 adam.v[i] = v;
             }
@@ -499,7 +513,7 @@ impl Trainer {
             &grads,
             lr,
             clip,
-            in_place,
+            self.backend.optimizer_on_host(&self.opts.config),
         )?;
         self.step += 1;
         let loss = sum / n;

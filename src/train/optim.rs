@@ -8,6 +8,7 @@ use super::cpu_ops;
 use super::moments::{Moment, Which};
 use super::params::Param;
 use super::sparse::{self, RowGrad};
+use cpu_ops::GradRows;
 
 /// AdamW hyper-parameters (PyTorch defaults for betas and eps).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -28,10 +29,29 @@ impl AdamW {
         }
     }
 
-    /// One update of a parameter, exactly in the order of `torch.optim.adamw._single_tensor_adamw`:
-    /// `p *= 1 − lr·wd; m = β1·m + (1−β1)·g; v = β2·v + (1−β2)·g²;
+    /// The constants of step `t` (1-based) at rate `lr` with clipping factor `clip`, as f32, the
+    /// way the element-wise loops and [`Self::update`] both use them.
+    pub fn consts(&self, t: u64, lr: f64, clip: f64) -> crate::kernels::optim::StepConsts {
+        let bc1 = 1.0 - self.beta1.powi(t as i32);
+        let bc2 = 1.0 - self.beta2.powi(t as i32);
+        crate::kernels::optim::StepConsts {
+            weight1: (1.0 - self.beta1) as f32,
+            beta2: self.beta2 as f32,
+            clip: clip as f32,
+            decay: (1.0 - lr * self.weight_decay) as f32,
+            step: (lr / bc1) as f32,
+            bc2_sqrt: bc2.sqrt() as f32,
+            eps: self.eps as f32,
+        }
+    }
+
+    /// One update of a parameter, `torch.optim.adamw._single_tensor_adamw`'s:
+    /// `p *= 1 − lr·wd; m = lerp(m, g, 1−β1); v = β2·v + (1−β2)·g²;
     /// p −= lr/(1−β1^t) · m / (√v / √(1−β2^t) + eps)`. `t` is the 1-based step; all tensors
-    /// f32. Returns the new `(p, m, v)`.
+    /// f32. Every value is computed with the operations, in the order and with the f32 constants
+    /// of the CPU kernels (`kernels::optim`), so on the CPU both give the same bits: the
+    /// optimizer offloaded to the host (kernels) updates as the device's tensor ops do.
+    /// Returns the new `(p, m, v)`.
     pub fn update(
         &self,
         t: u64,
@@ -41,25 +61,28 @@ impl AdamW {
         m: &Tensor,
         v: &Tensor,
     ) -> Result<(Tensor, Tensor, Tensor)> {
+        let k = self.consts(t, lr, 1.0);
         let p = if self.weight_decay != 0.0 {
-            p.affine(1.0 - lr * self.weight_decay, 0.0)?
+            p.affine(k.decay as f64, 0.0)?
         } else {
             p.clone()
         };
-        let m = (m.affine(self.beta1, 0.0)? + g.affine(1.0 - self.beta1, 0.0)?)?;
-        let v = (v.affine(self.beta2, 0.0)? + g.sqr()?.affine(1.0 - self.beta2, 0.0)?)?;
-        let bc1 = 1.0 - self.beta1.powi(t as i32);
-        let bc2 = 1.0 - self.beta2.powi(t as i32);
-        let denom = v.sqrt()?.affine(1.0 / bc2.sqrt(), self.eps)?;
-        let p = (p - (m.div(&denom)?).affine(lr / bc1, 0.0)?)?;
+        let m = (m + (g - m)?.affine(k.weight1 as f64, 0.0)?)?;
+        let w2 = 1.0f32 - k.beta2;
+        let v = (v.affine(k.beta2 as f64, 0.0)? + (g.affine(w2 as f64, 0.0)? * g)?)?;
+        let bc2 = Tensor::new(k.bc2_sqrt, v.device())?;
+        let denom = v.sqrt()?.broadcast_div(&bc2)?.affine(1.0, k.eps as f64)?;
+        let p = (p - (m.div(&denom)?).affine(k.step as f64, 0.0)?)?;
         Ok((p, m, v))
     }
 
     /// One optimizer step over every parameter, all or nothing: every gradient is checked
     /// against its parameter first, then all parameters are updated (gradients scaled by
-    /// `clip`), and only then is the step counted. `in_place` selects the CPU kernels, which
-    /// update f32 masters that are their own `Var`s in place; otherwise the update is computed
-    /// with tensor ops ([`Self::update`]) and the masters (and their compute copies) replaced.
+    /// `clip`), and only then is the step counted. `on_host` selects the CPU kernels, which
+    /// update the host copies in place — the `Var`s themselves with the CPU kernels backend, the
+    /// offloaded masters otherwise (docs/training.md §6.6), whose compute copies then follow;
+    /// otherwise the update is computed with tensor ops ([`Self::update`]) where the state lies
+    /// and the masters (and their compute copies) replaced.
     pub fn step(
         &self,
         state: &mut AdamState,
@@ -67,7 +90,7 @@ impl AdamW {
         grads: &[Grad],
         lr: f64,
         clip: f64,
-        in_place: bool,
+        on_host: bool,
     ) -> anyhow::Result<()> {
         anyhow::ensure!(
             grads.len() == params.len() && state.m.len() == params.len(),
@@ -97,9 +120,11 @@ impl AdamW {
             }
             // The three-pass in-place loops cover f32 masters with f32 moments; the rest
             // takes the fused update.
-            let plain = p.master_in_place().is_some()
+            let host = p.host_weights();
+            let plain = host.is_some_and(|(_, comp)| comp.is_none())
                 && matches!((&state.m[i], &state.v[i]), (Moment::F32(_), Moment::F32(_)));
             fused.push(!plain);
+            let can = on_host && host.is_some() && moments_on_cpu(&state.m[i], &state.v[i]);
             dense.push(match g {
                 Grad::Dense(g) => {
                     anyhow::ensure!(
@@ -108,19 +133,23 @@ impl AdamW {
                         p.name,
                         g.dims()
                     );
+                    // On the host: the gradient comes over (bf16 on a GPU, promoted there).
+                    let g = if on_host {
+                        g.to_device(&candle_core::Device::Cpu)?
+                    } else {
+                        g.clone()
+                    };
                     let g = g.to_dtype(DType::F32)?.contiguous()?;
-                    if in_place {
-                        anyhow::ensure!(
-                            cpu_ops::supported(&g) && (plain || cpu_ops::fused_supported(p)),
-                            "optimizer: {} cannot be updated in place",
-                            p.name
-                        );
-                    }
+                    anyhow::ensure!(
+                        !on_host || (can && cpu_ops::supported(&g)),
+                        "optimizer: {} cannot be updated on the host",
+                        p.name
+                    );
                     Some(g)
                 }
                 Grad::Rows(rows) => {
                     anyhow::ensure!(
-                        in_place && (plain || cpu_ops::fused_supported(p)),
+                        can,
                         "optimizer: {}: row-sparse gradients need the in-place CPU update",
                         p.name
                     );
@@ -140,32 +169,13 @@ impl AdamW {
             if p.elem_count() == 0 {
                 continue;
             }
+            let (m, v) = (&state.m[i], &state.v[i]);
             match (g, &dense[i]) {
-                (Grad::Rows(rows), _) if fused[i] => self.apply_fused(
-                    t,
-                    lr,
-                    clip,
-                    p,
-                    cpu_ops::GradRows::Sparse(rows),
-                    &state.m[i],
-                    &state.v[i],
-                )?,
                 (Grad::Rows(rows), _) => {
-                    let (m, v) = (f32_moment(&state.m[i])?, f32_moment(&state.v[i])?);
-                    self.apply_rows(t, lr, clip, p, rows, m, v)?
+                    self.apply_on_host(t, lr, clip, p, GradRows::Sparse(rows), m, v, fused[i])?
                 }
-                (Grad::Dense(_), Some(g)) if in_place && fused[i] => self.apply_fused(
-                    t,
-                    lr,
-                    clip,
-                    p,
-                    cpu_ops::GradRows::Dense(g),
-                    &state.m[i],
-                    &state.v[i],
-                )?,
-                (Grad::Dense(_), Some(g)) if in_place => {
-                    let (m, v) = (f32_moment(&state.m[i])?, f32_moment(&state.v[i])?);
-                    self.apply_in_place(t, lr, clip, p, g, m, v)?
+                (Grad::Dense(_), Some(g)) if on_host => {
+                    self.apply_on_host(t, lr, clip, p, GradRows::Dense(g), m, v, fused[i])?
                 }
                 (Grad::Dense(_), Some(g)) => {
                     let g = if clip < 1.0 {
@@ -173,8 +183,8 @@ impl AdamW {
                     } else {
                         g.clone()
                     };
-                    let (m, v) = (state.m[i].decode()?, state.v[i].decode()?);
-                    let (np, nm, nv) = self.update(t, lr, &p.master()?, &g, &m, &v)?;
+                    let (md, vd) = (m.decode()?, v.decode()?);
+                    let (np, nm, nv) = self.update(t, lr, &p.master()?, &g, &md, &vd)?;
                     p.set_master(np)?;
                     state.m[i] = state.m[i].encode_like(&nm)?;
                     state.v[i] = state.v[i].encode_like(&nv)?;
@@ -186,49 +196,102 @@ impl AdamW {
         Ok(())
     }
 
-    /// One in-place update of an f32 master with the CPU kernels (the formula of
-    /// [`Self::update`]).
+    /// One update of `param`'s host copy with the CPU kernels (the three-pass loops, or the
+    /// fused one for 8-bit moments and compensated weights), then its compute copy refreshed.
     #[allow(clippy::too_many_arguments)]
-    fn apply_in_place(
+    fn apply_on_host(
         &self,
         t: u64,
         lr: f64,
         clip: f64,
-        param: &Param,
+        param: &mut Param,
+        g: GradRows,
+        m: &Moment,
+        v: &Moment,
+        fused: bool,
+    ) -> Result<()> {
+        let k = self.consts(t, lr, clip);
+        {
+            let Some((w, comp)) = param.host_weights() else {
+                candle_core::bail!("{}: no host copy to update", param.name)
+            };
+            if fused {
+                cpu_ops::fused_update(&param.name, w, comp, g, m, v, &k)?;
+            } else {
+                let (m, v) = (f32_moment(m)?, f32_moment(v)?);
+                match g {
+                    GradRows::Dense(g) => self.apply_in_place(w, g, m, v, &k)?,
+                    GradRows::Sparse(rows) => self.apply_rows(w, rows, m, v, &k)?,
+                }
+            }
+        }
+        param.refresh_from_host()
+    }
+
+    /// One in-place update of an f32 master with the three-pass CPU kernels.
+    fn apply_in_place(
+        &self,
+        p: &Tensor,
         g: &Tensor,
         m: &Tensor,
         v: &Tensor,
+        k: &crate::kernels::optim::StepConsts,
     ) -> Result<()> {
-        let Some(p) = param.master_in_place() else {
-            candle_core::bail!("{}: in-place updates need an f32 master", param.name)
-        };
-        let bc1 = 1.0 - self.beta1.powi(t as i32);
-        let bc2 = 1.0 - self.beta2.powi(t as i32);
         m.inplace_op2(
             g,
             &cpu_ops::FirstMoment {
-                weight: (1.0 - self.beta1) as f32,
-                clip: clip as f32,
+                weight: k.weight1,
+                clip: k.clip,
             },
         )?;
         v.inplace_op2(
             g,
             &cpu_ops::SecondMoment {
-                beta2: self.beta2 as f32,
-                clip: clip as f32,
+                beta2: k.beta2,
+                clip: k.clip,
             },
         )?;
-        p.inplace_op3(
-            m,
-            v,
-            &cpu_ops::ParamUpdate {
-                decay: (1.0 - lr * self.weight_decay) as f32,
-                step_size: (lr / bc1) as f32,
-                bc2_sqrt: bc2.sqrt() as f32,
-                eps: self.eps as f32,
-            },
-        )
+        p.inplace_op3(m, v, &param_update(k))
     }
+
+    /// One update of a table `p` (updated in place on the CPU) with a row-sparse gradient;
+    /// rows without a gradient are updated as with a zero gradient.
+    fn apply_rows(
+        &self,
+        p: &Tensor,
+        g: &RowGrad,
+        m: &Tensor,
+        v: &Tensor,
+        k: &crate::kernels::optim::StepConsts,
+    ) -> Result<()> {
+        m.inplace_op1(&sparse::SparseFirstMoment {
+            grad: g,
+            weight: k.weight1,
+            clip: k.clip,
+        })?;
+        v.inplace_op1(&sparse::SparseSecondMoment {
+            grad: g,
+            beta2: k.beta2,
+            clip: k.clip,
+        })?;
+        p.inplace_op3(m, v, &param_update(k))
+    }
+}
+
+fn param_update(k: &crate::kernels::optim::StepConsts) -> cpu_ops::ParamUpdate {
+    cpu_ops::ParamUpdate {
+        decay: k.decay,
+        step_size: k.step,
+        bc2_sqrt: k.bc2_sqrt,
+        eps: k.eps,
+    }
+}
+
+fn moments_on_cpu(m: &Moment, v: &Moment) -> bool {
+    [m, v].iter().all(|x| match x {
+        Moment::F32(t) => cpu_ops::supported(t),
+        Moment::Codes8(c) => c.codes.device().is_cpu() && c.scales.device().is_cpu(),
+    })
 }
 
 fn f32_moment(m: &Moment) -> Result<&Tensor> {
@@ -238,81 +301,11 @@ fn f32_moment(m: &Moment) -> Result<&Tensor> {
     }
 }
 
-impl AdamW {
-    /// One in-place update with the fused CPU kernel: 8-bit moments, compensated weights.
-    #[allow(clippy::too_many_arguments)]
-    fn apply_fused(
-        &self,
-        t: u64,
-        lr: f64,
-        clip: f64,
-        param: &Param,
-        g: cpu_ops::GradRows,
-        m: &Moment,
-        v: &Moment,
-    ) -> Result<()> {
-        let bc1 = 1.0 - self.beta1.powi(t as i32);
-        let bc2 = 1.0 - self.beta2.powi(t as i32);
-        let k = crate::kernels::optim::StepConsts {
-            weight1: (1.0 - self.beta1) as f32,
-            beta2: self.beta2 as f32,
-            clip: clip as f32,
-            decay: (1.0 - lr * self.weight_decay) as f32,
-            step: (lr / bc1) as f32,
-            bc2_sqrt: bc2.sqrt() as f32,
-            eps: self.eps as f32,
-        };
-        cpu_ops::fused_update(param, g, m, v, &k)
-    }
-}
-
 /// The gradient of one parameter for [`AdamW::step`].
 pub enum Grad<'a> {
     Dense(Tensor),
     /// Row-sparse (the text embedding on the CPU, see [`super::sparse`]).
     Rows(&'a RowGrad),
-}
-
-impl AdamW {
-    /// One update of `param` (a table updated in place on the CPU) with a row-sparse gradient
-    /// scaled by `clip`; rows without a gradient are updated as with a zero gradient.
-    #[allow(clippy::too_many_arguments)]
-    pub fn apply_rows(
-        &self,
-        t: u64,
-        lr: f64,
-        clip: f64,
-        param: &Param,
-        g: &RowGrad,
-        m: &Tensor,
-        v: &Tensor,
-    ) -> Result<()> {
-        let Some(p) = param.master_in_place() else {
-            candle_core::bail!("{}: row-sparse updates need an f32 master", param.name)
-        };
-        let bc1 = 1.0 - self.beta1.powi(t as i32);
-        let bc2 = 1.0 - self.beta2.powi(t as i32);
-        m.inplace_op1(&sparse::SparseFirstMoment {
-            grad: g,
-            weight: (1.0 - self.beta1) as f32,
-            clip: clip as f32,
-        })?;
-        v.inplace_op1(&sparse::SparseSecondMoment {
-            grad: g,
-            beta2: self.beta2 as f32,
-            clip: clip as f32,
-        })?;
-        p.inplace_op3(
-            m,
-            v,
-            &cpu_ops::ParamUpdate {
-                decay: (1.0 - lr * self.weight_decay) as f32,
-                step_size: (lr / bc1) as f32,
-                bc2_sqrt: bc2.sqrt() as f32,
-                eps: self.eps as f32,
-            },
-        )
-    }
 }
 
 /// `acc += g`: in place with the CPU kernels (`in_place`, contiguous f32 CPU tensors), else a
@@ -341,7 +334,7 @@ impl AdamState {
         let z = |which| -> Result<Vec<Moment>> {
             params
                 .iter()
-                .map(|p| Moment::zeros(p.shape(), eight_bit(p), which, p.var.device()))
+                .map(|p| Moment::zeros(p.shape(), eight_bit(p), which, &p.state_device()))
                 .collect()
         };
         Ok(Self {
@@ -431,7 +424,8 @@ mod tests {
         }
         assert_eq!(m1.to_vec1::<f32>().unwrap(), vec![0.05, 0.025]);
         let v: Vec<f32> = v1.to_vec1().unwrap();
-        assert!((v[0] - 0.00025).abs() < 1e-9 && (v[1] - 0.0000625).abs() < 1e-9);
+        // 1 − β2 is formed in f32 (0.001000047), as the CPU kernels form it.
+        assert!((v[0] / 0.00025 - 1.0).abs() < 1e-4 && (v[1] / 0.0000625 - 1.0).abs() < 1e-4);
         // Step 2 with the same gradient: bias correction keeps the step at ≈ lr.
         let (p2, _, _) = opt.update(2, 0.01, &p1, &g, &m1, &v1).unwrap();
         let d: Vec<f32> = (p2 - &p1.affine(1.0 - 0.001, 0.0).unwrap())
@@ -468,7 +462,12 @@ mod tests {
         let names: Vec<String> = tensors.keys().cloned().collect();
         let opt = AdamW::new(0.1);
         for (masters, in_place) in [(Masters::Shared, true), (Masters::Separate, false)] {
-            let mut store = ParamStore::new(&weights, &names, DType::F32, |_| masters).unwrap();
+            let place = super::super::params::Placement {
+                device: dev.clone(),
+                offload: false,
+            };
+            let mut store =
+                ParamStore::new(&weights, &names, DType::F32, |_| masters, place).unwrap();
             let before: Vec<Vec<f32>> = store
                 .params
                 .iter()
@@ -527,6 +526,43 @@ mod tests {
                 store.params[1].master().unwrap().to_vec1::<f32>().unwrap(),
                 before[1]
             );
+        }
+    }
+
+    /// The tensor-op update (the device path) and the CPU kernels (the host path) give the same
+    /// bits: an offloaded optimizer updates as the device would (docs/training.md §6.6).
+    #[test]
+    fn the_tensor_update_equals_the_kernels_bit_for_bit() {
+        let dev = Device::Cpu;
+        let n = 3 * crate::kernels::optim::CHUNK + 5;
+        let mk = |seed: f32, scale: f32| -> Tensor {
+            let v: Vec<f32> = (0..n)
+                .map(|i| (i as f32 * 0.37 + seed).sin() * scale)
+                .collect();
+            Tensor::from_vec(v, n, &dev).unwrap()
+        };
+        let opt = AdamW::new(0.01);
+        let (p0, m0) = (mk(1.0, 0.05), mk(2.0, 1e-3));
+        let v0 = mk(3.0, 1e-3).sqr().unwrap();
+        let (lr, clip) = (2e-4, 0.37);
+        for t in [1u64, 7] {
+            let g = mk(4.0 + t as f32, 0.3);
+            let (p, m, v) = (p0.copy().unwrap(), m0.copy().unwrap(), v0.copy().unwrap());
+            let k = opt.consts(t, lr, clip);
+            opt.apply_in_place(&p, &g, &m, &v, &k).unwrap();
+            let (tp, tm, tv) = opt
+                .update(t, lr, &p0, &g.affine(clip, 0.0).unwrap(), &m0, &v0)
+                .unwrap();
+            let bits = |x: &Tensor| -> Vec<u32> {
+                x.to_vec1::<f32>()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect()
+            };
+            assert!(bits(&tm) == bits(&m), "step {t}: first moments differ");
+            assert!(bits(&tv) == bits(&v), "step {t}: second moments differ");
+            assert!(bits(&tp) == bits(&p), "step {t}: weights differ");
         }
     }
 

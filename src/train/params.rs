@@ -98,32 +98,37 @@ pub struct Param {
 impl Param {
     /// A trained tensor (or a rank's shard of one) from its fp32 master; the compute copy is a
     /// separate `dtype` copy with [`Masters::Separate`], the master itself with `Shared` (f32).
+    /// The compute copy lives on `device`; with `offload` the optimizer's copy of the weights
+    /// (master, or compensated weight and compensation) stays where `master` lies, on the host
+    /// (docs/training.md §6.6).
     pub fn new(
         name: String,
         unit: Unit,
         master: Tensor,
         compute: DType,
         masters: Masters,
+        device: &candle_core::Device,
+        offload: bool,
     ) -> Result<Self> {
         if master.dtype() != DType::F32 {
             bail!("the master of {name} must be f32, not {:?}", master.dtype());
         }
+        let copy_of = |t: &Tensor| -> Result<Var> {
+            Ok(Var::from_tensor(
+                &t.to_dtype(compute)?.to_device(device)?.copy()?,
+            )?)
+        };
         let (var, master, comp) = match masters {
-            Masters::Shared if compute == DType::F32 => (Var::from_tensor(&master)?, None, None),
+            Masters::Shared if compute == DType::F32 => {
+                (Var::from_tensor(&master.to_device(device)?)?, None, None)
+            }
             Masters::Shared => bail!("the trained tensors can only be their own masters in f32"),
             // `copy` so that the master and the var never share storage.
-            Masters::Separate => (
-                Var::from_tensor(&master.to_dtype(compute)?.copy()?)?,
-                Some(master.copy()?),
-                None,
-            ),
+            Masters::Separate => (copy_of(&master)?, Some(master.copy()?), None),
             Masters::Compensated => {
                 let (w, c) = split_compensated(&master)?;
-                (
-                    Var::from_tensor(&w.to_dtype(compute)?.copy()?)?,
-                    None,
-                    Some(c),
-                )
+                let host_w = offload.then(|| w.to_dtype(DType::F32)).transpose()?;
+                (copy_of(&w)?, host_w, Some(c))
             }
         };
         Ok(Self {
@@ -135,6 +140,38 @@ impl Param {
         })
     }
 
+    /// The f32 CPU tensor the CPU kernels update in place, if there is one: the `Var` when it is
+    /// its own master, else a master held on the host (offloaded, or any master on the CPU);
+    /// with its compensation.
+    pub fn host_weights(&self) -> Option<(&Tensor, Option<&Tensor>)> {
+        let w = match &self.master {
+            Some(m) => m,
+            None if self.comp.is_none() || self.var.dtype() == DType::F32 => self.var.as_tensor(),
+            None => return None,
+        };
+        let on_cpu = |t: &Tensor| t.device().is_cpu() && t.is_contiguous();
+        (on_cpu(w) && w.dtype() == DType::F32 && self.comp.as_ref().is_none_or(on_cpu))
+            .then_some((w, self.comp.as_ref()))
+    }
+
+    /// After the CPU kernels updated [`Self::host_weights`]: the compute copy follows them.
+    pub fn refresh_from_host(&mut self) -> candle_core::Result<()> {
+        if let Some(m) = &self.master {
+            let dev = self.var.device().clone();
+            self.var
+                .set(&m.to_dtype(self.var.dtype())?.to_device(&dev)?)?;
+        }
+        Ok(())
+    }
+
+    /// The device the optimizer state of this parameter lives on (its master's, or its own).
+    pub fn state_device(&self) -> candle_core::Device {
+        match &self.master {
+            Some(m) => m.device().clone(),
+            None => self.var.device().clone(),
+        }
+    }
+
     /// The bf16 compensation ([`Masters::Compensated`]).
     pub fn compensation(&self) -> Option<&Tensor> {
         self.comp.as_ref()
@@ -143,18 +180,30 @@ impl Param {
     /// Sets a compensated parameter's weight and compensation as saved (bf16 each), without
     /// the rounding of a sum and a split: resuming keeps every bit.
     pub fn set_compensated(&mut self, w: &Tensor, comp: &Tensor) -> Result<()> {
-        if self.comp.is_none() {
+        let Some(c) = &mut self.comp else {
             bail!("{} is not a compensated parameter", self.name);
+        };
+        let dev = self.var.device().clone();
+        *c = comp
+            .to_dtype(DType::BF16)?
+            .to_device(&c.device().clone())?
+            .copy()?;
+        if let Some(m) = &mut self.master {
+            *m = w
+                .to_dtype(DType::F32)?
+                .to_device(&m.device().clone())?
+                .copy()?;
         }
-        self.var.set(&w.to_dtype(self.var.dtype())?)?;
-        self.comp = Some(comp.to_dtype(DType::BF16)?.copy()?);
+        self.var
+            .set(&w.to_dtype(self.var.dtype())?.to_device(&dev)?)?;
         Ok(())
     }
 
     /// The fp32 master weights (for a compensated parameter, weight plus compensation).
     pub fn master(&self) -> candle_core::Result<Tensor> {
         match (&self.master, &self.comp) {
-            (Some(m), _) => Ok(m.clone()),
+            (Some(m), Some(c)) => m + c.to_dtype(DType::F32)?,
+            (Some(m), None) => Ok(m.clone()),
             (None, Some(c)) => {
                 self.var.as_tensor().to_dtype(DType::F32)? + c.to_dtype(DType::F32)?
             }
@@ -162,28 +211,26 @@ impl Param {
         }
     }
 
-    /// The master when it can be updated in place: the `Var` itself (f32 compute).
-    pub fn master_in_place(&self) -> Option<&Tensor> {
-        match (&self.master, &self.comp) {
-            (None, None) => Some(self.var.as_tensor()),
-            _ => None,
-        }
-    }
-
-    /// Replaces the master (fp32, same shape) and refreshes the compute copy; a compensated
-    /// parameter keeps the bf16 rounding as its weight and the rest as its compensation.
+    /// Replaces the master (fp32, same shape; on any device) and refreshes the compute copy; a
+    /// compensated parameter keeps the bf16 rounding as its weight and the rest as its
+    /// compensation.
     pub fn set_master(&mut self, value: Tensor) -> candle_core::Result<()> {
+        let dev = self.var.device().clone();
+        let dtype = self.var.dtype();
         match (&mut self.master, &mut self.comp) {
-            (Some(m), _) => {
-                self.var.set(&value.to_dtype(self.var.dtype())?)?;
-                *m = value;
+            (Some(m), None) => {
+                self.var.set(&value.to_dtype(dtype)?.to_device(&dev)?)?;
+                *m = value.to_device(&m.device().clone())?;
             }
-            (None, Some(c)) => {
+            (host, Some(c)) => {
                 let (w, rest) = split_compensated(&value)?;
-                self.var.set(&w.to_dtype(self.var.dtype())?)?;
-                *c = rest;
+                self.var.set(&w.to_dtype(dtype)?.to_device(&dev)?)?;
+                *c = rest.to_device(&c.device().clone())?;
+                if let Some(m) = host {
+                    *m = w.to_dtype(DType::F32)?.to_device(&m.device().clone())?;
+                }
             }
-            (None, None) => self.var.set(&value)?,
+            (None, None) => self.var.set(&value.to_device(&dev)?)?,
         }
         Ok(())
     }
@@ -191,11 +238,8 @@ impl Param {
     /// Bytes of the optimizer's copy of the weights beyond the compute copy: the fp32 master,
     /// or the bf16 compensation.
     pub fn master_bytes(&self) -> usize {
-        match (&self.master, &self.comp) {
-            (Some(m), _) => m.elem_count() * 4,
-            (None, Some(c)) => c.elem_count() * 2,
-            (None, None) => 0,
-        }
+        self.master.as_ref().map_or(0, |m| m.elem_count() * 4)
+            + self.comp.as_ref().map_or(0, |c| c.elem_count() * 2)
     }
 
     pub fn shape(&self) -> &[usize] {
@@ -217,6 +261,25 @@ pub enum Masters {
     /// No fp32 master: the `Var` holds bf16 values (stored in the compute dtype) and a bf16
     /// compensation keeps what bf16 cannot (docs/training.md §6.5).
     Compensated,
+}
+
+/// Where a run keeps its weights: the compute copies on `device`, and with `offload` the
+/// optimizer's copies where the weights were loaded (the host, docs/training.md §6.6).
+#[derive(Debug, Clone)]
+pub struct Placement {
+    pub device: candle_core::Device,
+    pub offload: bool,
+}
+
+impl Placement {
+    /// Where the masters are loaded and the moments kept.
+    pub fn state_device(&self) -> candle_core::Device {
+        if self.offload {
+            candle_core::Device::Cpu
+        } else {
+            self.device.clone()
+        }
+    }
 }
 
 /// `value` (f32) as a bf16 weight and the bf16 rest: `w = bf16(value)`, `comp = bf16(value − w)`.
@@ -244,6 +307,7 @@ impl ParamStore {
         trained: &[String],
         compute: DType,
         masters: impl Fn(&[usize]) -> Masters,
+        place: Placement,
     ) -> Result<Self> {
         if weights.dtype() != DType::F32 {
             bail!("training needs the checkpoint loaded in f32 (the master weights)");
@@ -252,13 +316,22 @@ impl ParamStore {
         for name in trained {
             let t = weights.get_any(name)?;
             let kind = masters(t.dims());
-            params.push(Param::new(name.clone(), unit_of(name)?, t, compute, kind)?);
+            params.push(Param::new(
+                name.clone(),
+                unit_of(name)?,
+                t,
+                compute,
+                kind,
+                &place.device,
+                place.offload,
+            )?);
         }
         params.sort_by(|a, b| (a.unit, &a.name).cmp(&(b.unit, &b.name)));
         let mut frozen = BTreeMap::new();
         for name in weights.names_with_prefix(TRAINABLE_PREFIX) {
             if !trained.contains(&name) {
-                frozen.insert(name.clone(), weights.get_any(&name)?.to_dtype(compute)?);
+                let t = weights.get_any(&name)?.to_dtype(compute)?;
+                frozen.insert(name.clone(), t.to_device(&place.device)?);
             }
         }
         let index = params
@@ -282,7 +355,11 @@ impl ParamStore {
             .into_iter()
             .filter(|n| trainable(n))
             .collect();
-        Self::new(weights, &trained, DType::F32, |_| Masters::Shared)
+        let place = Placement {
+            device: weights.device().clone(),
+            offload: false,
+        };
+        Self::new(weights, &trained, DType::F32, |_| Masters::Shared, place)
     }
 
     /// The trained `Var` named `name`.

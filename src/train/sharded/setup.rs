@@ -117,6 +117,7 @@ impl ShardedTrainer {
                 if rows.is_empty() {
                     continue;
                 }
+                let dev = p.state_device();
                 let (m, v) = saved_state::restore(
                     &mut reader,
                     r.index.optimizer.state,
@@ -124,7 +125,7 @@ impl ShardedTrainer {
                     p,
                     &shapes[i],
                     rows,
-                    &opts.device,
+                    &dev,
                 )?;
                 adam.m[i] = m;
                 adam.v[i] = v;
@@ -194,16 +195,18 @@ fn load_owned_rows(
     storage: DType,
     backend: Backend,
 ) -> Result<Vec<Param>> {
+    let place = backend.placement(opts);
     let mut weights = Weights::load_rows(
         &opts.files.checkpoint.shards,
         DType::F32,
-        &opts.device,
+        &place.state_device(),
         |name, _| owned.get(name).filter(|r| !r.is_empty()).cloned(),
     )
     .context("cannot load this rank's shards of the base model")?;
     let mut params = Vec::with_capacity(trained.len());
     for (name, shape) in trained.iter().zip(shapes) {
-        let master = if owned[name.as_str()].is_empty() {
+        let empty = owned[name.as_str()].is_empty();
+        let master = if empty {
             let mut empty = shape.clone();
             empty[0] = 0;
             Tensor::zeros(empty, DType::F32, &Device::Cpu)?
@@ -217,6 +220,9 @@ fn load_owned_rows(
             master,
             storage,
             backend.masters(opts.config.optimizer_state, shape),
+            // A rank's empty shard stays on the CPU: no device ever sees it.
+            if empty { &Device::Cpu } else { &place.device },
+            place.offload,
         )?);
     }
     Ok(params)

@@ -90,8 +90,9 @@ impl ShardedTrainer {
                 },
             })
             .collect::<Result<_>>()?;
+        let on_host = self.backend.optimizer_on_host(&self.opts.config);
         self.adamw
-            .step(&mut self.adam, &mut self.params, &grads, lr, clip, in_place)?;
+            .step(&mut self.adam, &mut self.params, &grads, lr, clip, on_host)?;
         if self.mode == ShardMode::GradOp {
             self.refresh_replica()?;
         }
