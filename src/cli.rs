@@ -682,6 +682,11 @@ pub struct TrainArgs {
     #[arg(long, value_name = "WHAT")]
     pub offload: Option<String>,
 
+    /// Activation checkpointing: none, or layers (keep each unit's input, recompute it for the
+    /// backward pass) [train.recompute, default none].
+    #[arg(long, value_name = "WHAT")]
+    pub recompute: Option<String>,
+
     /// Sharded runs: restart every rank from the last checkpoint when one fails, at most N
     /// times [train.max_restarts].
     #[arg(long, value_name = "N")]
@@ -744,6 +749,7 @@ impl TrainArgs {
                 self.optimizer_state.clone(),
             )
             .set("train.offload", "--offload", self.offload.clone())
+            .set("train.recompute", "--recompute", self.recompute.clone())
             .flag(
                 "train.speaker_balance",
                 "--speaker-balance",

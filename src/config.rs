@@ -109,6 +109,7 @@ pub struct TrainConfig {
     pub max_restarts: usize,
     pub optimizer_state: OptimizerState,
     pub offload: Offload,
+    pub recompute: Recompute,
 }
 
 /// `train.shard`: what a sharded run shards (docs/distributed.md §4).
@@ -183,6 +184,23 @@ pub enum Offload {
 
 impl Offload {
     pub const NAMES: &'static [&'static str] = &["none", "optimizer"];
+}
+
+/// `train.recompute`: activation checkpointing (docs/training.md §6.7).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Recompute {
+    /// Keep every activation of the forward pass for the backward pass (sharded `full` runs
+    /// recompute their units regardless).
+    #[default]
+    None,
+    /// Keep each decoder layer's (each unit's) input only and recompute the unit in the
+    /// backward pass.
+    Layers,
+}
+
+impl Recompute {
+    pub const NAMES: &'static [&'static str] = &["none", "layers"];
 }
 
 /// `[speak]`: synthesis defaults. Sampling keys at 0 take the model's
@@ -266,6 +284,7 @@ const CHOICES: &[(&str, &[&str])] = &[
     ("train.backend", TrainBackend::NAMES),
     ("train.optimizer_state", OptimizerState::NAMES),
     ("train.offload", Offload::NAMES),
+    ("train.recompute", Recompute::NAMES),
     ("embed.mode", EmbedMode::NAMES),
 ];
 

@@ -48,31 +48,56 @@ pub fn run(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<()> {
     let device = train_device()?;
     let backend = train::Backend::resolve(c.backend, &device)?;
     let opts = run.options(ws, config, device.clone(), backend);
+    let where_ = placement(backend, &device, c);
+    if c.recompute == crate::config::Recompute::Layers {
+        // Recomputing on one device is the `full` pass of a world of one rank: each unit's
+        // input is kept, the unit recomputed for the backward pass (docs/training.md §6.7).
+        let coll: Arc<dyn crate::dist::Collective> =
+            Arc::new(crate::dist::local::Local::world(1).remove(0));
+        let tag = format!("{:x}", std::process::id());
+        let mut trainer = train::sharded::ShardedTrainer::new(
+            opts,
+            coll,
+            crate::config::Shard::Full,
+            tag,
+            false,
+        )?;
+        let sizes = (trainer.params.len(), trainer.full_parameters());
+        let outcome = announce_and_run(ws, config, &mut trainer, sizes, &where_)?;
+        return finish(ws, config, args, &outcome, trainer.options());
+    }
     let mut trainer = Trainer::new(opts, false)?;
-    for w in &trainer.warnings {
+    let sizes = (trainer.params.params.len(), trainer.params.elem_count());
+    let outcome = announce_and_run(ws, config, &mut trainer, sizes, &where_)?;
+    finish(ws, config, args, &outcome, trainer.options())
+}
+
+/// Says what a one-device run starts from (its warnings, then a fresh start or the checkpoint
+/// it resumes) and runs it to the end. `sizes`: trained tensors and values.
+fn announce_and_run(
+    ws: &Workspace,
+    config: &Config,
+    trainer: &mut dyn train::driver::Engine,
+    (tensors, values): (usize, usize),
+    where_: &str,
+) -> Result<train::Outcome> {
+    for w in trainer.warnings() {
         eprintln!("warning: {w}");
     }
     let total = trainer.total_steps();
-    match &trainer.resumed_from {
+    let (dataset, cursor, steps_per_epoch) = trainer.data(config.train.grad_accum);
+    match trainer.resumed_from() {
         Some(dir) => print_resumed(
             ws,
-            dir,
-            trainer.step,
+            &dir,
+            trainer.step_count(),
             total,
-            trainer.data_changed,
-            trainer.sampler.cursor().epoch,
+            trainer.data_changed(),
+            cursor.epoch,
         ),
-        None => print_start(
-            config,
-            trainer.params.params.len(),
-            trainer.params.elem_count(),
-            &trainer.dataset,
-            trainer.sampler.steps_per_epoch(c.grad_accum),
-            &placement(backend, &device, c),
-        ),
+        None => print_start(config, tensors, values, dataset, steps_per_epoch, where_),
     }
-    let outcome = trainer.run()?;
-    finish(ws, config, args, &outcome, trainer.options())
+    train::driver::run(trainer)
 }
 
 /// What every way of training needs ready first: the manifest with codes, the speaker
@@ -196,6 +221,9 @@ pub fn placement(
     }
     if c.offload == crate::config::Offload::Optimizer {
         out += "; masters and moments offloaded to the host";
+    }
+    if c.recompute == crate::config::Recompute::Layers {
+        out += "; each unit recomputed for the backward pass";
     }
     out
 }

@@ -1,6 +1,8 @@
-//! An in-process world of ranks for unit tests: each rank is a thread, and every collective
-//! exchanges through shared memory with the semantics of [`Collective`] (rank-ordered sums, so
-//! the results are those of the TCP backend at the same world size up to summation order).
+//! An in-process world of ranks: each rank is a thread, and every collective exchanges through
+//! shared memory with the semantics of [`Collective`] (rank-ordered sums, so the results are
+//! those of the TCP backend at the same world size up to summation order). The unit tests of the
+//! sharded step run on it, and a one-device run that recomputes is a world of one
+//! (docs/training.md §6.7).
 
 use std::sync::{Arc, Barrier, Mutex};
 

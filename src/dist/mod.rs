@@ -14,7 +14,6 @@ pub mod collective;
 pub mod env;
 pub mod flat;
 pub mod launch;
-#[cfg(test)]
 pub mod local;
 #[cfg(feature = "nccl")]
 pub mod nccl;

@@ -12,7 +12,9 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 
+use super::data::Dataset;
 use super::metrics::{MetricsLog, StepMetrics};
+use super::sampler::Cursor;
 use super::{checkpoint, signal, Outcome, TrainOptions};
 use crate::progress::Progress;
 
@@ -37,6 +39,12 @@ pub trait Engine: Send {
     fn is_reporter(&self) -> bool;
     /// Ranks of the run (1 on one device).
     fn world(&self) -> usize;
+    /// What setting up found and repaired that the user should hear of.
+    fn warnings(&self) -> &[String];
+    /// Whether the data changed since the checkpoint this run resumed from.
+    fn data_changed(&self) -> bool;
+    /// The training data, the data cursor, and the optimizer steps of an epoch.
+    fn data(&self, grad_accum: usize) -> (&Dataset, Cursor, usize);
 }
 
 /// A loss or gradient norm that is not finite: the step was not applied. Restarting would only

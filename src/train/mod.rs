@@ -50,7 +50,7 @@ use self::metrics::StepMetrics;
 use self::optim::{AdamState, AdamW, Grad, Schedule};
 use self::params::{ArithSource, Masters, ParamStore};
 use self::run::{IndexParts, RunSetup};
-use self::sampler::Sampler;
+use self::sampler::{Cursor, Sampler};
 use self::sparse::RowGrad;
 use crate::config::{OptimizerState, TrainBackend, TrainConfig};
 use crate::model::config::Qwen3TtsConfig;
@@ -573,6 +573,19 @@ impl Trainer {
 }
 
 impl driver::Engine for Trainer {
+    fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+    fn data_changed(&self) -> bool {
+        self.data_changed
+    }
+    fn data(&self, grad_accum: usize) -> (&Dataset, Cursor, usize) {
+        (
+            &self.dataset,
+            self.sampler.cursor(),
+            self.sampler.steps_per_epoch(grad_accum),
+        )
+    }
     fn options(&self) -> &TrainOptions {
         &self.opts
     }

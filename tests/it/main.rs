@@ -30,6 +30,6 @@ mod train_cli;
 mod train_dist;
 mod train_dist_failures;
 mod train_launchers;
-mod train_optimizer_state;
+mod train_memory;
 mod train_parity;
 mod train_support;

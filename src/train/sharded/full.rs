@@ -1,7 +1,9 @@
 //! The `full` pass (ZeRO-3, docs/distributed.md §4.2): forward unit by unit on gathered
 //! weights, keeping each unit's inputs; then backward in reverse, gathering each unit again and
 //! recomputing it with `Var`s from the saved inputs, its weight gradients summed over the local
-//! micro-batches and reduce-scattered once.
+//! micro-batches and reduce-scattered once. The same pass recomputes `grad-op` runs with
+//! `train.recompute = "layers"`, taking each unit from the replicas instead of gathering it
+//! (docs/training.md §6.7).
 
 use anyhow::Result;
 use candle_core::{DType, Tensor, Var};
@@ -40,7 +42,7 @@ impl ShardedTrainer {
 
         // Forward, keeping every unit's inputs.
         let embedded: Vec<Embedded> = {
-            let (src, _) = self.gather(emb_u, false)?;
+            let (src, _) = self.unit_weights(emb_u, false)?;
             let unit = EmbeddingUnit::load(&src, cfg, numerics)?;
             mine.iter()
                 .map(|m| {
@@ -55,7 +57,7 @@ impl ShardedTrainer {
         let mut inputs: Vec<Vec<Tensor>> = Vec::with_capacity(layers);
         let mut x: Vec<Tensor> = embedded.iter().map(|e| e.inputs.clone()).collect();
         for (l, &u) in layer_u.iter().enumerate() {
-            let (src, _) = self.gather(u, false)?;
+            let (src, _) = self.unit_weights(u, false)?;
             let layer = DecoderLayer::load(&src, &layer_name(l), tcfg, numerics)?;
             let next = mine
                 .iter()
@@ -66,7 +68,7 @@ impl ShardedTrainer {
         }
         let head_in = x;
         let (l_talker, frame_hidden): (Vec<Tensor>, Vec<Tensor>) = {
-            let (src, _) = self.gather(head_u, false)?;
+            let (src, _) = self.unit_weights(head_u, false)?;
             let head = HeadUnit::load(&src, cfg, numerics)?;
             mine.iter()
                 .zip(&head_in)
@@ -76,7 +78,7 @@ impl ShardedTrainer {
                 .unzip()
         };
         let l_sub: Vec<Tensor> = {
-            let (src, _) = self.gather(cp_u, false)?;
+            let (src, _) = self.unit_weights(cp_u, false)?;
             let cp = CodePredictor::load_parts(&src, cfg, numerics, false)?;
             mine.iter()
                 .zip(&frame_hidden)
@@ -112,7 +114,7 @@ impl ShardedTrainer {
         };
         let (mut d_fh, mut d_c0, mut d_sub) = (Vec::new(), Vec::new(), Vec::new());
         {
-            let (src, vars) = self.gather(cp_u, true)?;
+            let (src, vars) = self.unit_weights(cp_u, true)?;
             let cp = CodePredictor::load_parts(&src, cfg, numerics, false)?;
             let mut acc = vec![None; vars.len()];
             for ((m, fh), e) in mine.iter().zip(&frame_hidden).zip(&embedded) {
@@ -136,7 +138,7 @@ impl ShardedTrainer {
         }
         let mut d_x: Vec<Tensor> = Vec::with_capacity(mine.len());
         {
-            let (src, vars) = self.gather(head_u, true)?;
+            let (src, vars) = self.unit_weights(head_u, true)?;
             let head = HeadUnit::load(&src, cfg, numerics)?;
             let mut acc = vec![None; vars.len()];
             for ((m, x), dfh) in mine.iter().zip(&head_in).zip(&d_fh) {
@@ -152,7 +154,7 @@ impl ShardedTrainer {
             self.reduce(head_u, acc, &mut grads)?;
         }
         for (l, &u) in layer_u.iter().enumerate().rev() {
-            let (src, vars) = self.gather(u, true)?;
+            let (src, vars) = self.unit_weights(u, true)?;
             let layer = DecoderLayer::load(&src, &layer_name(l), tcfg, numerics)?;
             let mut acc = vec![None; vars.len()];
             let mut next = Vec::with_capacity(mine.len());
@@ -168,7 +170,7 @@ impl ShardedTrainer {
         }
         let mut text_grad: Option<Tensor> = None;
         {
-            let (src, vars) = self.gather(emb_u, true)?;
+            let (src, vars) = self.unit_weights(emb_u, true)?;
             let unit = EmbeddingUnit::load(&src, cfg, numerics)?;
             let mut acc = vec![None; vars.len()];
             let rows_var = rows.map(Var::from_tensor).transpose()?;

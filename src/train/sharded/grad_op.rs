@@ -53,6 +53,32 @@ impl ShardedTrainer {
         Ok(())
     }
 
+    /// Unit `u`'s whole weights for a pass (with `Var`s when `vars`): from the replicas in
+    /// `grad-op` mode, gathered from the shards in `full` mode.
+    pub(super) fn unit_weights(&self, u: usize, vars: bool) -> Result<(UnitSource<'_>, Vec<Var>)> {
+        let Some(replica) = &self.replica else {
+            return self.gather(u, vars);
+        };
+        let mut tensors = HashMap::new();
+        let mut out = Vec::new();
+        for &i in &self.units[u].members {
+            let name = &self.params[i].name;
+            let v = &replica.vars[name];
+            if vars {
+                out.push(v.clone());
+            }
+            tensors.insert(name.clone(), v.as_tensor().clone());
+        }
+        Ok((
+            UnitSource {
+                tensors,
+                frozen: &self.frozen,
+                arith: self.arith,
+            },
+            out,
+        ))
+    }
+
     fn replica(&self) -> Result<&Replica> {
         self.replica
             .as_ref()

@@ -56,9 +56,9 @@ use super::metrics::StepMetrics;
 use super::optim::{self, AdamState, AdamW, Schedule};
 use super::params::Param;
 use super::run::RunSetup;
-use super::sampler::Sampler;
+use super::sampler::{Cursor, Sampler};
 use super::{Backend, Outcome, TrainOptions, TEXT_EMBEDDING};
-use crate::config::Shard as ShardMode;
+use crate::config::{Recompute, Shard as ShardMode};
 use crate::dist::shard::RowSplit;
 use crate::dist::{Collective, ReduceOp};
 use crate::model::config::Qwen3TtsConfig;
@@ -274,9 +274,13 @@ impl ShardedTrainer {
             Some(t) => Some(self.gather_text_rows(t, &text_ids)?),
             None => None,
         };
-        let pass = match self.mode {
-            ShardMode::Full => self.full_pass(&mine, rows.as_ref(), micro, epoch)?,
-            ShardMode::GradOp => self.grad_op_pass(&mine, rows.as_ref(), micro, epoch)?,
+        // `full` always recomputes; `grad-op` does with `train.recompute = "layers"`, from its
+        // replicas (docs/training.md §6.7).
+        let pass = match (self.mode, self.opts.config.recompute) {
+            (ShardMode::GradOp, Recompute::None) => {
+                self.grad_op_pass(&mine, rows.as_ref(), micro, epoch)?
+            }
+            _ => self.full_pass(&mine, rows.as_ref(), micro, epoch)?,
         };
         self.apply(pass, &text_ids, epoch, micro.len(), t0)
     }
@@ -329,6 +333,19 @@ impl ShardedTrainer {
 }
 
 impl driver::Engine for ShardedTrainer {
+    fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+    fn data_changed(&self) -> bool {
+        self.data_changed
+    }
+    fn data(&self, grad_accum: usize) -> (&Dataset, Cursor, usize) {
+        (
+            &self.dataset,
+            self.sampler.cursor(),
+            self.sampler.steps_per_epoch(grad_accum),
+        )
+    }
     fn options(&self) -> &TrainOptions {
         &self.opts
     }

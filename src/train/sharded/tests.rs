@@ -89,6 +89,86 @@ fn passes(n: usize, ws: &Path, backend: Backend, mode: ShardMode) -> Vec<(Vec<Ve
     })
 }
 
+/// Recomputing (docs/training.md §6.7) changes no gradient beyond rounding: on the same
+/// trainer, the recomputing pass over the replicas gives the gradients of the grad-op pass
+/// (one rank and two), and the `full` pass of a world of one — what a one-device run with
+/// `recompute = "layers"` takes — those of one rank's grad-op pass: within 1e-6 in f32 (the CPU
+/// kernels, autograd with f32 storage). With bf16 storage a tensor read by two units (the code
+/// predictor's codec embeddings: by the embeddings unit, for the talker's input, and by the code
+/// predictor) has its bf16 gradient rounded once per unit instead of once, so there the bound is
+/// 2⁻⁸ (a bf16 step).
+#[test]
+fn recomputing_gives_the_gradients_of_the_pass_that_keeps_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    workspace(dir.path(), "tiny-0b6", 7);
+    let both = |t: &mut ShardedTrainer| {
+        let micro = t.sampler.next_step(3);
+        let text_ids = t.step_text_ids(&micro);
+        let mine: Vec<_> = (0..micro.len())
+            .filter(|i| i % t.world() == t.rank())
+            .map(|i| t.build_micro(i, &micro[i], &text_ids).unwrap())
+            .collect();
+        let rows = t.text.map(|i| t.gather_text_rows(i, &text_ids).unwrap());
+        let flat = |p: Pass| -> (Vec<Vec<f32>>, f64) {
+            let g = p
+                .grads
+                .iter()
+                .map(|g| g.as_ref().map(values).unwrap_or_default())
+                .collect();
+            (g, p.sums.loss)
+        };
+        let kept = flat(t.grad_op_pass(&mine, rows.as_ref(), &micro, 0).unwrap());
+        let recomputed = flat(t.full_pass(&mine, rows.as_ref(), &micro, 0).unwrap());
+        (kept, recomputed)
+    };
+    let check = |tag: &str, a: &(Vec<Vec<f32>>, f64), b: &(Vec<Vec<f32>>, f64), tol: f64| {
+        assert!(
+            (a.1 - b.1).abs() <= 1e-6 * b.1.abs(),
+            "{tag}: loss {} vs {}",
+            a.1,
+            b.1
+        );
+        let mut worst = 0f64;
+        for (i, (x, y)) in a.0.iter().zip(&b.0).enumerate() {
+            if y.is_empty() {
+                continue;
+            }
+            let e = rel(x, y);
+            worst = worst.max(e);
+            assert!(e <= tol, "{tag}: param {i}: {e:e}");
+        }
+        eprintln!("{tag}: gradients within {worst:.1e}");
+    };
+    for backend in [
+        Backend::CpuKernels,
+        Backend::Autograd(Storage::F32),
+        Backend::Autograd(Storage::Bf16),
+    ] {
+        let tol = if backend == Backend::Autograd(Storage::Bf16) {
+            2f64.powi(-8)
+        } else {
+            1e-6
+        };
+        for n in [1, 2] {
+            for (r, (kept, recomputed)) in
+                on_ranks(n, dir.path(), "tiny-0b6", backend, ShardMode::GradOp, both)
+                    .iter()
+                    .enumerate()
+            {
+                check(
+                    &format!("{backend:?} grad-op ×{n} rank {r}"),
+                    recomputed,
+                    kept,
+                    tol,
+                );
+            }
+        }
+        let one = passes(1, dir.path(), backend, ShardMode::Full).remove(0);
+        let kept = passes(1, dir.path(), backend, ShardMode::GradOp).remove(0);
+        check(&format!("{backend:?} full ×1"), &one, &kept, tol);
+    }
+}
+
 #[test]
 fn both_passes_give_each_rank_the_rows_of_the_one_rank_gradient() {
     let dir = tempfile::tempdir().unwrap();

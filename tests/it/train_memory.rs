@@ -1,7 +1,8 @@
-//! The optimizer-state modes (docs/training.md §6.2) on both fixture models, on the CPU kernels
-//! and on the autograd path CUDA runs (bf16 storage): `int8` follows the `fp32` loss curve,
-//! `bf16-compensated` the `fp32` masters, and plain bf16 weights (the official recipe) lose the
-//! small updates the compensated mode keeps.
+//! The memory modes of training (docs/training.md §6.5–§6.7) on the fixture models, on the CPU
+//! kernels and on the autograd path CUDA runs (bf16 storage): `int8` follows the `fp32` loss
+//! curve, `bf16-compensated` the `fp32` masters, and plain bf16 weights (the official recipe)
+//! lose the small updates the compensated mode keeps; each mode resumes and converts; the
+//! offloaded optimizer changes no bit; recomputing trains as keeping every activation does.
 
 use candle_core::{DType, Device, Tensor};
 use voiceclone::config::OptimizerState;
@@ -428,6 +429,54 @@ fn offloading_the_optimizer_changes_no_bit() {
                     );
                 }
             }
+        }
+    }
+}
+
+/// `--recompute layers` on one device and on grad-op ranks trains as keeping every activation
+/// does (the gradients agree within 1e-6 in f32, `train::sharded` unit tests); its checkpoints
+/// continue without it, and the other way round.
+#[test]
+fn recomputing_trains_like_keeping_every_activation() {
+    use crate::dist_support::{as_of, assert_same_run, ok, train, workspace, SHARDED_TOLERANCE};
+    for backend in ["kernels", "autograd"] {
+        for extra in [&[][..], &["--cpu-ranks", "2", "--shard", "grad-op"][..]] {
+            let mut args = vec!["--max-steps", "4", "--save-every", "2", "--keep", "10"];
+            args.extend(["--backend", backend]);
+            args.extend(extra);
+            let kept = workspace("tiny-1b7");
+            ok(&train(kept.path(), &args));
+            let recomputed = workspace("tiny-1b7");
+            let mut with = args.clone();
+            with.extend(["--recompute", "layers"]);
+            let o = train(recomputed.path(), &with);
+            ok(&o);
+            assert!(
+                text(&o).contains("each unit recomputed for the backward pass"),
+                "{}",
+                text(&o)
+            );
+            let tag = format!("{backend} {extra:?} recompute");
+            assert_same_run(&tag, recomputed.path(), kept.path(), 4, SHARDED_TOLERANCE);
+            // Each continues the other's checkpoints.
+            let a = as_of(recomputed.path(), 2, 4);
+            ok(&train(a.path(), &args));
+            assert_same_run(
+                &format!("{tag}, then without"),
+                a.path(),
+                kept.path(),
+                4,
+                SHARDED_TOLERANCE,
+            );
+            let b = as_of(kept.path(), 2, 4);
+            ok(&train(b.path(), &with));
+            assert_same_run(
+                &format!("{tag}, after without"),
+                b.path(),
+                kept.path(),
+                4,
+                SHARDED_TOLERANCE,
+            );
         }
     }
 }
