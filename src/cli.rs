@@ -687,6 +687,11 @@ pub struct TrainArgs {
     #[arg(long, value_name = "WHAT")]
     pub recompute: Option<String>,
 
+    /// The dtype gradients are summed in, over micro-batches and ranks: fp32 or bf16 (half the
+    /// bytes, each sum rounded) [train.reduce_dtype, default fp32].
+    #[arg(long, value_name = "DTYPE")]
+    pub reduce_dtype: Option<String>,
+
     /// Sharded runs: restart every rank from the last checkpoint when one fails, at most N
     /// times [train.max_restarts].
     #[arg(long, value_name = "N")]
@@ -750,6 +755,11 @@ impl TrainArgs {
             )
             .set("train.offload", "--offload", self.offload.clone())
             .set("train.recompute", "--recompute", self.recompute.clone())
+            .set(
+                "train.reduce_dtype",
+                "--reduce-dtype",
+                self.reduce_dtype.clone(),
+            )
             .flag(
                 "train.speaker_balance",
                 "--speaker-balance",

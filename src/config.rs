@@ -110,6 +110,7 @@ pub struct TrainConfig {
     pub optimizer_state: OptimizerState,
     pub offload: Offload,
     pub recompute: Recompute,
+    pub reduce_dtype: ReduceDtype,
 }
 
 /// `train.shard`: what a sharded run shards (docs/distributed.md §4).
@@ -203,6 +204,28 @@ impl Recompute {
     pub const NAMES: &'static [&'static str] = &["none", "layers"];
 }
 
+/// `train.reduce_dtype`: the dtype gradients are summed in — over a step's micro-batches and,
+/// in a sharded run, over the ranks by the reduce-scatter (docs/training.md §6.8).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReduceDtype {
+    #[default]
+    Fp32,
+    /// Half the bytes of the accumulators and on the wire; each sum rounded to bf16.
+    Bf16,
+}
+
+impl ReduceDtype {
+    pub const NAMES: &'static [&'static str] = &["fp32", "bf16"];
+
+    pub fn dtype(self) -> candle_core::DType {
+        match self {
+            ReduceDtype::Fp32 => candle_core::DType::F32,
+            ReduceDtype::Bf16 => candle_core::DType::BF16,
+        }
+    }
+}
+
 /// `[speak]`: synthesis defaults. Sampling keys at 0 take the model's
 /// `generation_config.json` value.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -285,6 +308,7 @@ const CHOICES: &[(&str, &[&str])] = &[
     ("train.optimizer_state", OptimizerState::NAMES),
     ("train.offload", Offload::NAMES),
     ("train.recompute", Recompute::NAMES),
+    ("train.reduce_dtype", ReduceDtype::NAMES),
     ("embed.mode", EmbedMode::NAMES),
 ];
 

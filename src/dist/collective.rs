@@ -29,8 +29,10 @@ pub trait Collective: Send + Sync {
     /// rank order.
     fn all_gather(&self, shard: &Tensor) -> Result<Tensor>;
 
-    /// The element-wise sum over ranks of `full` (f32; dimension 0 = world × n), of which this
-    /// rank gets rows `[rank·n, (rank+1)·n)`.
+    /// The element-wise sum over ranks of `full` (dimension 0 = world × n), of which this rank
+    /// gets rows `[rank·n, (rank+1)·n)`. f32, or bf16 (`train.reduce_dtype`): bf16 values travel,
+    /// each partial sum is formed in f32 and rounded to bf16 before it travels on, as NCCL's ring
+    /// does.
     fn reduce_scatter(&self, full: &Tensor) -> Result<Tensor>;
 
     /// `root`'s `t` on every rank (the others pass a tensor of the same shape and dtype).

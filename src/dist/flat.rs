@@ -129,12 +129,14 @@ impl FlatLayout {
             .collect()
     }
 
-    /// The sum over ranks of every rank's full tensors `fulls` (f32, on `device`), of which this
-    /// rank gets its own rows of each entry (an empty CPU tensor where it owns none).
+    /// The sum over ranks of every rank's full tensors `fulls` (on `device`), summed in `dtype`
+    /// (f32 or bf16, `train.reduce_dtype`), of which this rank gets its own rows of each entry
+    /// in f32 (an empty CPU tensor where it owns none).
     pub fn reduce_scatter(
         &self,
         coll: &dyn Collective,
         fulls: &[Tensor],
+        dtype: DType,
         device: &Device,
     ) -> Result<Vec<Tensor>> {
         ensure!(
@@ -164,10 +166,14 @@ impl FlatLayout {
                         .narrow(0, own.start, own.len())?)
                 })
                 .collect::<Result<Vec<_>>>()?;
-            per_rank.push(self.pack(&parts, q, DType::F32, device)?);
+            per_rank.push(self.pack(&parts, q, dtype, device)?);
         }
         let full = Tensor::cat(&per_rank, 0)?.reshape((self.world, self.shard_len))?;
-        let mine = coll.reduce_scatter(&full)?.flatten_all()?; // (shard_len,)
+        // Summed in `dtype`, handed on in f32 (the optimizer's).
+        let mine = coll
+            .reduce_scatter(&full)?
+            .flatten_all()?
+            .to_dtype(DType::F32)?; // (shard_len,)
         self.entries
             .iter()
             .enumerate()
@@ -233,14 +239,16 @@ pub fn gather_rows(
     Ok(Tensor::cat(&parts, 0)?)
 }
 
-/// The sum over ranks of `grads` (f32 `(ids.len(), width)` on `device`, rows in the order of
-/// `ids`), each owner receiving its rows: `(local row ids in its shard, their summed
-/// gradients)`; a rank that owns none of `ids` gets no ids and an empty CPU tensor.
+/// The sum over ranks of `grads` (`(ids.len(), width)` on `device`, rows in the order of `ids`),
+/// summed in `dtype` (f32 or bf16), each owner receiving its rows: `(local row ids in its shard,
+/// their summed gradients in f32)`; a rank that owns none of `ids` gets no ids and an empty CPU
+/// tensor.
 pub fn reduce_scatter_rows(
     coll: &dyn Collective,
     split: &RowSplit,
     grads: &Tensor,
     ids: &[u32],
+    dtype: DType,
     device: &Device,
 ) -> Result<(Vec<u32>, Tensor)> {
     let (rank, world) = (coll.rank(), coll.world());
@@ -251,14 +259,14 @@ pub fn reduce_scatter_rows(
     let mut parts = Vec::with_capacity(2 * world);
     for r in &ranges {
         if !r.is_empty() {
-            parts.push(grads.narrow(0, r.start, r.len())?);
+            parts.push(grads.narrow(0, r.start, r.len())?.to_dtype(dtype)?);
         }
         if r.len() < kmax {
-            parts.push(Tensor::zeros((kmax - r.len(), width), DType::F32, device)?);
+            parts.push(Tensor::zeros((kmax - r.len(), width), dtype, device)?);
         }
     }
     let full = Tensor::cat(&parts, 0)?;
-    let mine = coll.reduce_scatter(&full)?; // (kmax, width)
+    let mine = coll.reduce_scatter(&full)?.to_dtype(DType::F32)?; // (kmax, width)
     let own = &ranges[rank];
     if own.is_empty() {
         return Ok((
@@ -313,7 +321,9 @@ mod tests {
                             .collect();
                         (
                             gathered,
-                            layout.reduce_scatter(&c, &grads, &Device::Cpu).unwrap(),
+                            layout
+                                .reduce_scatter(&c, &grads, DType::F32, &Device::Cpu)
+                                .unwrap(),
                         )
                     })
                 })
@@ -357,7 +367,8 @@ mod tests {
                         let rows = gather_rows(&c, &split, &shard, &ids, &Device::Cpu).unwrap();
                         let g = Tensor::ones((4, 2), DType::F32, &Device::Cpu).unwrap();
                         let (local, summed) =
-                            reduce_scatter_rows(&c, &split, &g, &ids, &Device::Cpu).unwrap();
+                            reduce_scatter_rows(&c, &split, &g, &ids, DType::F32, &Device::Cpu)
+                                .unwrap();
                         (
                             rows.flatten_all().unwrap().to_vec1().unwrap(),
                             local,

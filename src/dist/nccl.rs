@@ -186,6 +186,34 @@ impl NcclCollective {
         })
     }
 
+    /// `ncclReduceScatter` (sum) of `send` (world × n values) into `recv` (n values) on the
+    /// stream.
+    fn reduce_scatter_into<T: NcclType>(
+        &self,
+        send: &impl DevicePtr<T>,
+        recv: &mut impl DevicePtrMut<T>,
+    ) -> Result<()> {
+        self.comm.with("reduce-scatter", |comm| {
+            let (src, _s) = send.device_ptr(&self.stream);
+            let (dst, _d) = recv.device_ptr_mut(&self.stream);
+            // SAFETY: `send` holds world × n values and `recv` n, both live allocations on this
+            // rank's device used in stream order; `comm` is live (held under the lock).
+            unsafe {
+                result::reduce_scatter(
+                    src as _,
+                    dst as _,
+                    recv.len(),
+                    T::as_nccl_type(),
+                    sys::ncclRedOp_t::ncclSum,
+                    comm,
+                    self.stream.cu_stream() as _,
+                )
+            }
+            .map_err(|e| nccl_err("reduce-scatter", e))?;
+            Ok(())
+        })
+    }
+
     /// `ncclBroadcast` of `root`'s `send` into every rank's `recv` (same length) on the stream.
     fn broadcast_into<T: NcclType>(
         &self,
@@ -280,10 +308,6 @@ impl Collective for NcclCollective {
 
     fn reduce_scatter(&self, full: &Tensor) -> Result<Tensor> {
         let full = full.contiguous()?;
-        anyhow::ensure!(
-            full.dtype() == DType::F32,
-            "reduce-scatter sums f32 tensors"
-        );
         let world = self.world();
         let mut shape = full.dims().to_vec();
         anyhow::ensure!(
@@ -293,29 +317,19 @@ impl Collective for NcclCollective {
         shape[0] /= world;
         let (storage, start, end) = cuda_parts(&full)?;
         let n = (end - start) / world;
-        with_slice!(storage, f32, start, end, |view| {
-            let mut out = self.device.alloc_zeros::<f32>(n)?;
-            self.comm.with("reduce-scatter", |comm| {
-                let (src, _s) = view.device_ptr(&self.stream);
-                let (dst, _d) = out.device_ptr_mut(&self.stream);
-                // SAFETY: `view` holds world × n f32 values and `out` n, both on this rank's
-                // device in stream order; `comm` is live (held under the lock).
-                unsafe {
-                    result::reduce_scatter(
-                        src as _,
-                        dst as _,
-                        n,
-                        f32::as_nccl_type(),
-                        sys::ncclRedOp_t::ncclSum,
-                        comm,
-                        self.stream.cu_stream() as _,
-                    )
-                }
-                .map_err(|e| nccl_err("reduce-scatter", e))?;
-                Ok(())
-            })?;
-            Ok(self.wrap(out, &shape))
-        })
+        match full.dtype() {
+            DType::F32 => with_slice!(storage, f32, start, end, |view| {
+                let mut out = self.device.alloc_zeros::<f32>(n)?;
+                self.reduce_scatter_into(&view, &mut out)?;
+                Ok(self.wrap(out, &shape))
+            }),
+            DType::BF16 => with_slice!(storage, bf16, start, end, |view| {
+                let mut out = self.device.alloc_zeros::<bf16>(n)?;
+                self.reduce_scatter_into(&view, &mut out)?;
+                Ok(self.wrap(out, &shape))
+            }),
+            other => bail!("NCCL reduce-scatter of {other:?} tensors is not supported"),
+        }
     }
 
     fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor> {

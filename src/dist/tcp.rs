@@ -629,11 +629,11 @@ impl Collective for TcpCollective {
     }
 
     fn reduce_scatter(&self, full: &Tensor) -> Result<Tensor> {
-        anyhow::ensure!(
-            full.dtype() == DType::F32,
-            "reduce-scatter sums f32 tensors, not {:?}",
-            full.dtype()
-        );
+        let bf16 = match full.dtype() {
+            DType::F32 => false,
+            DType::BF16 => true,
+            other => anyhow::bail!("reduce-scatter sums f32 or bf16 tensors, not {other:?}"),
+        };
         let mut shape = full.dims().to_vec();
         anyhow::ensure!(
             !shape.is_empty() && shape[0].is_multiple_of(self.world),
@@ -648,22 +648,46 @@ impl Collective for TcpCollective {
         let w = self.world;
         let mut acc = full
             .to_device(&Device::Cpu)?
+            .to_dtype(DType::F32)?
             .flatten_all()?
             .to_vec1::<f32>()?;
         let n = acc.len() / w;
-        let mut incoming = vec![0u8; n * 4];
+        let mut incoming = vec![0u8; n * if bf16 { 2 } else { 4 }];
         // Step s: send chunk (r-s-1), receive chunk (r-s-2) and add it; after w-1 steps chunk r
-        // holds the sum of every rank's chunk r, added in a fixed order.
+        // holds the sum of every rank's chunk r, added in a fixed order. In bf16 a partial sum
+        // is rounded before it travels.
         for s in 0..w - 1 {
             let send_idx = (self.rank + 2 * w - s - 1) % w;
             let recv_idx = (self.rank + 2 * w - s - 2) % w;
-            let send = f32_bytes(&acc[send_idx * n..(send_idx + 1) * n]);
+            let chunk = &acc[send_idx * n..(send_idx + 1) * n];
+            let send = if bf16 {
+                chunk
+                    .iter()
+                    .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+                    .collect()
+            } else {
+                f32_bytes(chunk)
+            };
             self.exchange(&send, &mut incoming, "reduce-scatter")?;
-            let add: Vec<f32> = f32_from(&incoming);
+            let add: Vec<f32> = if bf16 {
+                incoming
+                    .chunks_exact(2)
+                    .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+                    .collect()
+            } else {
+                f32_from(&incoming)
+            };
             acc[recv_idx * n..(recv_idx + 1) * n]
                 .iter_mut()
                 .zip(add)
                 .for_each(|(a, b)| *a += b);
+        }
+        if bf16 {
+            let mine: Vec<half::bf16> = acc[self.rank * n..(self.rank + 1) * n]
+                .iter()
+                .map(|v| half::bf16::from_f32(*v))
+                .collect();
+            return Ok(Tensor::from_vec(mine, shape, &Device::Cpu)?.to_device(full.device())?);
         }
         let mine = acc[self.rank * n..(self.rank + 1) * n].to_vec();
         Ok(Tensor::from_vec(mine, shape, &Device::Cpu)?.to_device(full.device())?)

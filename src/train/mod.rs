@@ -423,6 +423,7 @@ impl Trainer {
         let epoch = self.sampler.cursor().epoch;
         let n = micro.len() as f64;
         let in_place = self.backend.in_place();
+        let grad_dtype = self.opts.config.reduce_dtype.dtype();
         self.opts.hooks.step_start(self.step + 1, 0);
         self.refresh_model()?;
         let mut acc: Vec<Option<Tensor>> = vec![None; self.params.params.len()];
@@ -456,14 +457,19 @@ impl Trainer {
             let grads = (l.total / n)?.backward()?;
             if let (Some(acc), Some((ids, rows))) = (text_rows.as_mut(), rows) {
                 if let Some(g) = grads.get(rows.as_tensor()) {
+                    // Summed in the reduce dtype: a bf16 sum of bf16 values, held in f32.
+                    let g = g.to_dtype(grad_dtype)?.to_dtype(DType::F32)?;
                     acc.add(&ids, &g.flatten_all()?.to_vec1::<f32>()?)?;
+                    if grad_dtype == DType::BF16 {
+                        acc.round_to_bf16();
+                    }
                 }
             }
             for (a, p) in acc.iter_mut().zip(&self.params.params) {
                 let Some(g) = grads.get(p.var.as_tensor()) else {
                     continue;
                 };
-                let g = g.to_dtype(DType::F32)?;
+                let g = g.to_dtype(grad_dtype)?;
                 *a = Some(match a.take() {
                     Some(prev) => optim::accumulate(prev, &g, in_place)?,
                     None => g,

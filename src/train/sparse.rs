@@ -67,6 +67,14 @@ impl RowGrad {
         Ok(())
     }
 
+    /// Rounds every value to bf16 (kept in f32): after an add, the sum is the bf16 sum that
+    /// `train.reduce_dtype = "bf16"` asks for.
+    pub fn round_to_bf16(&mut self) {
+        for v in &mut self.data {
+            *v = half::bf16::from_f32(*v).to_f32();
+        }
+    }
+
     /// Rows of the table the gradient is for.
     pub fn rows(&self) -> usize {
         self.slot.len()

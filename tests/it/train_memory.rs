@@ -1,8 +1,9 @@
-//! The memory modes of training (docs/training.md §6.5–§6.7) on the fixture models, on the CPU
-//! kernels and on the autograd path CUDA runs (bf16 storage): `int8` follows the `fp32` loss
-//! curve, `bf16-compensated` the `fp32` masters, and plain bf16 weights (the official recipe)
-//! lose the small updates the compensated mode keeps; each mode resumes and converts; the
-//! offloaded optimizer changes no bit; recomputing trains as keeping every activation does.
+//! The memory modes of training (docs/training.md §6.5, §6.6, §6.7, §6.8) on the fixture
+//! models, on the CPU kernels and on the autograd path CUDA runs (bf16 storage): `int8` follows
+//! the `fp32` loss curve, `bf16-compensated` the `fp32` masters, and plain bf16 weights (the
+//! official recipe) lose the small updates the compensated mode keeps; each mode resumes and
+//! converts; the offloaded optimizer changes no bit; recomputing trains as keeping every
+//! activation does; bf16 gradient sums stay within bf16's rounding of fp32's.
 
 use candle_core::{DType, Device, Tensor};
 use voiceclone::config::OptimizerState;
@@ -358,8 +359,8 @@ fn the_modes_train_sharded_like_one_device() {
     }
 }
 
-/// `--offload optimizer` (masters and moments on the host, updated by the CPU kernels, docs/
-/// training.md §6.6) ends with the same checkpoint, byte for byte, as the update where the state
+/// `--offload optimizer` (masters and moments on the host, updated by the CPU kernels,
+/// docs/training.md §6.6) ends with the same checkpoint, byte for byte, as the update where the state
 /// lies — every mode, both backends, one device and two ranks.
 #[test]
 fn offloading_the_optimizer_changes_no_bit() {
@@ -476,6 +477,42 @@ fn recomputing_trains_like_keeping_every_activation() {
                 kept.path(),
                 4,
                 SHARDED_TOLERANCE,
+            );
+        }
+    }
+}
+
+/// `--reduce-dtype bf16` (docs/training.md §6.8): gradient sums in bf16 over micro-batches and
+/// over ranks stay within bf16's rounding of the fp32 run — and differ from it, so the sums really
+/// were rounded — on both backends, one device and two ranks of each shard mode.
+#[test]
+fn bf16_gradient_sums_stay_within_bf16_rounding() {
+    use crate::dist_support::{assert_same_run, metrics, ok, train, workspace};
+    for backend in ["kernels", "autograd"] {
+        for extra in [
+            &[][..],
+            &["--cpu-ranks", "2"][..],
+            &["--cpu-ranks", "2", "--shard", "grad-op"][..],
+        ] {
+            let mut args = vec!["--max-steps", "3", "--backend", backend];
+            args.extend(extra);
+            let fp32 = workspace("tiny-1b7");
+            ok(&train(fp32.path(), &args));
+            let bf16 = workspace("tiny-1b7");
+            args.extend(["--reduce-dtype", "bf16"]);
+            ok(&train(bf16.path(), &args));
+            let tag = format!("{backend} {extra:?} bf16 sums");
+            assert_same_run(&tag, bf16.path(), fp32.path(), 3, (1e-2, 1e-2));
+            let norms = |ws: &std::path::Path| -> Vec<f64> {
+                metrics(ws)
+                    .iter()
+                    .map(|m| m["grad_norm"].as_f64().unwrap())
+                    .collect()
+            };
+            assert_ne!(
+                norms(bf16.path()),
+                norms(fp32.path()),
+                "{tag}: nothing was rounded"
             );
         }
     }

@@ -28,6 +28,7 @@ impl ShardedTrainer {
     ) -> Result<Pass> {
         let numerics = self.backend.numerics();
         let in_place = self.backend.in_place();
+        let grad_dtype = self.opts.config.reduce_dtype.dtype();
         let cfg = &self.cfg;
         let tcfg = DecoderConfig::talker(&cfg.talker_config)?;
         let layers = cfg.talker_config.num_hidden_layers;
@@ -129,7 +130,7 @@ impl ShardedTrainer {
                     &m.batch.frame_codes,
                 )?;
                 let g = (l * (SUB_LOSS_WEIGHT * scale))?.backward()?;
-                accumulate_vars(&g, &vars, &mut acc, in_place)?;
+                accumulate_vars(&g, &vars, &mut acc, grad_dtype, in_place)?;
                 d_fh.push(grad_or_zero(&g, &fh)?);
                 d_c0.push(grad_or_zero(&g, &c0)?);
                 d_sub.push(grad_or_zero(&g, &sb)?);
@@ -148,7 +149,7 @@ impl ShardedTrainer {
                 // (bf16 on CUDA): candle adds only equal dtypes.
                 let upstream = (fh * dfh)?.sum_all()?.to_dtype(DType::F32)?;
                 let g = ((lt * scale)? + upstream)?.backward()?;
-                accumulate_vars(&g, &vars, &mut acc, in_place)?;
+                accumulate_vars(&g, &vars, &mut acc, grad_dtype, in_place)?;
                 d_x.push(grad_or_zero(&g, &xv)?);
             }
             self.reduce(head_u, acc, &mut grads)?;
@@ -162,7 +163,7 @@ impl ShardedTrainer {
                 let xv = Var::from_tensor(x)?;
                 let out = layer.forward(xv.as_tensor(), &m.ctx, None)?;
                 let g = (out * dout)?.sum_all()?.backward()?;
-                accumulate_vars(&g, &vars, &mut acc, in_place)?;
+                accumulate_vars(&g, &vars, &mut acc, grad_dtype, in_place)?;
                 next.push(grad_or_zero(&g, &xv)?);
             }
             d_x = next;
@@ -191,10 +192,10 @@ impl ShardedTrainer {
                     + (e.c0_embed * &d_c0[k])?.sum_all()?)?
                     + (e.sub_embeds * &d_sub[k])?.sum_all()?)?;
                 let g = obj.backward()?;
-                accumulate_vars(&g, &vars, &mut acc, in_place)?;
+                accumulate_vars(&g, &vars, &mut acc, grad_dtype, in_place)?;
                 if let Some(v) = &rows_var {
                     if let Some(t) = g.get(v.as_tensor()) {
-                        add_into(&mut text_grad, t, in_place)?;
+                        add_into(&mut text_grad, t, grad_dtype, in_place)?;
                     }
                 }
             }

@@ -126,6 +126,7 @@ impl ShardedTrainer {
         let replica = self.replica()?;
         let talker = self.replica_model()?;
         let in_place = self.backend.in_place();
+        let grad_dtype = self.opts.config.reduce_dtype.dtype();
         let table = self.text_table(rows)?;
         let rows_var = rows.map(Var::from_tensor).transpose()?;
         let scale = 1.0 / micro.len() as f64;
@@ -159,12 +160,12 @@ impl ShardedTrainer {
                     continue;
                 }
                 if let Some(t) = replica.vars.get(&p.name).and_then(|v| g.get(v.as_tensor())) {
-                    add_into(&mut full[i], t, in_place)?;
+                    add_into(&mut full[i], t, grad_dtype, in_place)?;
                 }
             }
             if let Some(v) = &rows_var {
                 if let Some(t) = g.get(v.as_tensor()) {
-                    add_into(&mut text_grad, t, in_place)?;
+                    add_into(&mut text_grad, t, grad_dtype, in_place)?;
                 }
             }
         }

@@ -383,9 +383,9 @@ fn scalar(t: &Tensor) -> Result<f64> {
     Ok(t.to_dtype(DType::F32)?.to_scalar::<f32>()? as f64)
 }
 
-/// `acc += g` in f32 (in place with the CPU kernels).
-fn add_into(acc: &mut Option<Tensor>, g: &Tensor, in_place: bool) -> Result<()> {
-    let g = g.to_dtype(DType::F32)?;
+/// `acc += g` in `dtype` (`train.reduce_dtype`; in place with the CPU kernels in f32).
+fn add_into(acc: &mut Option<Tensor>, g: &Tensor, dtype: DType, in_place: bool) -> Result<()> {
+    let g = g.to_dtype(dtype)?;
     *acc = Some(match acc.take() {
         Some(prev) => optim::accumulate(prev, &g, in_place)?,
         None => g,
@@ -398,11 +398,12 @@ fn accumulate_vars(
     grads: &candle_core::backprop::GradStore,
     vars: &[Var],
     acc: &mut [Option<Tensor>],
+    dtype: DType,
     in_place: bool,
 ) -> Result<()> {
     for (v, a) in vars.iter().zip(acc.iter_mut()) {
         if let Some(g) = grads.get(v.as_tensor()) {
-            add_into(a, g, in_place)?;
+            add_into(a, g, dtype, in_place)?;
         }
     }
     Ok(())

@@ -112,6 +112,7 @@ impl ShardedTrainer {
         out: &mut [Option<Tensor>],
     ) -> Result<()> {
         let unit = &self.units[u];
+        let dtype = self.opts.config.reduce_dtype.dtype();
         let fulls = unit
             .members
             .iter()
@@ -120,14 +121,14 @@ impl ShardedTrainer {
                 Some(g) => Ok(g),
                 None => Ok(Tensor::zeros(
                     self.shapes[i].as_slice(),
-                    DType::F32,
+                    dtype,
                     &self.opts.device,
                 )?),
             })
             .collect::<Result<Vec<_>>>()?;
-        let shards = unit
-            .layout
-            .reduce_scatter(self.coll.as_ref(), &fulls, &self.opts.device)?;
+        let shards =
+            unit.layout
+                .reduce_scatter(self.coll.as_ref(), &fulls, dtype, &self.opts.device)?;
         for (&i, g) in unit.members.iter().zip(shards) {
             out[i] = Some(g);
         }

@@ -41,8 +41,14 @@ impl ShardedTrainer {
                 Some(g) => g,
                 None => Tensor::zeros((text_ids.len(), width), DType::F32, &dev)?,
             };
-            let (local, summed) =
-                reduce_scatter_rows(self.coll.as_ref(), &self.splits[t], &g, text_ids, &dev)?;
+            let (local, summed) = reduce_scatter_rows(
+                self.coll.as_ref(),
+                &self.splits[t],
+                &g,
+                text_ids,
+                self.opts.config.reduce_dtype.dtype(),
+                &dev,
+            )?;
             let owned = self.splits[t].owned(self.rank()).len();
             if in_place {
                 let mut rg = RowGrad::new(owned, width);
