@@ -63,22 +63,26 @@ pub fn run(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<()> {
             false,
         )?;
         let sizes = (trainer.params.len(), trainer.full_parameters());
-        let outcome = announce_and_run(ws, config, &mut trainer, sizes, &where_)?;
+        let state = trainer.state_bytes();
+        let outcome = announce_and_run(ws, config, &mut trainer, sizes, state, &where_)?;
         return finish(ws, config, args, &outcome, trainer.options());
     }
     let mut trainer = Trainer::new(opts, false)?;
     let sizes = (trainer.params.params.len(), trainer.params.elem_count());
-    let outcome = announce_and_run(ws, config, &mut trainer, sizes, &where_)?;
+    let state = trainer.state_bytes();
+    let outcome = announce_and_run(ws, config, &mut trainer, sizes, state, &where_)?;
     finish(ws, config, args, &outcome, trainer.options())
 }
 
 /// Says what a one-device run starts from (its warnings, then a fresh start or the checkpoint
-/// it resumes) and runs it to the end. `sizes`: trained tensors and values.
+/// it resumes, then what its optimizer state takes) and runs it to the end. `sizes`: trained
+/// tensors and values.
 fn announce_and_run(
     ws: &Workspace,
     config: &Config,
     trainer: &mut dyn train::driver::Engine,
     (tensors, values): (usize, usize),
+    state: train::optim::StateBytes,
     where_: &str,
 ) -> Result<train::Outcome> {
     for w in trainer.warnings() {
@@ -97,6 +101,7 @@ fn announce_and_run(
         ),
         None => print_start(config, tensors, values, dataset, steps_per_epoch, where_),
     }
+    println!("optimizer state: {state}");
     train::driver::run(trainer)
 }
 

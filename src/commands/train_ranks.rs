@@ -156,7 +156,7 @@ fn train_rank(
     let opts = prepared.options(ws, config, device.clone(), backend);
     let fresh = super::train::fresh_start(args);
     let mut trainer = ShardedTrainer::new(opts, coll.clone(), config.train.shard, tag, fresh)?;
-    let state = trainer.state_bytes() as f64;
+    let state = trainer.state_bytes().total() as f64;
     let most = coll.all_reduce_host(&[state], ReduceOp::Max)?[0];
     let all = coll.all_reduce_host(&[state], ReduceOp::Sum)?[0];
     if rank == 0 {

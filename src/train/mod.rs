@@ -356,6 +356,15 @@ impl Trainer {
         RunSetup::total_steps(&self.opts, &self.sampler)
     }
 
+    /// What the optimizer state takes, in the run's memory modes.
+    pub fn state_bytes(&self) -> optim::StateBytes {
+        optim::StateBytes::of(
+            &self.params.params,
+            &self.adam,
+            self.opts.config.reduce_dtype.dtype(),
+        )
+    }
+
     /// Rebuilds the model from the stored weights when it computes in another dtype than they
     /// are stored in: the cast copies it holds were taken before the last update.
     fn refresh_model(&mut self) -> Result<()> {

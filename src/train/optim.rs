@@ -350,6 +350,56 @@ impl AdamState {
     }
 }
 
+/// What the optimizer state of `params` takes, in bytes: the optimizer's copy of the weights
+/// (an fp32 master — a `Var` that is its own master counts as one — or a compensation), the
+/// moments, and gradient accumulators in `grad` (the reduce dtype).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateBytes {
+    pub masters: usize,
+    pub moments: usize,
+    pub gradients: usize,
+}
+
+impl StateBytes {
+    pub fn of(params: &[Param], adam: &AdamState, grad: DType) -> Self {
+        let masters = params
+            .iter()
+            .map(|p| match p.master_bytes() {
+                0 => p.elem_count() * 4,
+                b => b,
+            })
+            .sum();
+        let values: usize = params.iter().map(Param::elem_count).sum();
+        Self {
+            masters,
+            moments: adam.bytes(),
+            gradients: values * grad.size_in_bytes(),
+        }
+    }
+
+    pub fn total(&self) -> usize {
+        self.masters + self.moments + self.gradients
+    }
+}
+
+impl std::fmt::Display for StateBytes {
+    /// In MB (decimal), one decimal (three below 10 MB): "X MB (masters a, moments b,
+    /// gradients c)".
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let total = self.total() as f64 / 1e6;
+        let digits = if total < 10.0 { 3 } else { 1 };
+        let mb = |b: usize| format!("{:.*}", digits, b as f64 / 1e6);
+        write!(
+            f,
+            "{} MB (masters {}, moments {}, gradients {})",
+            mb(self.total()),
+            mb(self.masters),
+            mb(self.moments),
+            mb(self.gradients)
+        )
+    }
+}
+
 /// Global L2 norm of `grads`: per-tensor sums of squares added up in f64 in the given order.
 pub fn global_norm(grads: &[Tensor], kernels: bool) -> Result<f64> {
     let mut total = 0f64;

@@ -112,15 +112,16 @@ fn master_errors((a, a0): (&Masters, &Masters), (b, b0): (&Masters, &Masters)) -
 }
 
 /// 50 steps at lr 1e-3 and 2e-6 for each mode, model (bf16- and f32-stored) and backend.
-/// `int8` stays within 1 % of the same backend's `fp32` loss at every step.
-/// `bf16-compensated` computes with bf16 weights on every backend, so its reference is `fp32`
-/// on the path that also computes with bf16 copies of its masters (the autograd path with bf16
-/// storage, what CUDA runs): within 1e-3 of those masters (‖Δ‖/‖w‖, worst tensor) at lr 2e-6.
-/// At lr 1e-3 these fixtures train chaotically (the loss falls by a third to a half), and fp32
-/// itself moves that far from its own trajectory when its starting masters change in the 17th
-/// bit (the resolution of a bf16 weight with its compensation); there the bound is twice that
-/// noise floor on the autograd path, three times on the CPU kernels, whose run also differs from
-/// the reference in its arithmetic and its f32 frozen tensors.
+/// `int8` stays within 1 % of the same backend's `fp32` loss at every step. `bf16-compensated`
+/// computes with bf16 weights on every backend; against `fp32` on the path that also computes
+/// with bf16 copies of its masters (autograd with bf16 storage, what CUDA runs) it stays within
+/// 1e-3 of the masters (‖Δ‖/‖w‖, worst tensor) at lr 2e-6, on both backends. At lr 1e-3 these
+/// fixtures train chaotically (the loss falls by a third to a half): fp32 itself moves that far
+/// from its own trajectory when its starting masters change in the 17th bit (the resolution of a
+/// bf16 weight with its compensation). There the compensated masters on the bf16 path stay
+/// within twice that noise floor, and on the CPU kernels — whose fp32 run computes with f32
+/// weights, a difference of forward precision and not of the optimizer — its loss stays within
+/// 1 % of fp32's at every step.
 #[test]
 fn every_mode_trains_like_fp32() {
     let f32_model = f32_model_copy("tiny-0b6");
@@ -167,23 +168,31 @@ fn every_mode_trains_like_fp32() {
                     run(backend, OptimizerState::Fp32, false)
                 };
                 let (l8, _, _) = run(backend, OptimizerState::Int8, false);
-                let (_, mc, sc) = run(backend, OptimizerState::Bf16Compensated, false);
-                let worst8 = l8
-                    .iter()
-                    .zip(&l32)
-                    .map(|(a, b)| (a - b).abs() / b.abs())
-                    .fold(0f64, f64::max);
+                let (lc, mc, sc) = run(backend, OptimizerState::Bf16Compensated, false);
+                let worst = |l: &[f64]| {
+                    l.iter()
+                        .zip(&l32)
+                        .map(|(a, b)| (a - b).abs() / b.abs())
+                        .fold(0f64, f64::max)
+                };
+                let (worst8, worstc) = (worst(&l8), worst(&lc));
                 let (cm, cu) = master_errors((&mc, &sc), (&reference.1, &reference.2));
                 eprintln!(
-                    "{label} {} lr {lr:e}: int8 loss worst rel {worst8:.2e}; compensated \
-                     masters rel {cm:.2e} (fp32 perturbed: {floor:.2e}), updates rel {cu:.2e}; \
-                     loss {:.4} -> {:.4}",
+                    "{label} {} lr {lr:e}: int8 loss worst rel {worst8:.2e}; compensated loss \
+                     {worstc:.2e}, masters rel {cm:.2e} (fp32 perturbed: {floor:.2e}), updates \
+                     rel {cu:.2e}; loss {:.4} -> {:.4}",
                     backend.name(),
                     l32[0],
                     l32[49]
                 );
-                let k = if backend == bf16_path { 2.0 } else { 3.0 };
-                if worst8 > 1e-2 || cm > 1e-3f64.max(k * floor) {
+                let compensated_ok = if lr < 1e-4 {
+                    cm <= 1e-3
+                } else if backend == bf16_path {
+                    cm <= 2.0 * floor
+                } else {
+                    worstc <= 1e-2
+                };
+                if worst8 > 1e-2 || !compensated_ok {
                     failed.push(format!("{label} {} lr {lr:e}", backend.name()));
                 }
             }
@@ -516,4 +525,49 @@ fn bf16_gradient_sums_stay_within_bf16_rounding() {
             );
         }
     }
+}
+
+/// The start line says what the optimizer state takes, by part, in each mode: fp32 keeps 4 bytes
+/// of master, 8 of moments and 4 of gradient per trained value; int8 moments take about a
+/// quarter; bf16 gradient sums half; a compensation 2 bytes where the master was 4.
+#[test]
+fn the_start_says_what_the_optimizer_state_takes() {
+    use crate::dist_support::{ok, train, workspace};
+    let parts = |extra: &[&str]| -> [f64; 4] {
+        let ws = workspace("tiny-1b7");
+        let mut args = vec!["--max-steps", "1", "--backend", "autograd"];
+        args.extend(extra);
+        let o = train(ws.path(), &args);
+        ok(&o);
+        let out = String::from_utf8_lossy(&o.stdout).to_string();
+        let line = out
+            .lines()
+            .find(|l| l.starts_with("optimizer state: "))
+            .unwrap_or_else(|| panic!("no state line: {out}"));
+        let nums: Vec<f64> = line
+            .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        [nums[0], nums[1], nums[2], nums[3]]
+    };
+    let fp32 = parts(&[]);
+    let [total, masters, moments, gradients] = fp32;
+    // Printed with one decimal: sums and ratios within that rounding.
+    assert!(
+        (total - masters - moments - gradients).abs() <= 0.2,
+        "{fp32:?}"
+    );
+    assert!(
+        (moments / masters - 2.0).abs() < 3e-2 && (gradients / masters - 1.0).abs() < 3e-2,
+        "{fp32:?}"
+    );
+    let int8 = parts(&["--optimizer-state", "int8"]);
+    assert!(
+        int8[2] < 0.5 * moments && int8[1] == masters,
+        "{int8:?} vs {fp32:?}"
+    );
+    let bf16 = parts(&["--reduce-dtype", "bf16"]);
+    assert!((bf16[3] / gradients - 0.5).abs() < 3e-2, "{bf16:?}");
+    let comp = parts(&["--optimizer-state", "bf16-compensated"]);
+    assert!(comp[1] < 0.75 * masters && comp[2] == moments, "{comp:?}");
 }

@@ -167,10 +167,14 @@ impl ShardedTrainer {
         RunSetup::total_steps(&self.opts, &self.sampler)
     }
 
-    /// Bytes of this rank's fp32 masters, both moments and gradient shards: what sharding
-    /// divides by the number of ranks (docs/distributed.md §7).
-    pub fn state_bytes(&self) -> usize {
-        16 * self.params.iter().map(Param::elem_count).sum::<usize>()
+    /// Bytes of this rank's masters, both moments and gradient shards: what sharding divides
+    /// by the number of ranks (docs/distributed.md §7), in the run's memory modes.
+    pub fn state_bytes(&self) -> crate::train::optim::StateBytes {
+        crate::train::optim::StateBytes::of(
+            &self.params,
+            &self.adam,
+            self.opts.config.reduce_dtype.dtype(),
+        )
     }
 
     /// Trained parameters of the whole run (every rank's rows).
