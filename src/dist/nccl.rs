@@ -193,6 +193,7 @@ impl NcclCollective {
         send: &impl DevicePtr<T>,
         recv: &mut impl DevicePtrMut<T>,
     ) -> Result<()> {
+        let n = recv.len();
         self.comm.with("reduce-scatter", |comm| {
             let (src, _s) = send.device_ptr(&self.stream);
             let (dst, _d) = recv.device_ptr_mut(&self.stream);
@@ -202,7 +203,7 @@ impl NcclCollective {
                 result::reduce_scatter(
                     src as _,
                     dst as _,
-                    recv.len(),
+                    n,
                     T::as_nccl_type(),
                     sys::ncclRedOp_t::ncclSum,
                     comm,

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# What each memory mode of training takes on the CPU (docs/training.md §6.5–§6.8, §11): one
+# device, a 0.6B-shaped random model (scripts/synthetic.py), 16 utterances of FRAMES frames,
+# batch 2 × 2 micro-batches, STEPS optimizer steps per run. For every mode it prints the optimizer
+# state the trainer reports at start (masters, moments, gradients) and the peak resident memory
+# of the process (GNU time), one line per mode.
+#
+#   scripts/bench_memory.sh [FRAMES] [STEPS]      (defaults 60 and 1)
+#
+# BIN: the voiceclone binary (default: cargo build, the optimized dev profile). PYTHON: a python3
+# with numpy (default: .test-assets/venv/bin/python, else python3). Needs about 20 GB of memory
+# for the fp32 runs; start it on an otherwise idle machine so nothing else is paged out.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+FRAMES=${1:-60}
+STEPS=${2:-1}
+PYTHON=${PYTHON:-.test-assets/venv/bin/python}
+[ -x "$PYTHON" ] || PYTHON=python3
+if [ -z "${BIN:-}" ]; then
+  cargo build --quiet
+  BIN=$PWD/target/debug/voiceclone
+fi
+echo "load average: $(cut -d' ' -f1-3 /proc/loadavg) ($(nproc) cores)"
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+"$PYTHON" scripts/synthetic.py model-0.6b tests/fixtures/tiny-0b6 "$WORK/model"
+
+run() { # run LABEL ARGS...: one training run, its state line and peak RSS
+  local label=$1
+  shift
+  local ws=$WORK/ws
+  rm -rf "$ws"
+  "$PYTHON" scripts/synthetic.py workspace "$ws" "$WORK/model" "$FRAMES"
+  /usr/bin/time -v "$BIN" --workdir "$ws" train --batch-size 2 --grad-accum 2 --no-shuffle \
+    --no-export --max-steps "$STEPS" --save-every 0 "$@" >"$WORK/out.txt" 2>"$WORK/time.txt" || {
+    cat "$WORK/out.txt" "$WORK/time.txt" >&2
+    exit 1
+  }
+  local state rss
+  state=$(grep -m1 '^optimizer state: ' "$WORK/out.txt" | sed 's/^optimizer state: //')
+  rss=$(awk -F: '/Maximum resident set size/ {printf "%.2f", $2 / 1e6}' "$WORK/time.txt")
+  printf '%-40s state %s; peak RSS %s GB\n' "$label" "$state" "$rss"
+}
+
+run "kernels fp32"
+run "kernels int8" --optimizer-state int8
+run "kernels bf16-compensated" --optimizer-state bf16-compensated
+run "kernels fp32 --recompute layers" --recompute layers
+run "kernels fp32 --reduce-dtype bf16" --reduce-dtype bf16
+run "autograd fp32" --backend autograd
+run "autograd int8" --backend autograd --optimizer-state int8
+run "autograd fp32 --offload optimizer" --backend autograd --offload optimizer
+run "autograd fp32 --recompute layers" --backend autograd --recompute layers
