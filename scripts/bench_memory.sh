@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# What each memory mode of training takes on the CPU (docs/training.md §6.5–§6.8, §11): one
-# device, a 0.6B-shaped random model (scripts/synthetic.py), 16 utterances of FRAMES frames,
-# batch 2 × 2 micro-batches, STEPS optimizer steps per run. For every mode it prints the optimizer
+# What each memory mode of training takes on the CPU (docs/training.md §6.5, §6.6, §6.7, §6.8;
+# its figures are in docs/training.md §11): one device, a 0.6B-shaped random model
+# (scripts/synthetic.py), 16 utterances of FRAMES frames, batch 2 × 2 micro-batches, STEPS optimizer steps per run. For every mode it prints the optimizer
 # state the trainer reports at start (masters, moments, gradients) and the peak resident memory
 # of the process (GNU time), one line per mode.
 #
