@@ -7,7 +7,8 @@
 #
 #   scripts/bench_memory.sh [FRAMES] [STEPS]      (defaults 60 and 1)
 #
-# BIN: the voiceclone binary (default: cargo build, the optimized dev profile). PYTHON: a python3
+# AUTOGRAD=1 adds runs of the autograd backend. BIN: the voiceclone binary (default: cargo
+# build, the optimized dev profile). PYTHON: a python3
 # with numpy (default: .test-assets/venv/bin/python, else python3). Needs about 20 GB of memory
 # for the fp32 runs; start it on an otherwise idle machine so nothing else is paged out.
 set -euo pipefail
@@ -47,7 +48,11 @@ run "kernels int8" --optimizer-state int8
 run "kernels bf16-compensated" --optimizer-state bf16-compensated
 run "kernels fp32 --recompute layers" --recompute layers
 run "kernels fp32 --reduce-dtype bf16" --reduce-dtype bf16
-run "autograd fp32" --backend autograd
-run "autograd int8" --backend autograd --optimizer-state int8
-run "autograd fp32 --offload optimizer" --backend autograd --offload optimizer
-run "autograd fp32 --recompute layers" --backend autograd --recompute layers
+# The autograd path (bf16 storage, what CUDA runs) computes in f32 on the CPU and keeps its whole
+# graph: its fp32 run of this model needs more than 24 GB. Offloading changes nothing on the CPU
+# (the host is the device).
+if [ "${AUTOGRAD:-0}" = 1 ]; then
+  run "autograd fp32" --backend autograd
+  run "autograd int8" --backend autograd --optimizer-state int8
+  run "autograd fp32 --recompute layers" --backend autograd --recompute layers
+fi

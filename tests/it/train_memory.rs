@@ -7,11 +7,8 @@
 
 use candle_core::{DType, Device, Tensor};
 use voiceclone::config::OptimizerState;
-use voiceclone::hub::ModelSource;
-use voiceclone::model::files::ModelFiles;
-use voiceclone::train::hooks::NoHooks;
 use voiceclone::train::optim::Schedule;
-use voiceclone::train::{Backend, Storage, TrainOptions, Trainer};
+use voiceclone::train::{Backend, Storage, Trainer};
 
 use crate::train_support::*;
 
@@ -39,19 +36,7 @@ fn trainer(
     config.epochs = 1000;
     config.lr = lr;
     config.optimizer_state = mode;
-    let files = ModelFiles::resolve(&ModelSource::Local(model_dir(model))).unwrap();
-    let opts = TrainOptions {
-        files,
-        model_spec: model.into(),
-        manifest: dir.join("data/train.jsonl"),
-        base_dir: fixtures(),
-        speaker: dir.join("data/speaker.safetensors"),
-        checkpoints: dir.join("checkpoints"),
-        config,
-        device: Device::Cpu,
-        backend,
-        hooks: std::sync::Arc::new(NoHooks),
-    };
+    let opts = train_options(dir, model, config, backend);
     let mut t = Trainer::new(opts, false).unwrap();
     t.schedule = Schedule {
         peak: lr,

@@ -9,12 +9,9 @@ use std::collections::BTreeMap;
 use crate::train_support::*;
 use candle_core::{DType, Device, IndexOp, Tensor};
 use serde_json::Value;
-use voiceclone::hub::ModelSource;
-use voiceclone::model::files::ModelFiles;
 use voiceclone::train::batch::Batch;
-use voiceclone::train::hooks::NoHooks;
 use voiceclone::train::optim::Schedule;
-use voiceclone::train::{loss, Backend, Storage, TrainOptions, Trainer};
+use voiceclone::train::{loss, Backend, Storage, Trainer};
 
 struct Refs {
     json: Value,
@@ -70,20 +67,7 @@ fn trainer(model: &str, r: &Refs, dir: &std::path::Path, backend: Backend) -> Tr
         config.weight_decay = tr["weight_decay"].as_f64().unwrap();
         config.clip_norm = tr["clip"].as_f64().unwrap();
     }
-    let files = ModelFiles::resolve(&ModelSource::Local(model_dir(model))).unwrap();
-    let opts = TrainOptions {
-        files,
-        model_spec: model.into(),
-        manifest: dir.join("data/train.jsonl"),
-        // The rows' paths are relative to tests/fixtures (they are never read: codes are given).
-        base_dir: fixtures(),
-        speaker: dir.join("data/speaker.safetensors"),
-        checkpoints: dir.join("checkpoints"),
-        config,
-        device: Device::Cpu,
-        backend,
-        hooks: std::sync::Arc::new(NoHooks),
-    };
+    let opts = train_options(dir, model, config, backend);
     let mut t = Trainer::new(opts, false).unwrap();
     // A constant learning rate, as in the reference trajectory.
     t.schedule = Schedule {

@@ -176,3 +176,28 @@ pub fn f32_model_copy(name: &str) -> tempfile::TempDir {
     candle_core::safetensors::save(&f32s, &path).unwrap();
     dir
 }
+
+/// In-process training options for a workspace made by [`make_workspace`] in `dir` on the
+/// fixture `model` (rows' audio paths relative to tests/fixtures; never read, codes are given).
+pub fn train_options(
+    dir: &Path,
+    model: &str,
+    config: voiceclone::config::TrainConfig,
+    backend: voiceclone::train::Backend,
+) -> voiceclone::train::TrainOptions {
+    use voiceclone::hub::ModelSource;
+    use voiceclone::model::files::ModelFiles;
+    let files = ModelFiles::resolve(&ModelSource::Local(model_dir(model))).unwrap();
+    voiceclone::train::TrainOptions {
+        files,
+        model_spec: model.into(),
+        manifest: dir.join("data/train.jsonl"),
+        base_dir: fixtures(),
+        speaker: dir.join("data/speaker.safetensors"),
+        checkpoints: dir.join("checkpoints"),
+        config,
+        device: candle_core::Device::Cpu,
+        backend,
+        hooks: std::sync::Arc::new(voiceclone::train::hooks::NoHooks),
+    }
+}

@@ -69,14 +69,7 @@ impl ShardedTrainer {
             }
             tensors.insert(name.clone(), v.as_tensor().clone());
         }
-        Ok((
-            UnitSource {
-                tensors,
-                frozen: &self.frozen,
-                arith: self.arith,
-            },
-            out,
-        ))
+        Ok((self.unit_source(tensors), out))
     }
 
     fn replica(&self) -> Result<&Replica> {

@@ -68,24 +68,36 @@ fn rel(a: &[f32], b: &[f32]) -> f64 {
 }
 
 /// One step's pass on every rank: (its rows of every gradient, the loss sum).
+/// The next step's inputs on this rank: its micro-batches, their text rows, the step's batches.
+#[allow(clippy::type_complexity)]
+fn next_inputs(t: &mut ShardedTrainer) -> (Vec<super::Micro>, Option<Tensor>, Vec<Vec<usize>>) {
+    let micro = t.sampler.next_step(3);
+    let text_ids = t.step_text_ids(&micro);
+    let mine: Vec<_> = (0..micro.len())
+        .filter(|i| i % t.world() == t.rank())
+        .map(|i| t.build_micro(i, &micro[i], &text_ids).unwrap())
+        .collect();
+    let rows = t.text.map(|i| t.gather_text_rows(i, &text_ids).unwrap());
+    (mine, rows, micro)
+}
+
+/// A pass's gradients (this rank's rows of each, empty where there is none) and loss sum.
+fn flat(p: Pass) -> (Vec<Vec<f32>>, f64) {
+    let g = p
+        .grads
+        .iter()
+        .map(|g| g.as_ref().map(values).unwrap_or_default())
+        .collect();
+    (g, p.sums.loss)
+}
+
 fn passes(n: usize, ws: &Path, backend: Backend, mode: ShardMode) -> Vec<(Vec<Vec<f32>>, f64)> {
     on_ranks(n, ws, "tiny-0b6", backend, mode, |t| {
-        let micro = t.sampler.next_step(3);
-        let text_ids = t.step_text_ids(&micro);
-        let mine: Vec<_> = (0..micro.len())
-            .filter(|i| i % t.world() == t.rank())
-            .map(|i| t.build_micro(i, &micro[i], &text_ids).unwrap())
-            .collect();
-        let rows = t.text.map(|i| t.gather_text_rows(i, &text_ids).unwrap());
-        let Pass { sums, grads, .. } = match mode {
+        let (mine, rows, micro) = next_inputs(t);
+        flat(match mode {
             ShardMode::Full => t.full_pass(&mine, rows.as_ref(), &micro, 0).unwrap(),
             ShardMode::GradOp => t.grad_op_pass(&mine, rows.as_ref(), &micro, 0).unwrap(),
-        };
-        let g = grads
-            .iter()
-            .map(|g| g.as_ref().map(values).unwrap_or_default())
-            .collect();
-        (g, sums.loss)
+        })
     })
 }
 
@@ -102,21 +114,7 @@ fn recomputing_gives_the_gradients_of_the_pass_that_keeps_everything() {
     let dir = tempfile::tempdir().unwrap();
     workspace(dir.path(), "tiny-0b6", 7);
     let both = |t: &mut ShardedTrainer| {
-        let micro = t.sampler.next_step(3);
-        let text_ids = t.step_text_ids(&micro);
-        let mine: Vec<_> = (0..micro.len())
-            .filter(|i| i % t.world() == t.rank())
-            .map(|i| t.build_micro(i, &micro[i], &text_ids).unwrap())
-            .collect();
-        let rows = t.text.map(|i| t.gather_text_rows(i, &text_ids).unwrap());
-        let flat = |p: Pass| -> (Vec<Vec<f32>>, f64) {
-            let g = p
-                .grads
-                .iter()
-                .map(|g| g.as_ref().map(values).unwrap_or_default())
-                .collect();
-            (g, p.sums.loss)
-        };
+        let (mine, rows, micro) = next_inputs(t);
         let kept = flat(t.grad_op_pass(&mine, rows.as_ref(), &micro, 0).unwrap());
         let recomputed = flat(t.full_pass(&mine, rows.as_ref(), &micro, 0).unwrap());
         (kept, recomputed)

@@ -93,14 +93,17 @@ impl ShardedTrainer {
             };
             tensors.insert(self.params[i].name.clone(), t);
         }
-        Ok((
-            UnitSource {
-                tensors,
-                frozen: &self.frozen,
-                arith: self.arith,
-            },
-            out,
-        ))
+        Ok((self.unit_source(tensors), out))
+    }
+
+    /// A model source of a unit's whole `tensors` and the frozen ones, read in the arithmetic
+    /// dtype.
+    pub(super) fn unit_source(&self, tensors: HashMap<String, Tensor>) -> UnitSource<'_> {
+        UnitSource {
+            tensors,
+            frozen: &self.frozen,
+            arith: self.arith,
+        }
     }
 
     /// Sums `acc` (unit `u`'s full f32 gradients from this rank's micro-batches; `None` = zero)
