@@ -1117,6 +1117,18 @@ impl RowReader {
     }
 }
 
+impl super::saved_state::SavedRows for RowReader {
+    fn rows(
+        &mut self,
+        kind: &str,
+        name: &str,
+        rows: std::ops::Range<usize>,
+        device: &Device,
+    ) -> Result<Tensor> {
+        RowReader::rows(self, kind, name, rows, device)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,7 +17,6 @@ use std::ops::Range;
 use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor};
 
-use super::checkpoint::RowReader;
 use super::moments::{Codes8, Moment, Which};
 use super::params::Param;
 use super::stwrite;
@@ -112,6 +111,18 @@ pub fn bytes(t: &Tensor, dtype: safetensors::Dtype) -> Result<Vec<u8>> {
     })
 }
 
+/// Row ranges of a saved checkpoint's entries (`checkpoint::RowReader`): entry `KIND.NAME`,
+/// rows `rows`, in the dtype it was saved in.
+pub trait SavedRows {
+    fn rows(
+        &mut self,
+        kind: &str,
+        name: &str,
+        rows: Range<usize>,
+        device: &Device,
+    ) -> Result<Tensor>;
+}
+
 /// What reading a checkpoint in another mode did, for the message at start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Conversion {
@@ -152,7 +163,7 @@ impl Conversion {
 /// Reads rows `rows` of parameter `p` (full shape `shape`) saved in mode `saved` into `p` and
 /// returns its moments in mode `now`. Within one mode every bit is kept.
 pub fn restore(
-    reader: &mut RowReader,
+    reader: &mut dyn SavedRows,
     saved: OptimizerState,
     now: OptimizerState,
     p: &mut Param,
@@ -161,7 +172,8 @@ pub fn restore(
     device: &Device,
 ) -> Result<(Moment, Moment)> {
     let name = p.name.clone();
-    let read = |reader: &mut RowReader, kind: &str| reader.rows(kind, &name, rows.clone(), device);
+    let read =
+        |reader: &mut dyn SavedRows, kind: &str| reader.rows(kind, &name, rows.clone(), device);
     let master = read(reader, "master")?;
     if compensated(saved, shape) {
         let comp = read(reader, "comp")?;
