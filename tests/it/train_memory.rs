@@ -556,3 +556,54 @@ fn the_start_says_what_the_optimizer_state_takes() {
     let comp = parts(&["--optimizer-state", "bf16-compensated"]);
     assert!(comp[1] < 0.75 * masters && comp[2] == moments, "{comp:?}");
 }
+
+/// The export of a run in each mode writes the checkpoint's masters — for a compensated tensor
+/// the weight plus its compensation — rounded to bf16 (docs/training.md §10).
+#[test]
+fn every_mode_exports_its_masters() {
+    use crate::dist_support::{ok, state, workspace};
+    for mode in ["int8", "bf16-compensated"] {
+        let ws = workspace("tiny-0b6");
+        let o = voiceclone(
+            ws.path(),
+            &[
+                "train",
+                "--max-steps",
+                "2",
+                "--lr",
+                "5e-3",
+                "--backend",
+                "autograd",
+                "--optimizer-state",
+                mode,
+            ],
+        );
+        ok(&o);
+        let saved = state(ws.path(), 2);
+        let export = read_raw(&ws.path().join("model/model.safetensors"));
+        for name in ["talker.codec_head.weight", "talker.model.norm.weight"] {
+            let master = &saved[&format!("master.{name}")].1;
+            let want: Vec<u16> = match saved.get(&format!("comp.{name}")) {
+                Some((_, comp)) => master
+                    .iter()
+                    .zip(comp)
+                    .map(|(w, c)| half::bf16::from_f32(w + c).to_bits())
+                    .collect(),
+                None => master
+                    .iter()
+                    .map(|w| half::bf16::from_f32(*w).to_bits())
+                    .collect(),
+            };
+            let (dtype, _, bytes) = &export[name];
+            assert_eq!(dtype, "BF16", "{mode} {name}");
+            let got: Vec<u16> = bytes
+                .chunks_exact(2)
+                .map(|b| u16::from_le_bytes([b[0], b[1]]))
+                .collect();
+            assert!(
+                got == want,
+                "{mode}: the export of {name} is not the saved master"
+            );
+        }
+    }
+}
