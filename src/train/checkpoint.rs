@@ -20,6 +20,7 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
+use candle_core::safetensors::Load;
 use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -1069,26 +1070,9 @@ impl RowReader {
         if info.shape.is_empty() {
             shape.clear();
         }
-        let t = match dtype {
-            safetensors::Dtype::F32 => Tensor::from_vec(
-                bytes
-                    .chunks_exact(4)
-                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                    .collect::<Vec<f32>>(),
-                shape,
-                device,
-            )?,
-            safetensors::Dtype::BF16 => Tensor::from_vec(
-                bytes
-                    .chunks_exact(2)
-                    .map(|b| half::bf16::from_le_bytes([b[0], b[1]]))
-                    .collect::<Vec<_>>(),
-                shape,
-                device,
-            )?,
-            _ => Tensor::from_vec(bytes, shape, device)?,
-        };
-        Ok(t)
+        Ok(safetensors::tensor::TensorView::new(dtype, shape, &bytes)
+            .map_err(|e| anyhow::anyhow!("checkpoint {}: {key}: {e}", self.dir.display()))?
+            .load(device)?)
     }
 
     /// The full fp32 master of every trained tensor (for a compensated checkpoint, weight plus

@@ -13,7 +13,7 @@ use candle_core::{
 };
 
 use crate::kernels::{loss, optim};
-use crate::model::grad_kernels::cpu_f32;
+use crate::model::grad_kernels::{cpu_f32, with_values};
 use crate::train::moments::Moment;
 
 fn slice_mut<'a>(s: &'a mut CpuStorage, l: &Layout, what: &str) -> Result<&'a mut [f32]> {
@@ -204,43 +204,39 @@ pub fn fused_update(
     k: &optim::StepConsts,
 ) -> Result<()> {
     let (rows, cols) = crate::kernels::moment8::rows_cols(w.dims());
-    let dense_storage;
-    let dense: Option<&[f32]> = match &g {
+    let update = |dense: Option<&[f32]>| -> Result<()> {
+        let row = |r: usize| -> Option<&[f32]> {
+            match &g {
+                GradRows::Dense(_) => dense.map(|d| &d[r * cols..(r + 1) * cols]),
+                GradRows::Sparse(rows) => rows.row(r),
+            }
+        };
+        with_storage_mut(w, |ws, wl| {
+            let w = slice_mut(ws, wl, "adamw-fused weights")?;
+            with_comp(comp, w, |weights| {
+                with_moment(m, |mm| {
+                    with_moment(v, |vm| {
+                        optim::fused_update(rows, cols, weights, mm, vm, &row, k);
+                        Ok(())
+                    })
+                })
+            })
+        })
+    };
+    match &g {
         GradRows::Dense(t) => {
             if !supported(t) || t.elem_count() != w.elem_count() {
                 bail!("{name}: the fused update needs a contiguous f32 gradient");
             }
-            dense_storage = t.storage_and_layout();
-            let (s, l) = (&*dense_storage.0, dense_storage.1);
-            let candle_core::Storage::Cpu(s) = s else {
-                bail!("{name}: the gradient is not on the CPU")
-            };
-            Some(cpu_f32(s, l, "adamw-fused")?)
+            with_values(t, "adamw-fused", |d| update(Some(d)))
         }
-        GradRows::Sparse(_) => None,
-    };
-    let row = |r: usize| -> Option<&[f32]> {
-        match &g {
-            GradRows::Dense(_) => dense.map(|d| &d[r * cols..(r + 1) * cols]),
-            GradRows::Sparse(rows) => rows.row(r),
-        }
-    };
-    if let GradRows::Sparse(rg) = &g {
-        if rg.rows() != rows || rg.width() != cols {
-            bail!("{name}: the row gradient is {}×{}", rg.rows(), rg.width());
+        GradRows::Sparse(rg) => {
+            if rg.rows() != rows || rg.width() != cols {
+                bail!("{name}: the row gradient is {}×{}", rg.rows(), rg.width());
+            }
+            update(None)
         }
     }
-    with_storage_mut(w, |ws, wl| {
-        let w = slice_mut(ws, wl, "adamw-fused weights")?;
-        with_comp(comp, w, |weights| {
-            with_moment(m, |mm| {
-                with_moment(v, |vm| {
-                    optim::fused_update(rows, cols, weights, mm, vm, &row, k);
-                    Ok(())
-                })
-            })
-        })
-    })
 }
 
 fn with_comp(

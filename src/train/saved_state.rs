@@ -102,10 +102,8 @@ pub fn tensors(p: &Param, m: &Moment, v: &Moment) -> Result<Vec<Tensor>> {
 pub fn bytes(t: &Tensor, dtype: safetensors::Dtype) -> Result<Vec<u8>> {
     Ok(match dtype {
         safetensors::Dtype::F32 => stwrite::f32_bytes(t)?,
-        safetensors::Dtype::BF16 => {
-            let v: Vec<half::bf16> = t.to_dtype(DType::BF16)?.flatten_all()?.to_vec1()?;
-            v.iter().flat_map(|x| x.to_le_bytes()).collect()
-        }
+        // Exact for the bf16 weights and compensations this is called with.
+        safetensors::Dtype::BF16 => stwrite::bf16_bytes(t)?,
         safetensors::Dtype::U8 => t.to_dtype(DType::U8)?.flatten_all()?.to_vec1::<u8>()?,
         other => anyhow::bail!("no checkpoint entry is {other:?}"),
     })

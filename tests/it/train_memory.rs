@@ -353,12 +353,33 @@ fn the_modes_train_sharded_like_one_device() {
     }
 }
 
+/// Two runs of `voiceclone train ARGS` in fresh workspaces on `model`: without `flags` and with
+/// them; the second run's output must contain `says` when given.
+fn without_and_with(
+    model: &str,
+    args: &[&str],
+    flags: &[&str],
+    says: Option<&str>,
+) -> (tempfile::TempDir, tempfile::TempDir) {
+    use crate::dist_support::{ok, train, workspace};
+    let without = workspace(model);
+    ok(&train(without.path(), args));
+    let with = workspace(model);
+    let all: Vec<&str> = args.iter().chain(flags).copied().collect();
+    let o = train(with.path(), &all);
+    ok(&o);
+    if let Some(says) = says {
+        assert!(text(&o).contains(says), "{}", text(&o));
+    }
+    (without, with)
+}
+
 /// `--offload optimizer` (masters and moments on the host, updated by the CPU kernels,
 /// docs/training.md §6.6) ends with the same checkpoint, byte for byte, as the update where the state
 /// lies — every mode, both backends, one device and two ranks.
 #[test]
 fn offloading_the_optimizer_changes_no_bit() {
-    use crate::dist_support::{ok, state, train, workspace};
+    use crate::dist_support::state;
     for backend in ["kernels", "autograd"] {
         for mode in ["fp32", "int8", "bf16-compensated"] {
             for ranks in [1usize, 2] {
@@ -374,16 +395,11 @@ fn offloading_the_optimizer_changes_no_bit() {
                 if ranks > 1 {
                     args.extend(["--cpu-ranks", n.as_str()]);
                 }
-                let plain = workspace("tiny-0b6");
-                ok(&train(plain.path(), &args));
-                let offloaded = workspace("tiny-0b6");
-                args.extend(["--offload", "optimizer"]);
-                let o = train(offloaded.path(), &args);
-                ok(&o);
-                assert!(
-                    text(&o).contains("masters and moments offloaded to the host"),
-                    "{}",
-                    text(&o)
+                let (plain, offloaded) = without_and_with(
+                    "tiny-0b6",
+                    &args,
+                    &["--offload", "optimizer"],
+                    Some("masters and moments offloaded to the host"),
                 );
                 let (a, b) = (state(plain.path(), 3), state(offloaded.path(), 3));
                 let differ: Vec<&String> = a
@@ -433,24 +449,20 @@ fn offloading_the_optimizer_changes_no_bit() {
 /// continue without it, and the other way round.
 #[test]
 fn recomputing_trains_like_keeping_every_activation() {
-    use crate::dist_support::{as_of, assert_same_run, ok, train, workspace, SHARDED_TOLERANCE};
+    use crate::dist_support::{as_of, assert_same_run, ok, train, SHARDED_TOLERANCE};
     for backend in ["kernels", "autograd"] {
         for extra in [&[][..], &["--cpu-ranks", "2", "--shard", "grad-op"][..]] {
             let mut args = vec!["--max-steps", "4", "--save-every", "2", "--keep", "10"];
             args.extend(["--backend", backend]);
             args.extend(extra);
-            let kept = workspace("tiny-1b7");
-            ok(&train(kept.path(), &args));
-            let recomputed = workspace("tiny-1b7");
+            let (kept, recomputed) = without_and_with(
+                "tiny-1b7",
+                &args,
+                &["--recompute", "layers"],
+                Some("each unit recomputed for the backward pass"),
+            );
             let mut with = args.clone();
             with.extend(["--recompute", "layers"]);
-            let o = train(recomputed.path(), &with);
-            ok(&o);
-            assert!(
-                text(&o).contains("each unit recomputed for the backward pass"),
-                "{}",
-                text(&o)
-            );
             let tag = format!("{backend} {extra:?} recompute");
             assert_same_run(&tag, recomputed.path(), kept.path(), 4, SHARDED_TOLERANCE);
             // Each continues the other's checkpoints.
@@ -481,7 +493,7 @@ fn recomputing_trains_like_keeping_every_activation() {
 /// were rounded — on both backends, one device and two ranks of each shard mode.
 #[test]
 fn bf16_gradient_sums_stay_within_bf16_rounding() {
-    use crate::dist_support::{assert_same_run, metrics, ok, train, workspace};
+    use crate::dist_support::{assert_same_run, metrics};
     for backend in ["kernels", "autograd"] {
         for extra in [
             &[][..],
@@ -490,11 +502,8 @@ fn bf16_gradient_sums_stay_within_bf16_rounding() {
         ] {
             let mut args = vec!["--max-steps", "3", "--backend", backend];
             args.extend(extra);
-            let fp32 = workspace("tiny-1b7");
-            ok(&train(fp32.path(), &args));
-            let bf16 = workspace("tiny-1b7");
-            args.extend(["--reduce-dtype", "bf16"]);
-            ok(&train(bf16.path(), &args));
+            let (fp32, bf16) =
+                without_and_with("tiny-1b7", &args, &["--reduce-dtype", "bf16"], None);
             let tag = format!("{backend} {extra:?} bf16 sums");
             assert_same_run(&tag, bf16.path(), fp32.path(), 3, (1e-2, 1e-2));
             let norms = |ws: &std::path::Path| -> Vec<f64> {
