@@ -2,8 +2,9 @@
 # What each memory mode of training takes on the CPU (docs/training.md §6.5, §6.6, §6.7, §6.8;
 # its figures are in docs/training.md §11): one device, a 0.6B-shaped random model
 # (scripts/synthetic.py), 16 utterances of FRAMES frames, batch 2 × 2 micro-batches, STEPS optimizer steps per run. For every mode it prints the optimizer
-# state the trainer reports at start (masters, moments, gradients) and the peak resident memory
-# of the process (GNU time), one line per mode.
+# state the trainer reports at start (masters, moments, gradients), the peak resident memory of
+# the process (GNU time), and what the memory plan (`train --plan`, docs/training.md §6.9)
+# predicted for it, with the ratio plan / measured; one line per mode.
 #
 #   scripts/bench_memory.sh [FRAMES] [STEPS]      (defaults 60 and 1)
 #
@@ -37,10 +38,13 @@ run() { # run LABEL ARGS...: one training run, its state line and peak RSS
     cat "$WORK/out.txt" "$WORK/time.txt" >&2
     exit 1
   }
-  local state rss
+  local state rss plan
   state=$(grep -m1 '^optimizer state: ' "$WORK/out.txt" | sed 's/^optimizer state: //')
   rss=$(awk -F: '/Maximum resident set size/ {printf "%.2f", $2 / 1e6}' "$WORK/time.txt")
-  printf '%-40s state %s; peak RSS %s GB\n' "$label" "$state" "$rss"
+  plan=$("$BIN" --workdir "$ws" train --plan --json --batch-size 2 --grad-accum 2 "$@" |
+    "$PYTHON" -c 'import json, sys; print("%.2f" % (json.load(sys.stdin)["modes"][0]["host_bytes"] / 1e9))')
+  printf '%-40s state %s; peak RSS %s GB; plan %s GB (plan/RSS %s)\n' "$label" "$state" "$rss" \
+    "$plan" "$(awk -v p="$plan" -v r="$rss" 'BEGIN {printf "%.3f", p / r}')"
 }
 
 run "kernels fp32"

@@ -15,7 +15,9 @@
 #     rank process (from nvidia-smi);
 #  4. a --gpus 1 run SIGKILLed after its first checkpoint resumes and finishes;
 #  5. `speak` on the GPU (frames/s);
-#  6. the parity tests of tests/it/gpu_parity.rs, when cargo is present.
+#  6. the parity tests of tests/it/gpu_parity.rs, when cargo is present;
+#  7. the memory plan (docs/training.md §6.9) against the driver's peak device memory of the
+#     rank process, for each memory mode on the 0.6B-shaped model (two steps each).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 START=$(date +%s)
@@ -107,6 +109,35 @@ if "$BIN" --workdir "$WORK/big" speak "The quick brown fox jumps over the lazy d
 else
   summary "CHECK 5 speak on the GPU: FAIL ($(tail -n 2 "$WORK/speak.out" | tr '\n' ' '))"
 fi
+
+echo "== 7. the memory plan against the driver's peak, per mode (0.6B-shaped, two steps)"
+for mode in "" "--optimizer-state int8" "--optimizer-state bf16-compensated" \
+  "--offload optimizer" "--recompute layers" "--reduce-dtype bf16"; do
+  # shellcheck disable=SC2086 # $mode is a list of flags
+  plan=$("$BIN" --workdir "$WORK/big" "${TRAIN[@]}" --gpus 1 --plan --json $mode |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["modes"][0]["gpu_bytes"])')
+  rm -rf "$WORK/big/checkpoints"
+  nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits -lms 100 >"$WORK/mem7.txt" &
+  SMI=$!
+  # shellcheck disable=SC2086
+  "$BIN" --workdir "$WORK/big" "${TRAIN[@]}" --max-steps 2 --save-every 0 --gpus 1 --memory manual $mode \
+    >/dev/null 2>&1 || true
+  kill $SMI || true
+  python3 - "$WORK/mem7.txt" "$plan" "${mode:-fp32}" "$SUMMARY" <<'EOF2'
+import sys
+peak = 0
+for line in open(sys.argv[1]):
+    parts = [p.strip() for p in line.split(",")]
+    if len(parts) == 2 and parts[1].isdigit():
+        peak = max(peak, int(parts[1]) * 2**20)
+plan = int(sys.argv[2])
+ratio = plan / peak if peak else float("nan")
+r = "PASS" if 0.9 <= ratio <= 1.1 else "FAIL"
+line = (f"CHECK 7 plan vs peak {sys.argv[3]}: {r} (plan {plan / 1e9:.2f} GB, driver peak "
+        f"{peak / 1e9:.2f} GB, ratio {ratio:.3f}; limit 10 %)")
+print(line); open(sys.argv[4], "a").write(line + "\n")
+EOF2
+done
 
 if command -v cargo >/dev/null && command -v nvcc >/dev/null; then
   echo "== 6. parity tests on CUDA"

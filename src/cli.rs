@@ -692,6 +692,25 @@ pub struct TrainArgs {
     #[arg(long, value_name = "DTYPE")]
     pub reduce_dtype: Option<String>,
 
+    /// Plan memory before loading (the most exact open memory settings that fit; refuse a run
+    /// that cannot fit), or manual: the settings as configured [train.memory, default auto].
+    #[arg(long, value_name = "POLICY")]
+    pub memory: Option<String>,
+
+    /// Memory per device the plan may use, in GiB; 0 = what the device reports (a GPU's
+    /// total, on the CPU the machine's) [train.gpu_memory, default 0].
+    #[arg(long, value_name = "GIB")]
+    pub gpu_memory: Option<f64>,
+
+    /// Print the memory plan (bytes per device and on the host, by category, for every memory
+    /// setting that makes sense, and which fit) and exit; reads the model's config.json only.
+    #[arg(long)]
+    pub plan: bool,
+
+    /// With --plan: print the plan as one JSON object.
+    #[arg(long, requires = "plan")]
+    pub json: bool,
+
     /// Sharded runs: restart every rank from the last checkpoint when one fails, at most N
     /// times [train.max_restarts].
     #[arg(long, value_name = "N")]
@@ -760,6 +779,8 @@ impl TrainArgs {
                 "--reduce-dtype",
                 self.reduce_dtype.clone(),
             )
+            .set("train.memory", "--memory", self.memory.clone())
+            .set("train.gpu_memory", "--gpu-memory", self.gpu_memory)
             .flag(
                 "train.speaker_balance",
                 "--speaker-balance",

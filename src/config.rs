@@ -111,6 +111,21 @@ pub struct TrainConfig {
     pub offload: Offload,
     pub recompute: Recompute,
     pub reduce_dtype: ReduceDtype,
+    pub memory: MemoryPolicy,
+    /// Device memory in GiB the plan may use, 0 = what the device reports.
+    pub gpu_memory: f64,
+    /// Which memory settings were set above the defaults (not a key: filled in by
+    /// [`resolve_layers`]); `train.memory = "auto"` chooses only the others.
+    #[serde(skip)]
+    pub set_by_user: MemoryKeys,
+}
+
+/// The memory settings a config file or flag set (docs/training.md §6.9).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemoryKeys {
+    pub optimizer_state: bool,
+    pub offload: bool,
+    pub recompute: bool,
 }
 
 /// `train.shard`: what a sharded run shards (docs/distributed.md §4).
@@ -185,6 +200,13 @@ pub enum Offload {
 
 impl Offload {
     pub const NAMES: &'static [&'static str] = &["none", "optimizer"];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Offload::None => "none",
+            Offload::Optimizer => "optimizer",
+        }
+    }
 }
 
 /// `train.recompute`: activation checkpointing (docs/training.md §6.7).
@@ -202,6 +224,29 @@ pub enum Recompute {
 
 impl Recompute {
     pub const NAMES: &'static [&'static str] = &["none", "layers"];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Recompute::None => "none",
+            Recompute::Layers => "layers",
+        }
+    }
+}
+
+/// `train.memory`: whether the run is planned before it loads (docs/training.md §6.9).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum MemoryPolicy {
+    /// Choose the memory settings the user left open (the most exact that fits the device)
+    /// and refuse a run that cannot fit, before any weight is read.
+    #[default]
+    Auto,
+    /// Train with the settings as configured, without a plan.
+    Manual,
+}
+
+impl MemoryPolicy {
+    pub const NAMES: &'static [&'static str] = &["auto", "manual"];
 }
 
 /// `train.reduce_dtype`: the dtype gradients are summed in — over a step's micro-batches and,
@@ -309,6 +354,7 @@ const CHOICES: &[(&str, &[&str])] = &[
     ("train.offload", Offload::NAMES),
     ("train.recompute", Recompute::NAMES),
     ("train.reduce_dtype", ReduceDtype::NAMES),
+    ("train.memory", MemoryPolicy::NAMES),
     ("embed.mode", EmbedMode::NAMES),
 ];
 
@@ -406,9 +452,15 @@ pub fn resolve_layers(layers: Vec<(Table, Source)>) -> Result<Resolved> {
         })?;
         merge_into(&mut merged, layer, "", &source, &mut sources);
     }
-    let config: Config = Value::Table(merged.clone())
+    let mut config: Config = Value::Table(merged.clone())
         .try_into()
         .context("internal error: the merged configuration does not match the schema")?;
+    let set = |key: &str| sources.get(key).is_some_and(|s| *s != Source::Default);
+    config.train.set_by_user = MemoryKeys {
+        optimizer_state: set("train.optimizer_state"),
+        offload: set("train.offload"),
+        recompute: set("train.recompute"),
+    };
     let resolved = Resolved {
         config,
         sources,
@@ -597,6 +649,12 @@ impl Resolved {
                     "{:?} must be a non-empty name without surrounding spaces",
                     t.speaker_name
                 ),
+            ));
+        }
+        if !(t.gpu_memory >= 0.0 && t.gpu_memory.is_finite()) {
+            return Err(bad(
+                "train.gpu_memory",
+                format!("{} is not a non-negative number of GiB", t.gpu_memory),
             ));
         }
         if let Some(p) = t.freeze.iter().find(|p| p.trim().is_empty()) {

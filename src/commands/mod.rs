@@ -10,6 +10,7 @@ pub mod serve;
 pub mod speak;
 pub mod speakers;
 pub mod train;
+pub mod train_plan;
 pub mod train_ranks;
 
 use anyhow::Result;

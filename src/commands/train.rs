@@ -34,6 +34,9 @@ pub fn hooks() -> Arc<dyn TrainHooks> {
 }
 
 pub fn run(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<()> {
+    if args.plan {
+        return super::train_plan::print(ws, config, args);
+    }
     if let Some(env) = crate::dist::RankEnv::from_env()? {
         return super::train_ranks::run_rank(ws, config, args, env);
     }
@@ -43,6 +46,14 @@ pub fn run(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<()> {
     }
     require_manifest(ws)?;
     let _lock = train::lock::RunLock::acquire(&ws.train_lock())?;
+    // Planned before anything is loaded (docs/training.md §6.9).
+    let (config, chosen) =
+        super::train_plan::choose(ws, config, super::train_plan::Target::of(config))?;
+    let config = &config;
+    let c = &config.train;
+    if let Some(line) = chosen {
+        println!("{line}");
+    }
     let run = prepare(ws, config, args)?;
     move_aside_if_fresh(ws, args)?;
     let device = train_device()?;

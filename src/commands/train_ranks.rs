@@ -33,11 +33,23 @@ pub fn launch(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<()> {
     }
     super::train::require_manifest(ws)?;
     let _lock = train::lock::RunLock::acquire(&ws.train_lock())?;
+    // One plan for every rank, made here before anything is loaded; the ranks get its choice
+    // as flags (docs/training.md §6.9).
+    let (config, chosen) =
+        super::train_plan::choose(ws, config, super::train_plan::Target::of(config))?;
+    let config = &config;
+    if let Some(line) = chosen {
+        println!("{line}");
+    }
     prepare(ws, config, args)?;
     move_aside_if_fresh(ws, args)?;
+    let mut rank_args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    if config.train.memory == crate::config::MemoryPolicy::Auto {
+        rank_args.extend(super::train_plan::rank_flags(config));
+    }
     let spec = LaunchSpec {
         world,
-        args: std::env::args_os().skip(1).collect(),
+        args: rank_args,
         env: Vec::new(),
         cpu: c.gpus == 0,
         max_restarts: c.max_restarts,
@@ -114,7 +126,17 @@ fn rank_main(ws: &Workspace, config: &Config, args: &TrainArgs, env: &RankEnv) -
     };
     let coll = connect(&ep, &device)?;
     install_failure_handlers(coll.clone(), env.rank);
-    let result = train_rank(ws, config, args, env, &device, coll.clone());
+    // Ranks of our launcher come with its plan's choice (and `--memory manual`); under torchrun
+    // or Slurm every rank makes the same plan, after rank 0 prepared the data.
+    let target = super::train_plan::Target {
+        cuda: device.is_cuda(),
+        world: env.world,
+    };
+    let (config, chosen) = super::train_plan::choose(ws, config, target)?;
+    if let (0, Some(line)) = (env.rank, chosen) {
+        println!("{line}");
+    }
+    let result = train_rank(ws, &config, args, env, &device, coll.clone());
     match &result {
         Ok(()) => {}
         Err(e) => coll.abort(&format!("rank {}: {e:#}", env.rank)),

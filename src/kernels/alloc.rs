@@ -32,3 +32,67 @@ pub fn keep_freed_memory() {
         }
     }
 }
+
+/// The system allocator, counting the bytes it has handed out: what the memory plan is held to
+/// (docs/training.md §6.9). Installed as the global allocator of `test-hooks` builds only; the
+/// two relaxed atomic updates per allocation cost nothing measurable next to tensor work.
+pub struct Counting;
+
+static LIVE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static PEAK: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+impl Counting {
+    /// Bytes allocated and not yet freed, and the most there ever were.
+    pub fn live_and_peak() -> (usize, usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (LIVE.load(Relaxed), PEAK.load(Relaxed))
+    }
+
+    fn add(n: usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let now = LIVE.fetch_add(n, Relaxed) + n;
+        PEAK.fetch_max(now, Relaxed);
+    }
+
+    fn sub(n: usize) {
+        LIVE.fetch_sub(n, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+// SAFETY: every call is forwarded to `System` with the caller's layout unchanged; the counters
+// are only arithmetic on the side.
+unsafe impl std::alloc::GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        // SAFETY: the caller's contract for this method, passed on to `System` unchanged.
+        let p = unsafe { std::alloc::System.alloc(layout) };
+        if !p.is_null() {
+            Self::add(layout.size());
+        }
+        p
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
+        // SAFETY: the caller's contract for this method, passed on to `System` unchanged.
+        let p = unsafe { std::alloc::System.alloc_zeroed(layout) };
+        if !p.is_null() {
+            Self::add(layout.size());
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        // SAFETY: the caller's contract for this method, passed on to `System` unchanged.
+        unsafe { std::alloc::System.dealloc(ptr, layout) };
+        Self::sub(layout.size());
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: the caller's contract for this method, passed on to `System` unchanged.
+        let p = unsafe { std::alloc::System.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            Self::sub(layout.size());
+            Self::add(new_size);
+        }
+        p
+    }
+}

@@ -23,6 +23,7 @@ pub mod metrics;
 pub mod moments;
 pub mod optim;
 pub mod params;
+pub mod plan;
 pub mod run;
 pub mod sampler;
 pub mod saved_state;

@@ -34,8 +34,22 @@ impl Moment {
     /// Zeros for a tensor of `shape`, 8-bit when `eight_bit` (the caller decides from the
     /// full tensor's shape, [`moment8::quantizes`], so that every shard of it agrees).
     pub fn zeros(shape: &[usize], eight_bit: bool, which: Which, device: &Device) -> Result<Self> {
-        let f = Tensor::zeros(shape, DType::F32, device)?;
-        Self::encode(&f, eight_bit, which)
+        if !eight_bit {
+            return Ok(Moment::F32(Tensor::zeros(shape, DType::F32, device)?));
+        }
+        // What [`Self::encode`] makes of zeros, without its f32 temporaries (several times the
+        // tensor's size, docs/training.md §6.9): scale 0, and the code of 0 — 128 for the signed
+        // first moment, 0 for the second.
+        let (rows, cols) = moment8::rows_cols(shape);
+        let zero_code = match which {
+            Which::First => 128u8,
+            Which::Second => 0u8,
+        };
+        Ok(Moment::Codes8(Codes8 {
+            codes: Tensor::full(zero_code, shape, device)?,
+            scales: Tensor::zeros((rows, moment8::blocks_per_row(cols)), DType::F32, device)?,
+            which,
+        }))
     }
 
     /// `values` (f32) in the form `eight_bit` asks for.
@@ -151,6 +165,28 @@ mod tests {
 
     /// The tensor-op codes (the CUDA path) equal the slice kernels' byte for byte on the CPU,
     /// and decode to the same values.
+    #[test]
+    fn zeros_are_the_encoding_of_zeros() {
+        let dev = Device::Cpu;
+        for shape in [&[6usize, 1024][..], &[300, 20], &[3, 7, 512]] {
+            let z = Tensor::zeros(shape, DType::F32, &dev).unwrap();
+            for which in [Which::First, Which::Second] {
+                let (Moment::Codes8(a), Moment::Codes8(b)) = (
+                    Moment::zeros(shape, true, which, &dev).unwrap(),
+                    Moment::encode(&z, true, which).unwrap(),
+                ) else {
+                    panic!("8-bit moments expected");
+                };
+                let bytes = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<u8>().unwrap();
+                let f = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                assert_eq!(bytes(&a.codes), bytes(&b.codes), "{shape:?} {which:?}");
+                assert_eq!(a.codes.dims(), b.codes.dims());
+                assert_eq!(f(&a.scales), f(&b.scales));
+                assert_eq!(a.scales.dims(), b.scales.dims());
+            }
+        }
+    }
+
     #[test]
     fn tensor_codes_equal_the_kernels() {
         let dev = Device::Cpu;

@@ -133,19 +133,12 @@ impl AdamW {
                         p.name,
                         g.dims()
                     );
-                    // On the host: the gradient comes over (bf16 on a GPU, promoted there).
-                    let g = if on_host {
-                        g.to_device(&candle_core::Device::Cpu)?
-                    } else {
-                        g.clone()
-                    };
-                    let g = g.to_dtype(DType::F32)?.contiguous()?;
                     anyhow::ensure!(
-                        !on_host || (can && cpu_ops::supported(&g)),
+                        !on_host || can,
                         "optimizer: {} cannot be updated on the host",
                         p.name
                     );
-                    Some(g)
+                    Some(g.clone())
                 }
                 Grad::Rows(rows) => {
                     anyhow::ensure!(
@@ -170,7 +163,18 @@ impl AdamW {
                 continue;
             }
             let (m, v) = (&state.m[i], &state.v[i]);
-            match (g, &dense[i]) {
+            // Promoted to f32 (on the host: brought over first) one tensor at a time, so that
+            // a step never holds an f32 copy of every gradient (docs/training.md §6.9).
+            let dense_f32 = match &dense[i] {
+                Some(g) if on_host => Some(
+                    g.to_device(&candle_core::Device::Cpu)?
+                        .to_dtype(DType::F32)?
+                        .contiguous()?,
+                ),
+                Some(g) => Some(g.to_dtype(DType::F32)?.contiguous()?),
+                None => None,
+            };
+            match (g, &dense_f32) {
                 (Grad::Rows(rows), _) => {
                     self.apply_on_host(t, lr, clip, p, GradRows::Sparse(rows), m, v, fused[i])?
                 }

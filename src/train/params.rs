@@ -199,15 +199,17 @@ impl Param {
         Ok(())
     }
 
-    /// The fp32 master weights (for a compensated parameter, weight plus compensation).
+    /// The fp32 master weights (for a compensated parameter, weight plus compensation). Never
+    /// part of a graph: a value computed from the `Var` would otherwise carry its history into
+    /// the next step's master and compensation, and every step's tensors would stay alive.
     pub fn master(&self) -> candle_core::Result<Tensor> {
         match (&self.master, &self.comp) {
             (Some(m), Some(c)) => m + c.to_dtype(DType::F32)?,
             (Some(m), None) => Ok(m.clone()),
             (None, Some(c)) => {
-                self.var.as_tensor().to_dtype(DType::F32)? + c.to_dtype(DType::F32)?
+                self.var.as_tensor().detach().to_dtype(DType::F32)? + c.to_dtype(DType::F32)?
             }
-            (None, None) => Ok(self.var.as_tensor().clone()),
+            (None, None) => Ok(self.var.as_tensor().detach()),
         }
     }
 

@@ -32,4 +32,5 @@ mod train_dist_failures;
 mod train_launchers;
 mod train_memory;
 mod train_parity;
+mod train_plan;
 mod train_support;

@@ -16,6 +16,22 @@ use crate::train::stages::{
 };
 use crate::train::units::Unit;
 
+/// Frames of one chunk of the code predictor's recomputation (docs/training.md §6.7): 512
+/// positions through its 5 layers, a graph of about 0.4 GB for the 0.6B in bf16, where a batch
+/// of four 15-second utterances would keep 10 GB.
+pub const PREDICTOR_CHUNK_FRAMES: usize = 32;
+
+/// The chunks of `frames` frames: start, length, and share of the frames (the weight of the
+/// chunk's mean loss in the mean over all).
+fn predictor_chunks(frames: usize) -> impl Iterator<Item = (usize, usize, f64)> {
+    (0..frames)
+        .step_by(PREDICTOR_CHUNK_FRAMES)
+        .map(move |start| {
+            let n = PREDICTOR_CHUNK_FRAMES.min(frames - start);
+            (start, n, n as f64 / frames as f64)
+        })
+}
+
 impl ShardedTrainer {
     /// FULL_SHARD: the forward pass unit by unit, then the backward pass unit by unit in reverse,
     /// recomputing each unit from its saved inputs.
@@ -78,20 +94,32 @@ impl ShardedTrainer {
                 .into_iter()
                 .unzip()
         };
-        let l_sub: Vec<Tensor> = {
+        let l_sub: Vec<f64> = {
             let (src, _) = self.unit_weights(cp_u, false)?;
             let cp = CodePredictor::load_parts(&src, cfg, numerics, false)?;
-            mine.iter()
-                .zip(&frame_hidden)
-                .zip(&embedded)
-                .map(|((m, fh), e)| {
-                    sub_loss(&cp, fh, &e.c0_embed, &e.sub_embeds, &m.batch.frame_codes)
-                })
-                .collect::<candle_core::Result<_>>()?
+            let mut out = Vec::with_capacity(mine.len());
+            for ((m, fh), e) in mine.iter().zip(&frame_hidden).zip(&embedded) {
+                // In the chunks of the backward pass below: the forward's temporaries are one
+                // chunk's too.
+                let mut sum = 0.0;
+                for (start, n, share) in predictor_chunks(fh.dim(0)?) {
+                    let part = |t: &Tensor| t.narrow(0, start, n);
+                    let l = sub_loss(
+                        &cp,
+                        &part(fh)?,
+                        &part(&e.c0_embed)?,
+                        &part(&e.sub_embeds)?,
+                        &part(&m.batch.frame_codes)?,
+                    )?;
+                    sum += share * scalar(&l)?;
+                }
+                out.push(sum);
+            }
+            out
         };
         let mut local = Vec::with_capacity(mine.len());
-        for ((m, lt), ls) in mine.iter().zip(&l_talker).zip(&l_sub) {
-            let (lt, ls) = (scalar(lt)?, scalar(ls)?);
+        for ((m, lt), &ls) in mine.iter().zip(&l_talker).zip(&l_sub) {
+            let lt = scalar(lt)?;
             local.push(Local {
                 index: m.index,
                 total: lt + SUB_LOSS_WEIGHT * ls,
@@ -101,7 +129,7 @@ impl ShardedTrainer {
             });
         }
         let sums = self.agree_losses(&local, micro, epoch)?;
-        drop((l_talker, l_sub));
+        drop(l_talker);
 
         // Backward, in reverse, recomputing each unit with `Var`s; gradients of the step's
         // micro-batches are summed, then reduced once per unit.
@@ -119,21 +147,31 @@ impl ShardedTrainer {
             let cp = CodePredictor::load_parts(&src, cfg, numerics, false)?;
             let mut acc = vec![None; vars.len()];
             for ((m, fh), e) in mine.iter().zip(&frame_hidden).zip(&embedded) {
-                let fh = Var::from_tensor(fh)?;
-                let c0 = Var::from_tensor(&e.c0_embed)?;
-                let sb = Var::from_tensor(&e.sub_embeds)?;
-                let l = sub_loss(
-                    &cp,
-                    fh.as_tensor(),
-                    c0.as_tensor(),
-                    sb.as_tensor(),
-                    &m.batch.frame_codes,
-                )?;
-                let g = (l * (SUB_LOSS_WEIGHT * scale))?.backward()?;
-                accumulate_vars(&g, &vars, &mut acc, grad_dtype, in_place)?;
-                d_fh.push(grad_or_zero(&g, &fh)?);
-                d_c0.push(grad_or_zero(&g, &c0)?);
-                d_sub.push(grad_or_zero(&g, &sb)?);
+                // Frames are independent sequences for the predictor: recomputed a chunk at a
+                // time, each chunk's mean loss weighted by its share of the frames, so the
+                // graph alive is one chunk's (docs/training.md §6.7).
+                let (mut dfh, mut dc0, mut dsb) = (Vec::new(), Vec::new(), Vec::new());
+                for (start, n, share) in predictor_chunks(fh.dim(0)?) {
+                    let part = |t: &Tensor| -> Result<Var> {
+                        Ok(Var::from_tensor(&t.narrow(0, start, n)?.contiguous()?)?)
+                    };
+                    let (fh, c0, sb) = (part(fh)?, part(&e.c0_embed)?, part(&e.sub_embeds)?);
+                    let l = sub_loss(
+                        &cp,
+                        fh.as_tensor(),
+                        c0.as_tensor(),
+                        sb.as_tensor(),
+                        &m.batch.frame_codes.narrow(0, start, n)?,
+                    )?;
+                    let g = (l * (SUB_LOSS_WEIGHT * scale * share))?.backward()?;
+                    accumulate_vars(&g, &vars, &mut acc, grad_dtype, in_place)?;
+                    dfh.push(grad_or_zero(&g, &fh)?);
+                    dc0.push(grad_or_zero(&g, &c0)?);
+                    dsb.push(grad_or_zero(&g, &sb)?);
+                }
+                d_fh.push(Tensor::cat(&dfh, 0)?);
+                d_c0.push(Tensor::cat(&dc0, 0)?);
+                d_sub.push(Tensor::cat(&dsb, 0)?);
             }
             self.reduce(cp_u, acc, &mut grads)?;
         }

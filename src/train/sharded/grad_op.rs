@@ -64,10 +64,16 @@ impl ShardedTrainer {
         for &i in &self.units[u].members {
             let name = &self.params[i].name;
             let v = &replica.vars[name];
-            if vars {
+            // Without `vars` (the forward pass) detached: a graph recorded through the replicas
+            // would keep every unit's activations alive through the kept inputs
+            // (docs/training.md §6.7).
+            let t = if vars {
                 out.push(v.clone());
-            }
-            tensors.insert(name.clone(), v.as_tensor().clone());
+                v.as_tensor().clone()
+            } else {
+                v.as_tensor().detach()
+            };
+            tensors.insert(name.clone(), t);
         }
         Ok((self.unit_source(tensors), out))
     }

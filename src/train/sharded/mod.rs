@@ -65,6 +65,7 @@ use crate::model::config::Qwen3TtsConfig;
 use crate::model::layers::StepContext;
 use crate::model::ops::Rope;
 
+pub use self::full::PREDICTOR_CHUNK_FRAMES;
 use self::grad_op::Replica;
 use self::units::UnitShards;
 

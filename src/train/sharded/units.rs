@@ -89,7 +89,9 @@ impl ShardedTrainer {
                 out.push(v);
                 t
             } else {
-                full
+                // A world of one rank gathers the shard itself, a `Var`: detached, so that the
+                // forward pass records no graph (docs/training.md §6.7).
+                full.detach()
             };
             tensors.insert(self.params[i].name.clone(), t);
         }
