@@ -1,5 +1,5 @@
-//! The combinations a plan lists and the one `train.memory = "auto"` takes (docs/training.md
-//! §6.9): the most exact that fits — fp32 before bf16-compensated before int8 optimizer state,
+//! The combinations a plan lists and the one `train.memory = "auto"` takes
+//! (docs/training.md §6.9): the most exact that fits — fp32 before bf16-compensated before int8 optimizer state,
 //! no offload before offload, no recompute before recompute — among those the user left open.
 
 use std::fmt::Write;
