@@ -353,6 +353,9 @@ pub fn choose(ws: &Workspace, config: &Config, target: Target) -> Result<(Config
     if config.train.memory == MemoryPolicy::Manual {
         return Ok((config.clone(), None));
     }
+    if let Some(chosen) = chosen_by_launcher(config)? {
+        return Ok((chosen, None));
+    }
     let setup = setup(ws, config, target)?;
     let pins = pinned(config);
     let capacity = capacity(config, target)?;
@@ -396,20 +399,58 @@ pub fn choose(ws: &Workspace, config: &Config, target: Target) -> Result<(Config
     Ok((out, Some(line)))
 }
 
-/// The flags that give a rank process the launcher's choice.
-pub fn rank_flags(config: &Config) -> Vec<std::ffi::OsString> {
+/// The variable that gives the rank processes of our launcher its plan's choice.
+const CHOSEN_ENV: &str = "VOICECLONE_MEMORY_CHOSEN";
+
+/// `CHOSEN_ENV` and its value for `config`'s memory settings.
+pub fn chosen_env(config: &Config) -> (String, String) {
     let c = &config.train;
-    [
-        "--optimizer-state",
-        c.optimizer_state.name(),
-        "--offload",
-        c.offload.name(),
-        "--recompute",
-        c.recompute.name(),
-        "--memory",
-        "manual",
-    ]
-    .iter()
-    .map(Into::into)
-    .collect()
+    (
+        CHOSEN_ENV.to_string(),
+        format!(
+            "{} {} {}",
+            c.optimizer_state.name(),
+            c.offload.name(),
+            c.recompute.name()
+        ),
+    )
+}
+
+/// The launcher's choice, in a rank it started.
+fn chosen_by_launcher(config: &Config) -> Result<Option<Config>> {
+    let Ok(value) = std::env::var(CHOSEN_ENV) else {
+        return Ok(None);
+    };
+    let parts: Vec<&str> = value.split_whitespace().collect();
+    let mut out = config.clone();
+    let c = &mut out.train;
+    let find = |names: &[&str], v: &str| names.iter().position(|n| *n == v);
+    let (Some(s), Some(o), Some(r), 3) = (
+        parts
+            .first()
+            .and_then(|v| find(crate::config::OptimizerState::NAMES, v)),
+        parts
+            .get(1)
+            .and_then(|v| find(crate::config::Offload::NAMES, v)),
+        parts
+            .get(2)
+            .and_then(|v| find(crate::config::Recompute::NAMES, v)),
+        parts.len(),
+    ) else {
+        bail!("{CHOSEN_ENV}={value:?} is not \"STATE OFFLOAD RECOMPUTE\"");
+    };
+    c.optimizer_state = [
+        crate::config::OptimizerState::Fp32,
+        crate::config::OptimizerState::Int8,
+        crate::config::OptimizerState::Bf16Compensated,
+    ][s];
+    c.offload = [
+        crate::config::Offload::None,
+        crate::config::Offload::Optimizer,
+    ][o];
+    c.recompute = [
+        crate::config::Recompute::None,
+        crate::config::Recompute::Layers,
+    ][r];
+    Ok(Some(out))
 }

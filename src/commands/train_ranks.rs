@@ -43,14 +43,14 @@ pub fn launch(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<()> {
     }
     prepare(ws, config, args)?;
     move_aside_if_fresh(ws, args)?;
-    let mut rank_args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
-    if config.train.memory == crate::config::MemoryPolicy::Auto {
-        rank_args.extend(super::train_plan::rank_flags(config));
-    }
+    let env = match config.train.memory {
+        crate::config::MemoryPolicy::Auto => vec![super::train_plan::chosen_env(config)],
+        crate::config::MemoryPolicy::Manual => Vec::new(),
+    };
     let spec = LaunchSpec {
         world,
-        args: rank_args,
-        env: Vec::new(),
+        args: std::env::args_os().skip(1).collect(),
+        env,
         cpu: c.gpus == 0,
         max_restarts: c.max_restarts,
         progress_file: Some(ws.checkpoints_dir().join(train::checkpoint::LATEST)),
