@@ -104,8 +104,9 @@ fn passes(n: usize, ws: &Path, backend: Backend, mode: ShardMode) -> Vec<(Vec<Ve
 /// Recomputing (docs/training.md §6.7) changes no gradient beyond rounding: on the same
 /// trainer, the recomputing pass over the replicas gives the gradients of the grad-op pass
 /// (one rank and two), and the `full` pass of a world of one — what a one-device run with
-/// `recompute = "layers"` takes — those of one rank's grad-op pass: within 1e-6 in f32 (the CPU
-/// kernels, autograd with f32 storage). With bf16 storage a tensor read by two units (the code
+/// `recompute = "layers"` takes — those of one rank's grad-op pass: within 2e-6 in f32 (the CPU
+/// kernels, autograd with f32 storage; the code predictor's recomputation in chunks of frames
+/// sums its weight gradients in another order, measured worst 1.2e-6). With bf16 storage a tensor read by two units (the code
 /// predictor's codec embeddings: by the embeddings unit, for the talker's input, and by the code
 /// predictor) has its bf16 gradient rounded once per unit instead of once, so there the bound is
 /// 2⁻⁸ (a bf16 step).
@@ -145,7 +146,7 @@ fn recomputing_gives_the_gradients_of_the_pass_that_keeps_everything() {
         let tol = if backend == Backend::Autograd(Storage::Bf16) {
             2f64.powi(-8)
         } else {
-            1e-6
+            2e-6
         };
         for n in [1, 2] {
             for (r, (kept, recomputed)) in
