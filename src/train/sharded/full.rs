@@ -21,15 +21,13 @@ use crate::train::units::Unit;
 /// of four 15-second utterances would keep 10 GB.
 pub const PREDICTOR_CHUNK_FRAMES: usize = 32;
 
-/// The chunks of `frames` frames: start, length, and share of the frames (the weight of the
-/// chunk's mean loss in the mean over all).
-fn predictor_chunks(frames: usize) -> impl Iterator<Item = (usize, usize, f64)> {
-    (0..frames)
-        .step_by(PREDICTOR_CHUNK_FRAMES)
-        .map(move |start| {
-            let n = PREDICTOR_CHUNK_FRAMES.min(frames - start);
-            (start, n, n as f64 / frames as f64)
-        })
+/// The chunks of `frames` frames, `chunk` at a time: start, length, and share of the frames
+/// (the weight of the chunk's mean loss in the mean over all).
+fn predictor_chunks(frames: usize, chunk: usize) -> impl Iterator<Item = (usize, usize, f64)> {
+    (0..frames).step_by(chunk).map(move |start| {
+        let n = chunk.min(frames - start);
+        (start, n, n as f64 / frames as f64)
+    })
 }
 
 impl ShardedTrainer {
@@ -102,7 +100,7 @@ impl ShardedTrainer {
                 // In the chunks of the backward pass below: the forward's temporaries are one
                 // chunk's too.
                 let mut sum = 0.0;
-                for (start, n, share) in predictor_chunks(fh.dim(0)?) {
+                for (start, n, share) in predictor_chunks(fh.dim(0)?, self.predictor_chunk) {
                     let part = |t: &Tensor| t.narrow(0, start, n);
                     let l = sub_loss(
                         &cp,
@@ -151,7 +149,7 @@ impl ShardedTrainer {
                 // time, each chunk's mean loss weighted by its share of the frames, so the
                 // graph alive is one chunk's (docs/training.md §6.7).
                 let (mut dfh, mut dc0, mut dsb) = (Vec::new(), Vec::new(), Vec::new());
-                for (start, n, share) in predictor_chunks(fh.dim(0)?) {
+                for (start, n, share) in predictor_chunks(fh.dim(0)?, self.predictor_chunk) {
                     let part = |t: &Tensor| -> Result<Var> {
                         Ok(Var::from_tensor(&t.narrow(0, start, n)?.contiguous()?)?)
                     };

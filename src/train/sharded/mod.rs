@@ -106,6 +106,9 @@ pub struct ShardedTrainer {
     /// Rank 0: damaged checkpoints it moved aside while repairing `checkpoints/`.
     pub warnings: Vec<String>,
     last_loss: Option<f64>,
+    /// Frames per chunk of the code predictor's recomputation: [`PREDICTOR_CHUNK_FRAMES`];
+    /// tests make it small to cut the fixture's short utterances into several chunks.
+    predictor_chunk: usize,
 }
 
 /// One local micro-batch of a step.

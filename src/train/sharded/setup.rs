@@ -11,7 +11,7 @@ use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor};
 
 use super::units::group_units;
-use super::ShardedTrainer;
+use super::{ShardedTrainer, PREDICTOR_CHUNK_FRAMES};
 use crate::config::Shard as ShardMode;
 use crate::dist::shard::RowSplit;
 use crate::dist::Collective;
@@ -177,6 +177,7 @@ impl ShardedTrainer {
             warnings,
             opts,
             last_loss,
+            predictor_chunk: PREDICTOR_CHUNK_FRAMES,
         };
         if mode == ShardMode::GradOp {
             trainer.replica = Some(trainer.build_replica()?);
