@@ -6,7 +6,11 @@
 # the process (GNU time), and what the memory plan (`train --plan`, docs/training.md §6.9)
 # predicted for it, with the ratio plan / measured; one line per mode.
 #
-#   scripts/bench_memory.sh [FRAMES] [STEPS]      (defaults 60 and 1)
+#   scripts/bench_memory.sh [FRAMES] [STEPS]      (defaults 60 and 2)
+#
+# Two steps, because the first under-reads: the moments start as zero pages the allocator never
+# touched, resident only once the first update writes them; the second step's backward pass is
+# the steady state the plan describes.
 #
 # AUTOGRAD=1 adds runs of the autograd backend. BIN: the voiceclone binary (default: cargo
 # build, the optimized dev profile). PYTHON: a python3
@@ -15,7 +19,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FRAMES=${1:-60}
-STEPS=${2:-1}
+STEPS=${2:-2}
 PYTHON=${PYTHON:-.test-assets/venv/bin/python}
 [ -x "$PYTHON" ] || PYTHON=python3
 if [ -z "${BIN:-}" ]; then

@@ -692,8 +692,9 @@ pub struct TrainArgs {
     #[arg(long, value_name = "DTYPE")]
     pub reduce_dtype: Option<String>,
 
-    /// Plan memory before loading (the most exact open memory settings that fit; refuse a run
-    /// that cannot fit), or manual: the settings as configured [train.memory, default auto].
+    /// auto: plan memory before loading, take the most exact of the memory settings not given
+    /// that fits, and refuse a run that cannot fit; or manual: the settings as configured
+    /// [train.memory, default auto].
     #[arg(long, value_name = "POLICY")]
     pub memory: Option<String>,
 

@@ -21,6 +21,9 @@ impl ReduceOp {
     }
 }
 
+/// Tensor results are values: they record no autograd graph, whatever their inputs recorded
+/// (a gathered unit or row must not keep the graph that produced its shard alive,
+/// docs/training.md §6.7).
 pub trait Collective: Send + Sync {
     fn rank(&self) -> usize;
     fn world(&self) -> usize;

@@ -44,7 +44,10 @@ impl Local {
     /// Every rank's `t`, in rank order.
     fn everyone(&self, t: &Tensor) -> Vec<Tensor> {
         let s = &self.shared;
-        s.tensors.lock().expect("local world")[self.rank] = Some(t.clone());
+        // Detached, as the bytes that other backends send are: in a world of one the result
+        // would otherwise be the caller's tensor with its graph (a row lookup on a `Var`), and
+        // every activation computed from it would record a graph too.
+        s.tensors.lock().expect("local world")[self.rank] = Some(t.detach());
         s.barrier.wait();
         let all: Vec<Tensor> = s
             .tensors
@@ -100,5 +103,29 @@ impl Collective for Local {
     }
     fn finish(&self) -> Result<()> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Var};
+
+    /// A world of one hands back values, not the caller's graph: a lookup on a `Var` gathered
+    /// through it must not make the recomputing pass record (and keep) every activation.
+    #[test]
+    fn results_record_no_graph() {
+        let v = Var::from_tensor(&Tensor::arange(0f32, 6., &Device::Cpu).unwrap()).unwrap();
+        let rows = v.as_tensor().reshape((3, 2)).unwrap();
+        assert!(rows.track_op());
+        let c = Local::world(1).remove(0);
+        for t in [
+            c.all_gather(&rows).unwrap(),
+            c.reduce_scatter(&rows).unwrap(),
+            c.broadcast(&rows, 0).unwrap(),
+        ] {
+            assert!(!t.track_op());
+            assert_eq!(t.to_vec2::<f32>().unwrap(), rows.to_vec2::<f32>().unwrap());
+        }
     }
 }

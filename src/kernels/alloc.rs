@@ -7,8 +7,9 @@
 //! them on free, so each reuse page-faults and zero-fills the memory again (measured: a million
 //! minor faults and a third of a CPU training step in the kernel; ~45 000 faults, 0.1 s, for
 //! one 184 MB codec buffer — as much as the convolution that fills it). [`keep_freed_memory`]
-//! turns that off once per process: blocks of every size come from the heap, and freed memory
-//! stays there (up to 1 GiB above the top of the heap before it is trimmed). Kernels then
+//! turns that off once per process: blocks of every size come from one heap shared by every
+//! thread, and freed memory stays there (up to 1 GiB above the top of the heap before it is
+//! trimmed). Kernels then
 //! allocate plain `Vec`s ([`super::buf`] writes them without a zero-filling pass), whatever
 //! calls them (the codec's convolutions, candle's ops, the trainer), so one mechanism covers
 //! inference and training alike.
@@ -29,6 +30,13 @@ pub fn keep_freed_memory() {
             // largest mmap threshold), and the codec's activations are larger.
             libc::mallopt(libc::M_MMAP_MAX, 0);
             libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD);
+            // One heap for every thread: a block freed by one thread (a rayon worker's kernel
+            // output, dropped on the main thread) serves the next allocation of any other.
+            // With glibc's per-thread arenas each kept its own freed memory, and a training
+            // step's peak resident memory varied from run to run by up to 2.5 GB above what was
+            // allocated (docs/training.md §11); the lock costs nothing next to tensor-sized
+            // allocations.
+            libc::mallopt(libc::M_ARENA_MAX, 1);
         }
     }
 }
