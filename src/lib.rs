@@ -7,6 +7,8 @@
 //! - [`artifacts`]: one type and reader/writer per file the steps exchange: manifest rows, audio
 //!   code frames, the speaker file.
 //! - [`audio`]: decoding (symphonia), resampling (rubato), 16-bit WAV output, signal measurements.
+//! - [`build_info`]: what this binary is (version, commit, features, CPU paths), for
+//!   `--version`.
 //! - [`cli`]: the command-line definitions; flags that mirror config keys become overrides.
 //! - [`codes`]: the `codes` step: adds `audio_codes` to every line of a manifest, resumably.
 //! - [`commands`]: one thin module per subcommand (resolve config, call the library, print);
@@ -38,6 +40,7 @@
 
 pub mod artifacts;
 pub mod audio;
+pub mod build_info;
 pub mod cli;
 pub mod codes;
 pub mod commands;

@@ -1,6 +1,5 @@
 use std::process::ExitCode;
 
-use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
 /// `test-hooks` builds count their allocations, so tests can hold the memory plan to what a
@@ -12,7 +11,7 @@ static ALLOCATOR: voiceclone::kernels::alloc::Counting = voiceclone::kernels::al
 fn main() -> ExitCode {
     // The memory-reuse policy of every command (see `voiceclone::kernels::alloc`).
     voiceclone::kernels::alloc::keep_freed_memory();
-    let cli = voiceclone::cli::Cli::parse();
+    let cli = parse_cli();
     let default_level = match cli.verbose {
         0 => "warn",
         1 => "info",
@@ -38,4 +37,21 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The command line, with `--version` telling what this binary is (`voiceclone::build_info`).
+fn parse_cli() -> voiceclone::cli::Cli {
+    use clap::{CommandFactory, FromArgMatches};
+    let build = voiceclone::build_info::Build {
+        commit: env!("VOICECLONE_COMMIT"),
+        ggml_isa: env!("VOICECLONE_GGML_ISA"),
+    };
+    let isa = voiceclone::kernels::isa::Isa::detected();
+    // clap keeps the text for the life of the process; made once per process.
+    let text: &'static str =
+        Box::leak(voiceclone::build_info::describe(build, isa).into_boxed_str());
+    let matches = voiceclone::cli::Cli::command()
+        .long_version(text)
+        .get_matches();
+    voiceclone::cli::Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
 }
