@@ -74,3 +74,54 @@ fn config_layers_and_errors_through_the_binary() {
     let help = stdout(&voiceclone(ws.path(), &["--help"]));
     assert!(help.contains("prep") && help.contains("config"));
 }
+
+/// `--version` names the commit this binary was built from, its features, what this CPU has and
+/// what whisper.cpp was compiled for (docs/architecture.md §9.3); `-V` the version only.
+#[test]
+fn version_tells_the_commit_the_features_and_the_cpu_paths() {
+    let ws = tempfile::tempdir().unwrap();
+    let long = stdout(&voiceclone(ws.path(), &["--version"]));
+    let lines: Vec<&str> = long.lines().collect();
+    let commit = std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".into());
+    let version = env!("CARGO_PKG_VERSION");
+    assert_eq!(
+        lines[0],
+        format!("voiceclone {version} (commit {commit})"),
+        "{long}"
+    );
+    let features = if cfg!(feature = "cuda") {
+        "features: cuda"
+    } else {
+        "features: none (CPU only)"
+    };
+    assert!(lines[1].starts_with(features), "{long}");
+    #[cfg(target_arch = "x86_64")]
+    {
+        let avx2 = std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c");
+        let yes = if avx2 { "yes" } else { "no" };
+        assert!(
+            lines[2].starts_with(&format!("cpu: avx2+fma+f16c {yes},")),
+            "{long}"
+        );
+    }
+    let ggml = match option_env!("GGML_NATIVE") {
+        Some(v) if v.eq_ignore_ascii_case("off") => "SSE4.2 AVX AVX2 FMA F16C BMI2",
+        _ => "native (-march=native of the build machine)",
+    };
+    assert_eq!(
+        lines.last().unwrap(),
+        &format!("whisper.cpp (ggml) compiled for: {ggml}"),
+        "{long}"
+    );
+    let short = stdout(&voiceclone(ws.path(), &["-V"]));
+    assert_eq!(short.trim_end(), format!("voiceclone {version}"));
+}
