@@ -9,6 +9,7 @@
 //! (docs/model.md §14) and what the official vectorised kernels (SLEEF) differ by from libm
 //! anyway.
 
+use super::libm;
 use super::math::{exp, expm1_neg};
 use super::simd::with_avx2;
 
@@ -32,10 +33,10 @@ impl SnakeParams {
     /// From the stored log-scale parameters (`SnakeBeta.alpha`, `SnakeBeta.beta`).
     pub fn from_log(log_alpha: &[f32], log_beta: &[f32]) -> Self {
         // torch: alpha = exp(alpha); beta = exp(beta); 1.0 / (beta + 1e-9), all in f32.
-        let alpha = log_alpha.iter().map(|a| a.exp()).collect();
+        let alpha = log_alpha.iter().map(|&a| libm::exp(a)).collect();
         let inv_beta = log_beta
             .iter()
-            .map(|b| 1.0f32 / (b.exp() + 0.000000001f32))
+            .map(|&b| 1.0f32 / (libm::exp(b) + 0.000000001f32))
             .collect();
         SnakeParams { alpha, inv_beta }
     }
@@ -270,7 +271,7 @@ mod imp {
 /// libm path for rows with huge arguments (or NaN/inf): the exact official formula.
 fn slow_snake_row(src: &[f32], dst: &mut [f32], alpha: &[f32], inv_beta: &[f32]) {
     for ((d, &x), (&a, &ib)) in dst.iter_mut().zip(src).zip(alpha.iter().zip(inv_beta)) {
-        let s = (x * a).sin();
+        let s = libm::sin(x * a);
         *d = x + ib * (s * s);
     }
 }

@@ -8,6 +8,7 @@
 //! | [`buf`] | new output buffers written once, without a zero-filling pass, in parallel tiles |
 //! | [`simd`] | run-time choice of the AVX2 + FMA build of a loop |
 //! | [`math`] | the polynomial `exp` family every vectorised loop uses |
+//! | [`libm`] | f32 `exp`, `sin`, `cos`, `powf` that are the same on glibc and musl |
 //! | [`act`] | the codec's activations (ELU, SnakeBeta, GELU, SwiGLU gating, masked softmax) |
 //! | [`conv`], [`winograd`] | the codec's causal convolutions in row tiles |
 //! | [`isa`] | run-time detection of AVX2, AVX-VNNI, AVX-512 (VNNI, BF16) |
@@ -53,6 +54,7 @@ pub mod conv;
 pub mod gemm;
 pub mod grad;
 pub mod isa;
+pub mod libm;
 pub mod loss;
 pub mod mat;
 pub mod math;

@@ -11,7 +11,7 @@
 
 use anyhow::{bail, ensure, Result};
 
-use crate::kernels::team;
+use crate::kernels::{libm, team};
 
 use super::config::Qwen3TtsConfig;
 use super::layers::DecoderConfig;
@@ -247,8 +247,8 @@ impl Decoder {
         for (t, pos) in positions.iter().enumerate() {
             for (i, f) in self.inv_freq.iter().enumerate() {
                 let a = pos * f;
-                cos[t * half + i] = a.cos();
-                sin[t * half + i] = a.sin();
+                cos[t * half + i] = libm::cos(a);
+                sin[t * half + i] = libm::sin(a);
             }
         }
         let rope = RopeRows {
@@ -388,7 +388,7 @@ impl Decoder {
         drop(inp);
         up.iter_mut()
             .zip(&gate)
-            .for_each(|(u, g)| *u *= g / (1.0 + (-g).exp()));
+            .for_each(|(u, &g)| *u *= g / (1.0 + libm::exp(-g)));
         let down = l.down.forward(&Input::new(&up, rows, c.intermediate_size));
         x.iter_mut().zip(&down).for_each(|(a, b)| *a += b);
     }
@@ -437,7 +437,7 @@ fn attend<'q>(
             *sc = if *sc == f32::NEG_INFINITY {
                 0.0
             } else {
-                (*sc - max).exp()
+                libm::exp(*sc - max)
             };
             sum += *sc;
         }
@@ -820,7 +820,7 @@ impl Talker {
         let mut h = self
             .fc1
             .forward_bias(&Input::new(&rows, ids.len(), th), &self.fc1_bias);
-        h.iter_mut().for_each(|v| *v /= 1.0 + (-*v).exp());
+        h.iter_mut().for_each(|v| *v /= 1.0 + libm::exp(-*v));
         Ok(self
             .fc2
             .forward_bias(&Input::new(&h, ids.len(), th), &self.fc2_bias))

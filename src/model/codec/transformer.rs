@@ -18,6 +18,7 @@ use super::quantizer::vec_of;
 use crate::kernels::act::{gelu_erf_inplace, silu_mul_inplace, softmax_range};
 use crate::kernels::conv::{Linear, Seq};
 use crate::kernels::gemm::{gemm, Acc, Par};
+use crate::kernels::libm;
 use crate::kernels::mat::{MatMut, MatRef};
 use crate::model::weights::Weights;
 
@@ -231,7 +232,7 @@ impl Transformer {
         let inv_freq = (0..half)
             .map(|i| {
                 let e = (2 * i) as f32 / dims.head_dim as f32;
-                1.0f32 / (dims.rope_theta as f32).powf(e)
+                1.0f32 / libm::powf(dims.rope_theta as f32, e)
             })
             .collect();
         Ok(Transformer {
@@ -361,8 +362,8 @@ impl Transformer {
         for p in positions {
             for &f in &self.inv_freq {
                 let a = p as f32 * f;
-                cos.push(a.cos());
-                sin.push(a.sin());
+                cos.push(libm::cos(a));
+                sin.push(libm::sin(a));
             }
         }
         (cos, sin)

@@ -10,7 +10,7 @@
 
 use anyhow::{ensure, Result};
 
-use crate::kernels::team;
+use crate::kernels::{libm, team};
 
 use super::{attend, plan, rms_norm_rows, Cache, Decoder, Layer, RopeRows};
 
@@ -42,8 +42,8 @@ impl Decoder {
             cache.reserve(1, cache.len + 1, kv_width);
             for (i, f) in self.inv_freq.iter().enumerate() {
                 let a = pos[0] * f;
-                cos[r * half + i] = a.cos();
-                sin[r * half + i] = a.sin();
+                cos[r * half + i] = libm::cos(a);
+                sin[r * half + i] = libm::sin(a);
             }
         }
         let rope = RopeRows {
