@@ -1,8 +1,9 @@
-//! Facts about the build that `voiceclone --version` reports (docs/architecture.md §9.4): the
+//! Facts about the build that `voiceclone --version` reports (docs/architecture.md §9.3): the
 //! git commit, and the instruction sets whisper.cpp's ggml is compiled for (the `GGML_*`
 //! variables of `.cargo/config.toml`, or the user's, that whisper-rs-sys hands to its CMake).
+//! On glibc targets it also links the C++ runtime statically (docs/architecture.md §9.4).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// ggml's x86 instruction-set options, in the order they are reported, with their names.
@@ -72,4 +73,41 @@ fn main() {
         }
     };
     println!("cargo:rustc-env=VOICECLONE_GGML_ISA={ggml}");
+
+    static_cxx_runtime();
+}
+
+/// Makes whisper.cpp's C++ runtime part of the executable on glibc targets, so that a binary
+/// needs no libstdc++ of a particular version on the machine it runs on. whisper-rs-sys asks to
+/// link `stdc++` by name; the linker takes the first search directory holding `libstdc++.so` or
+/// `libstdc++.a`, and ours, searched before the system's, holds only the archive. Elsewhere (the
+/// musl release build, whose zig links its own static libc++) nothing changes.
+fn static_cxx_runtime() {
+    let target = std::env::var("TARGET").unwrap_or_default();
+    if !target.ends_with("-linux-gnu") {
+        return;
+    }
+    println!("cargo:rerun-if-env-changed=CXX");
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    let archive = Command::new(&cxx)
+        .arg("-print-file-name=libstdc++.a")
+        .output()
+        .ok()
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()))
+        // Without the archive the compiler prints the bare name back.
+        .filter(|p| p.is_absolute() && p.is_file());
+    let Some(archive) = archive else {
+        println!(
+            "cargo:warning=no static libstdc++ found by `{cxx} -print-file-name=libstdc++.a`: \
+             the binary will need the system's libstdc++.so"
+        );
+        return;
+    };
+    let dir =
+        PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("static-cxx");
+    std::fs::create_dir_all(&dir).expect("cannot create the static C++ runtime directory");
+    let link = dir.join("libstdc++.a");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(&archive, &link).expect("cannot link the static libstdc++");
+    println!("cargo:rustc-link-search=native={}", dir.display());
 }
