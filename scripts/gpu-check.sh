@@ -2,8 +2,8 @@
 # The prepared check for a machine with an NVIDIA GPU (docs/distributed.md §10), within 10
 # minutes on one GPU, without network. Run it in the repository root:
 #   BIN=path/to/voiceclone scripts/gpu-check.sh
-# BIN is a release build with --features cuda,nccl (build it where CUDA 13.0 is, e.g. with the
-# environment of scripts/check_cuda_build.sh: `cargo build --release --features cuda,nccl`); with
+# BIN is a release build with --features cuda,nccl (build it where CUDA 13.0 is, e.g. with
+# scripts/build_cuda.sh, which prints its path); with
 # BIN unset and cargo and nvcc present, it is built here. CUDA 13 and NCCL libraries must be on
 # LD_LIBRARY_PATH (docs/architecture.md §9.2). python3 with numpy writes the 0.6B-shaped model.
 # Checks, one summary line each at the end:
