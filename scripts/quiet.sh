@@ -17,3 +17,13 @@ require_quiet() {
         exit 1
     fi
 }
+
+# `wait_quiet SECONDS` waits up to SECONDS for the 1-minute load average to fall below 0.5 (after
+# a build or a fixture write of the benchmark itself); `require_quiet` then decides.
+wait_quiet() {
+    local deadline=$((SECONDS + $1))
+    while ((SECONDS < deadline)) &&
+        ! python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) < 0.5 else 1)" "$(cut -d' ' -f1 /proc/loadavg)"; do
+        sleep 5
+    done
+}
