@@ -75,6 +75,158 @@ fn main() {
     println!("cargo:rustc-env=VOICECLONE_GGML_ISA={ggml}");
 
     static_cxx_runtime();
+    ggml_avx512_variant();
+}
+
+/// The instruction sets of the second CPU backend (ggml's own "zen4" variant): x86-64-v4 with
+/// VBMI, VNNI and BF16. `prep::ggml_cpu` checks the same list at run time.
+const AVX512_VARIANT: [&str; 5] = [
+    "GGML_AVX512",
+    "GGML_AVX512_VBMI",
+    "GGML_AVX512_VNNI",
+    "GGML_AVX512_BF16",
+    "GGML_AVX2",
+];
+
+/// With `VOICECLONE_GGML_AVX512=ON` (scripts/release.sh sets it), compiles ggml's CPU backend a
+/// second time, for AVX-512, and links it in beside whisper-rs-sys's portable one
+/// (docs/architecture.md §9.4). Every global symbol of the second copy gets the prefix
+/// `vc512_`, so the two coexist; the one reference from outside a CPU backend to its inside,
+/// ggml's registry calling `ggml_backend_cpu_reg`, is redirected by the linker (`--wrap`) to
+/// `prep::ggml_cpu`, which returns one backend or the other for this CPU. Everything else
+/// reaches a backend through the function tables that call returns.
+fn ggml_avx512_variant() {
+    println!("cargo::rustc-check-cfg=cfg(ggml_avx512_variant)");
+    println!("cargo:rerun-if-env-changed=VOICECLONE_GGML_AVX512");
+    if on("VOICECLONE_GGML_AVX512") != Some(true) {
+        return;
+    }
+    let src = whisper_cpp_source();
+    let out =
+        PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("ggml-avx512");
+    // The whole project, as whisper-rs-sys configures it (the crate's copy of ggml lacks files
+    // its own project needs); only the CPU backend's target is built.
+    let mut config = cmake::Config::new(&src);
+    config
+        .out_dir(&out)
+        .profile("Release")
+        .build_target("ggml-cpu")
+        .define("BUILD_SHARED_LIBS", "OFF")
+        .define("WHISPER_BUILD_TESTS", "OFF")
+        .define("WHISPER_BUILD_EXAMPLES", "OFF")
+        .define("GGML_OPENMP", "OFF")
+        .define("GGML_NATIVE", "OFF");
+    // The portable backend's settings (.cargo/config.toml), then the AVX-512 ones.
+    for var in [
+        "GGML_LLAMAFILE",
+        "GGML_SSE42",
+        "GGML_AVX",
+        "GGML_FMA",
+        "GGML_F16C",
+        "GGML_BMI2",
+    ] {
+        if let Ok(v) = std::env::var(var) {
+            config.define(var, v);
+        }
+    }
+    for var in AVX512_VARIANT {
+        config.define(var, "ON");
+    }
+    config.build();
+    let lib = find_file(&out.join("build"), "libggml-cpu.a")
+        .unwrap_or_else(|| panic!("no libggml-cpu.a under {}", out.join("build").display()));
+
+    // Every global symbol the archive defines, renamed in its definitions and its own references.
+    let nm = Command::new("nm")
+        .args(["--defined-only", "-g", "-P"])
+        .arg(&lib)
+        .output()
+        .expect("cannot run nm (binutils) on the AVX-512 ggml backend");
+    assert!(nm.status.success(), "nm failed on {}", lib.display());
+    let mut names: Vec<String> = String::from_utf8_lossy(&nm.stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let name = f.next()?;
+            // Archive member headers ("lib.a[obj.o]:") are not symbols.
+            (f.next().is_some() && !name.ends_with(':')).then(|| name.to_string())
+        })
+        .collect();
+    names.sort();
+    names.dedup();
+    assert!(
+        names.iter().any(|n| n == "ggml_backend_cpu_reg"),
+        "the AVX-512 backend defines no ggml_backend_cpu_reg"
+    );
+    let map = out.join("rename.txt");
+    let text: String = names.iter().map(|n| format!("{n} vc512_{n}\n")).collect();
+    std::fs::write(&map, text).expect("cannot write the symbol map");
+    let dir = out.join("lib");
+    std::fs::create_dir_all(&dir).expect("cannot create the AVX-512 backend directory");
+    let renamed = dir.join("libvoiceclone_ggml_cpu_avx512.a");
+    let status = Command::new("objcopy")
+        .arg(format!("--redefine-syms={}", map.display()))
+        .arg(&lib)
+        .arg(&renamed)
+        .status()
+        .expect("cannot run objcopy (binutils)");
+    assert!(status.success(), "objcopy failed on {}", lib.display());
+
+    println!("cargo:rustc-link-search=native={}", dir.display());
+    println!("cargo:rustc-link-lib=static=voiceclone_ggml_cpu_avx512");
+    println!("cargo:rustc-link-arg=-Wl,--wrap=ggml_backend_cpu_reg");
+    println!("cargo:rustc-cfg=ggml_avx512_variant");
+}
+
+/// whisper-rs-sys's copy of whisper.cpp: the version Cargo.lock pins, in cargo's registry.
+fn whisper_cpp_source() -> PathBuf {
+    let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets it"));
+    let lock =
+        std::fs::read_to_string(manifest.join("Cargo.lock")).expect("cannot read Cargo.lock");
+    let version = lock
+        .split("[[package]]")
+        .find(|p| p.contains("name = \"whisper-rs-sys\""))
+        .and_then(|p| p.lines().find_map(|l| l.strip_prefix("version = ")))
+        .map(|v| v.trim_matches('"').to_string())
+        .expect("Cargo.lock has no whisper-rs-sys");
+    let home = std::env::var("CARGO_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cargo")
+        });
+    let registry = home.join("registry/src");
+    std::fs::read_dir(&registry)
+        .ok()
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|index| {
+            index
+                .path()
+                .join(format!("whisper-rs-sys-{version}/whisper.cpp"))
+        })
+        .find(|p| p.join("CMakeLists.txt").is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "whisper-rs-sys {version}'s whisper.cpp is not under {} (VOICECLONE_GGML_AVX512 \
+                 needs the crate's source from the registry)",
+                registry.display()
+            )
+        })
+}
+
+fn find_file(dir: &Path, name: &str) -> Option<PathBuf> {
+    for entry in std::fs::read_dir(dir).ok()?.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            if let Some(found) = find_file(&path, name) {
+                return Some(found);
+            }
+        } else if path.file_name().is_some_and(|n| n == name) {
+            return Some(path);
+        }
+    }
+    None
 }
 
 /// Makes whisper.cpp's C++ runtime part of the executable on glibc targets, so that a binary

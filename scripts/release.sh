@@ -10,7 +10,8 @@
 # zig as the C/C++ compiler and linker through cargo-zigbuild, both pinned from PyPI: zig brings
 # musl's headers and libc++ for that target, which whisper.cpp's C++ needs and Debian does not
 # package. whisper-rs-sys asks to link `stdc++`; zig links its static libc++ for that name.
-# ggml's code generation is the portable baseline of `.cargo/config.toml`. The tools are
+# ggml's code generation is the portable baseline of `.cargo/config.toml`, with a second copy of
+# its CPU backend for AVX-512 machines. The tools are
 # installed under target/release-tools (ignored by git); the Debian build dependencies by
 # scripts/install_deps.sh.
 #
@@ -47,7 +48,9 @@ fi
 export PATH="$PWD/$TOOLS/venv/bin:$PATH"
 
 log "building voiceclone for $TARGET (profile $PROFILE)"
-cargo zigbuild --locked --profile "$PROFILE" --target "$TARGET" >&2
+# A second copy of ggml's CPU backend, for AVX-512, chosen at run time where the CPU has it
+# (build.rs, docs/architecture.md §9.4).
+VOICECLONE_GGML_AVX512=ON cargo zigbuild --locked --profile "$PROFILE" --target "$TARGET" >&2
 
 bin="target/$TARGET/$PROFILE/voiceclone"
 # Static means no program interpreter and no dynamic section at all.

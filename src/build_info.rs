@@ -34,7 +34,8 @@ pub fn describe(build: Build<'_>, isa: Isa) -> String {
          cpu: avx2+fma+f16c {avx2}, avx-vnni {vnni}, avx-512 {avx512}, avx-512-vnni {avx512_vnni} \
          (amx: not used)\n\
          kernels: int8 matmul {q8}, bf16 matmul {bf16}\n\
-         whisper.cpp (ggml) compiled for: {ggml}",
+         whisper.cpp (ggml) compiled for: {ggml}\n\
+         whisper.cpp runs: {ggml_cpu}",
         version = env!("CARGO_PKG_VERSION"),
         commit = build.commit,
         avx2 = yes(isa.avx2),
@@ -44,6 +45,7 @@ pub fn describe(build: Build<'_>, isa: Isa) -> String {
         q8 = isa.q8_path(),
         bf16 = isa.bf16_path(),
         ggml = build.ggml_isa,
+        ggml_cpu = crate::prep::ggml_cpu::backend(),
     )
 }
 
@@ -67,7 +69,15 @@ mod tests {
             scalar.contains("int8 matmul scalar, bf16 matmul scalar"),
             "{scalar}"
         );
-        assert!(scalar.ends_with("compiled for: AVX2 FMA"), "{scalar}");
+        assert!(scalar.contains("compiled for: AVX2 FMA\n"), "{scalar}");
+        assert!(
+            scalar
+                .lines()
+                .last()
+                .unwrap()
+                .starts_with("whisper.cpp runs: the "),
+            "{scalar}"
+        );
         let wide = describe(
             build,
             Isa {

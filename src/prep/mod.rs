@@ -9,6 +9,7 @@
 //! transcription for unchanged sources, and rewrites the manifest (atomically) from them.
 
 pub mod chunk;
+pub mod ggml_cpu;
 pub mod records;
 pub mod segment;
 pub mod sources;

@@ -102,6 +102,7 @@ impl WhisperTranscriber {
         // prep about 15 % slower with tiny.en on 2 cores.
         let context = WhisperContext::new_with_params(path, WhisperContextParameters::default())
             .map_err(|e| anyhow!("cannot load Whisper model {}: {e}", model.display()))?;
+        tracing::info!("whisper.cpp runs {}", super::ggml_cpu::backend());
         if language.is_none() && !context.is_multilingual() {
             tracing::info!("English-only Whisper model: transcribing as English");
         }
