@@ -117,9 +117,10 @@ fn passes(n: usize, ws: &Path, backend: Backend, mode: ShardMode) -> Vec<(Vec<Ve
 /// `recompute = "layers"` takes — those of one rank's grad-op pass. Both with the code
 /// predictor recomputed in one chunk per utterance and in chunks of 4 frames (2 to 4 per
 /// utterance of the fixture). In f32 (the CPU kernels, autograd with f32 storage) the whole
-/// gradient is within 1e-6 relative (‖Δ‖ / ‖g‖) and every tensor within 2e-6 of its largest
+/// gradient is within 1e-6 relative (‖Δ‖ / ‖g‖) and every tensor within 4e-6 of its largest
 /// element (the worst are 8-element norm weights, whose gradient sums many terms of both
-/// signs). With bf16 storage a gradient is rounded to bf16 once per backward it comes out of:
+/// signs: 1.2e-6 measured on an AVX2 machine, 2.2e-6 on an AVX-512 one, whose matrix kernels
+/// sum in another order). With bf16 storage a gradient is rounded to bf16 once per backward it comes out of:
 /// a tensor read by two units (the code predictor's codec embeddings: by the embeddings unit,
 /// for the talker's input, and by the code predictor) once per unit, the code predictor's
 /// weights once per chunk, so there the bound is a bf16 step (2⁻⁸) per chunk of the longest
@@ -134,7 +135,7 @@ fn recomputing_gives_the_gradients_of_the_pass_that_keeps_everything() {
             let t = roundings as f64 * 2f64.powi(-8);
             (t, t)
         } else {
-            (1e-6, 2e-6)
+            (1e-6, 4e-6)
         };
         assert!(
             (a.1 - b.1).abs() <= 1e-6 * b.1.abs(),
