@@ -101,6 +101,10 @@ fn ggml_avx512_variant() {
     if on("VOICECLONE_GGML_AVX512") != Some(true) {
         return;
     }
+    // The copy must be of the whisper.cpp that whisper-rs-sys builds (Cargo.lock names it),
+    // with its settings.
+    println!("cargo:rerun-if-changed=Cargo.lock");
+    println!("cargo:rerun-if-env-changed=GGML_LLAMAFILE");
     let src = whisper_cpp_source();
     let out =
         PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("ggml-avx512");

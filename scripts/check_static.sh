@@ -113,7 +113,7 @@ done
 health=$(curl -sf "http://$addr/health") || fail "GET /health"
 [[ $health == *'"status":"ok"'* || $health == *'"status": "ok"'* ]] || fail "/health said: $health"
 pass "serve in the empty root: /health $health"
-kill "${server_pids[-1]}"
+kill "${server_pids[-1]}" 2>/dev/null || true
 
 # TLS: a CA of our own signs the server's certificate for 127.0.0.1.
 tls=$work/tls
@@ -126,10 +126,11 @@ printf 'subjectAltName=IP:127.0.0.1\n' >"$tls/ext"
 openssl x509 -req -in "$tls/server.csr" -CA "$tls/ca.pem" -CAkey "$tls/ca.key" -CAcreateserial \
     -out "$tls/server.pem" -days 2 -extfile "$tls/ext" 2>/dev/null
 port=$((20000 + RANDOM % 20000))
-openssl s_server -accept "$port" -cert "$tls/server.pem" -key "$tls/server.key" -www \
+openssl s_server -accept "127.0.0.1:$port" -cert "$tls/server.pem" -key "$tls/server.key" -www \
     >"$work/tls.log" 2>&1 &
 server_pids+=($!)
-sleep 1
+for _ in $(seq 100); do grep -q "^ACCEPT" "$work/tls.log" && break; sleep 0.1; done
+grep -q "^ACCEPT" "$work/tls.log" || { cat "$work/tls.log" >&2; fail "the local TLS server did not start"; }
 set +e
 env -i HF_ENDPOINT="https://127.0.0.1:$port" HF_HOME=/tmp/hf /usr/sbin/chroot "$root" /voiceclone \
     speak "x" --model Qwen/Qwen3-TTS-12Hz-0.6B-Base -o /tmp/hub.wav >"$work/hub.log" 2>&1

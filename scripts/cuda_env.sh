@@ -22,13 +22,19 @@ if [[ -n ${CUDA_HOME:-} ]]; then
   NCCL_DIR=${NCCL_LIB:-$CU_LIB}
 else
   P=${CUDA_PREFIX:-/tmp/cuda13}
-  if [ ! -x "$P/venv/bin/python" ]; then
+  # The stamp is written after the last wheel installed: without it (an interrupted install)
+  # the venv is made again.
+  if [ ! -e "$P/venv/.installed" ]; then
+    python3 -c 'import venv, ensurepip' 2>/dev/null ||
+      { echo "error: python3 cannot make a venv: apt-get install python3-venv" >&2; exit 1; }
+    rm -rf "$P/venv"
     python3 -m venv "$P/venv"
     # nvcc must be 13.0 exactly: newer nvcc writes PTX a CUDA 13.0 driver rejects.
     "$P/venv/bin/pip" install -q \
       "nvidia-cuda-nvcc==13.0.*" "nvidia-nvvm==13.0.*" "nvidia-cuda-crt==13.0.*" \
       "nvidia-cuda-runtime==13.0.*" "nvidia-cuda-cccl==13.0.*" "nvidia-cuda-nvrtc==13.0.*" \
       "nvidia-cublas==13.0.*" "nvidia-curand==10.4.*" "nvidia-nccl-cu13==2.30.*"
+    touch "$P/venv/.installed"
   fi
   NV=$("$P/venv/bin/python" -c 'import os,nvidia;print(os.path.dirname(nvidia.__path__[0]) + "/nvidia")')
   CU=$NV/cu13 # the cu13 wheels unpack into nvidia/cu13/{bin,include,lib,nvvm}; nccl into nvidia/nccl/lib

@@ -11,7 +11,7 @@
 # destination and renamed into place, so a running voiceclone is never cut short, and only a
 # voiceclone is ever replaced: another program of that name is left alone.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+script=$(realpath "$0")
 
 binary=""
 prefix=""
@@ -19,16 +19,19 @@ while (($#)); do
     case "$1" in
         --binary) binary=${2:?--binary needs a file}; shift 2 ;;
         --prefix) prefix=${2:?--prefix needs a directory}; shift 2 ;;
-        -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,13p' "$script" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "error: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
 if [[ -z $prefix ]]; then
     if [[ $EUID -eq 0 ]]; then prefix=/usr/local; else prefix=$HOME/.local; fi
 fi
+# Paths the user gave are taken from where the script was started.
+prefix=$(realpath -m "$prefix")
+[[ -z $binary ]] || binary=$(realpath -m "$binary")
 
 if [[ -z $binary ]]; then
-    binary=$(bash scripts/release.sh | tail -n 1)
+    binary=$(cd "$(dirname "$script")/.." && bash scripts/release.sh | tail -n 1)
 fi
 [[ -f $binary && -x $binary ]] || { echo "error: $binary is not an executable file" >&2; exit 1; }
 version=$("$binary" --version 2>/dev/null | head -n 1) || true

@@ -23,7 +23,7 @@ TARGET=x86_64-unknown-linux-musl
 PROFILE=dist
 ZIG_PKG="ziglang==0.17.1"
 ZIGBUILD_PKG="cargo-zigbuild==0.24.1"
-TOOLS=${RELEASE_TOOLS:-target/release-tools}
+TOOLS=$(realpath -m "${RELEASE_TOOLS:-target/release-tools}")
 PYTHON=${PYTHON:-python3}
 
 log() { printf '==> %s\n' "$*" >&2; }
@@ -51,7 +51,7 @@ if [[ "$(cat "$stamp" 2>/dev/null)" != "$ZIG_PKG $ZIGBUILD_PKG" ]]; then
     "$TOOLS/venv/bin/pip" install -q --disable-pip-version-check "$ZIG_PKG" "$ZIGBUILD_PKG" >&2
     echo "$ZIG_PKG $ZIGBUILD_PKG" >"$stamp"
 fi
-export PATH="$PWD/$TOOLS/venv/bin:$PATH"
+export PATH="$TOOLS/venv/bin:$PATH"
 
 log "building voiceclone for $TARGET (profile $PROFILE)"
 # A second copy of ggml's CPU backend, for AVX-512, chosen at run time where the CPU has it
