@@ -88,6 +88,10 @@ const AVX512_VARIANT: [&str; 5] = [
     "GGML_AVX2",
 ];
 
+fn out_dir() -> PathBuf {
+    PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"))
+}
+
 /// With `VOICECLONE_GGML_AVX512=ON` (scripts/release.sh sets it), compiles ggml's CPU backend a
 /// second time, for AVX-512, and links it in beside whisper-rs-sys's portable one
 /// (docs/architecture.md §9.4). Every global symbol of the second copy gets the prefix
@@ -106,8 +110,7 @@ fn ggml_avx512_variant() {
     println!("cargo:rerun-if-changed=Cargo.lock");
     println!("cargo:rerun-if-env-changed=GGML_LLAMAFILE");
     let src = whisper_cpp_source();
-    let out =
-        PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("ggml-avx512");
+    let out = out_dir().join("ggml-avx512");
     // The whole project, as whisper-rs-sys configures it (the crate's copy of ggml lacks files
     // its own project needs); only the CPU backend's target is built.
     let mut config = cmake::Config::new(&src);
@@ -120,15 +123,10 @@ fn ggml_avx512_variant() {
         .define("WHISPER_BUILD_EXAMPLES", "OFF")
         .define("GGML_OPENMP", "OFF")
         .define("GGML_NATIVE", "OFF");
-    // The portable backend's settings (.cargo/config.toml), then the AVX-512 ones.
-    for var in [
-        "GGML_LLAMAFILE",
-        "GGML_SSE42",
-        "GGML_AVX",
-        "GGML_FMA",
-        "GGML_F16C",
-        "GGML_BMI2",
-    ] {
+    // The portable backend's settings (.cargo/config.toml, or the user's), then the AVX-512
+    // ones over them.
+    let portable = GGML_ISA.iter().map(|(var, _)| *var);
+    for var in std::iter::once("GGML_LLAMAFILE").chain(portable) {
         if let Ok(v) = std::env::var(var) {
             config.define(var, v);
         }
@@ -259,8 +257,7 @@ fn static_cxx_runtime() {
         );
         return;
     };
-    let dir =
-        PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("static-cxx");
+    let dir = out_dir().join("static-cxx");
     std::fs::create_dir_all(&dir).expect("cannot create the static C++ runtime directory");
     let link = dir.join("libstdc++.a");
     let _ = std::fs::remove_file(&link);

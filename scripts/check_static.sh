@@ -31,15 +31,8 @@ pass() { echo "ok: $*"; }
 [[ $EUID -eq 0 ]] || fail "chroot needs root (run as root or under sudo)"
 # The tools this check uses: `file`, an HTTPS server and client, and Debian's user-mode qemu
 # (where it cannot be installed, part 4 is skipped with a message).
-missing=()
-for p in file openssl curl qemu-user; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-    echo "installing: ${missing[*]}"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null ||
-        echo "warning: could not install ${missing[*]}"
-fi
+bash scripts/install_deps.sh file openssl curl qemu-user ||
+    echo "warning: could not install every package this check uses"
 
 static=${1:-}
 if [[ -z $static ]]; then

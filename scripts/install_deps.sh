@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Installs the Debian packages voiceclone needs to build (whisper.cpp is compiled from source by
-# whisper-rs: cmake, a C++ compiler and libclang for bindgen). Idempotent; needs root or sudo.
+# whisper-rs: cmake, a C++ compiler and libclang for bindgen), and the packages named as
+# arguments (what a script needs besides). Idempotent; needs root or sudo.
+#   bash scripts/install_deps.sh [PACKAGE...]
 set -euo pipefail
 # curl: a client of `voiceclone serve` in its tests (tests/it/serve.rs).
-packages=(cmake clang libclang-dev g++ pkg-config curl)
+packages=(cmake clang libclang-dev g++ pkg-config curl "$@")
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

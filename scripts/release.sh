@@ -31,9 +31,7 @@ log() { printf '==> %s\n' "$*" >&2; }
 bash scripts/install_deps.sh >&2
 # Debian's python3 has no venv without python3-venv.
 if ! "$PYTHON" -c 'import venv, ensurepip' 2>/dev/null; then
-    [[ $EUID -eq 0 ]] || { echo "error: $PYTHON cannot make a venv: apt-get install python3-venv (as root)" >&2; exit 1; }
-    log "installing python3-venv"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3 python3-venv >&2
+    bash scripts/install_deps.sh python3 python3-venv >&2
 fi
 
 if ! rustup target list --installed | grep -qx "$TARGET"; then

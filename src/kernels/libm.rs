@@ -3,10 +3,10 @@
 //! glibc and musl compute `expf`, `sinf`, `cosf` and `powf` with different algorithms, and
 //! their last bits differ for some arguments: the static release (musl) and the dynamic build
 //! (glibc) then wrote WAVs that differed by one step in a few samples
-//! (docs/architecture.md §9.4). These evaluate in f64 and round once. Both libraries' f64 functions are within an ulp
-//! of the exact value, so the f32 result is the correctly rounded one, and the same on both,
-//! unless the exact value lies within 2^-52 of a halfway point between two f32s (about one
-//! argument in 2^28). Model code uses them where the official code computes these in f32: the
+//! (docs/architecture.md §9.4). These evaluate in f64 and round once. Both libraries' f64
+//! functions are within an ulp of the exact value, so the f32 result is the correctly rounded
+//! one, and the same on both, unless the exact value lies within 2^-52 of a halfway point
+//! between two f32s (about one argument in 2^28). Model code uses them where the official code computes these in f32: the
 //! rotary tables, SnakeBeta's parameters, SiLU and softmax in the speaking path; the vectorised
 //! loops use [`super::math`], which calls no libm at all.
 

@@ -55,8 +55,8 @@ mod dispatch {
     /// What ggml's registry calls instead of `ggml_backend_cpu_reg`.
     #[no_mangle]
     extern "C" fn __wrap_ggml_backend_cpu_reg() -> *mut c_void {
-        static AVX512: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        if *AVX512.get_or_init(super::cpu_has_avx512_variant) {
+        // The same answer on every call: std caches what CPUID says for the process.
+        if super::cpu_has_avx512_variant() {
             // SAFETY: both take no arguments and return ggml's static registration record.
             unsafe { vc512_ggml_backend_cpu_reg() }
         } else {
