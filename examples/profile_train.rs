@@ -72,7 +72,7 @@ fn main() -> anyhow::Result<()> {
     let xr = xin.reshape((frames * g, h))?;
     let gk = voiceclone::model::grad_kernels::linear;
     let up = timed("  one linear 256->768 (kernel)", reps, || {
-        Ok(gk(&xr, &l0.gate_proj, None)?)
+        Ok(gk(&xr, &l0.gate_proj.weight, None)?)
     })?;
     for n in [128usize, 256, 512, 768, 1536] {
         let w = Tensor::randn(0f32, 1.0, (n, h), &dev)?;
@@ -88,10 +88,10 @@ fn main() -> anyhow::Result<()> {
         );
     }
     timed("  one linear 768->256 (kernel)", reps, || {
-        Ok(gk(&up, &l0.down_proj, None)?)
+        Ok(gk(&up, &l0.down_proj.weight, None)?)
     })?;
     timed("  one linear 256->768 (candle)", reps, || {
-        Ok(xr.matmul(&l0.gate_proj.t()?)?)
+        Ok(xr.matmul(&l0.gate_proj.weight.t()?)?)
     })?;
     timed("  rms norm", reps, || {
         Ok(voiceclone::model::grad_kernels::rms_norm(

@@ -99,6 +99,14 @@ pub struct TrainConfig {
     pub save_every: usize,
     pub keep: usize,
     pub freeze: Vec<String>,
+    /// Rank of the low-rank adapters, 0 = a full fine-tune (docs/training.md §13).
+    pub lora_rank: usize,
+    /// The adapters' α (their product is added scaled by α / rank); 0 = twice the rank.
+    pub lora_alpha: f64,
+    /// Globs over the matrices that get adapters (decoder-layer projections only).
+    pub lora_targets: Vec<String>,
+    /// Globs over talker tensors trained fully beside the adapters.
+    pub lora_full: Vec<String>,
     pub speaker_name: String,
     pub gpus: usize,
     pub cpu_ranks: usize,
@@ -657,8 +665,36 @@ impl Resolved {
                 format!("{} is not a non-negative number of GiB", t.gpu_memory),
             ));
         }
-        if let Some(p) = t.freeze.iter().find(|p| p.trim().is_empty()) {
-            return Err(bad("train.freeze", format!("{p:?} is not a glob pattern")));
+        for (key, globs) in [
+            ("train.freeze", &t.freeze),
+            ("train.lora_targets", &t.lora_targets),
+            ("train.lora_full", &t.lora_full),
+        ] {
+            if let Some(p) = globs.iter().find(|p| p.trim().is_empty()) {
+                return Err(bad(key, format!("{p:?} is not a glob pattern")));
+            }
+        }
+        if !(t.lora_alpha >= 0.0 && t.lora_alpha.is_finite()) {
+            return Err(bad(
+                "train.lora_alpha",
+                format!("{} is not a non-negative number", t.lora_alpha),
+            ));
+        }
+        if t.lora_rank > 0 {
+            if t.lora_targets.is_empty() {
+                return Err(bad(
+                    "train.lora_targets",
+                    "names no matrix: with train.lora_rank > 0 at least one glob is needed".into(),
+                ));
+            }
+            if !t.freeze.is_empty() {
+                return Err(bad(
+                    "train.freeze",
+                    "has no meaning with adapters (train.lora_rank > 0): every tensor is \
+                     frozen but the adapters and train.lora_full"
+                        .into(),
+                ));
+            }
         }
         Ok(())
     }

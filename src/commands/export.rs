@@ -72,6 +72,7 @@ pub fn run(ws: &Workspace, config: &Config, args: &ExportArgs) -> Result<()> {
         checkpoint: dir,
         output,
         speaker_name: config.train.speaker_name.clone(),
+        lora_scale: args.lora_scale,
     })?;
     report(ws, &summary);
     Ok(())

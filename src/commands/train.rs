@@ -367,6 +367,7 @@ pub fn finish(
         checkpoint: ckpt,
         output,
         speaker_name: c.speaker_name.clone(),
+        lora_scale: 1.0,
     })?;
     super::export::report(ws, &summary);
     Ok(())

@@ -27,6 +27,29 @@ pub trait TensorSource {
     /// The tensor `name`, which must have `shape`.
     fn tensor(&self, name: &str, shape: &[usize]) -> anyhow::Result<Tensor>;
     fn contains(&self, name: &str) -> bool;
+    /// The rank and scale of the low-rank adapters this source holds beside its matrices
+    /// (`{m}.lora_A.weight` `(r, in)` and `{m}.lora_B.weight` `(out, r)` for the matrix
+    /// `{m}.weight`, docs/training.md §13); `None` = no adapters.
+    fn adapters(&self) -> Option<AdapterSpec> {
+        None
+    }
+}
+
+/// What the adapters of a source share (docs/training.md §13): their rank and the scale
+/// `α / r` their product is added with.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdapterSpec {
+    pub rank: usize,
+    pub scale: f64,
+}
+
+/// The names of the two factors of the adapter on the matrix `weight` (`….weight`).
+pub fn adapter_names(weight: &str) -> (String, String) {
+    let module = weight.strip_suffix(".weight").unwrap_or(weight);
+    (
+        format!("{module}.lora_A.weight"),
+        format!("{module}.lora_B.weight"),
+    )
 }
 
 impl TensorSource for Weights {
@@ -86,6 +109,9 @@ impl TensorSource for RecordingSource<'_> {
     }
     fn contains(&self, name: &str) -> bool {
         self.inner.contains(name)
+    }
+    fn adapters(&self) -> Option<AdapterSpec> {
+        self.inner.adapters()
     }
 }
 
@@ -436,16 +462,16 @@ fn plan_step(
 #[derive(Debug, Clone)]
 pub struct DecoderLayer {
     pub input_layernorm: Tensor,
-    pub q_proj: Tensor,
-    pub k_proj: Tensor,
-    pub v_proj: Tensor,
-    pub o_proj: Tensor,
+    pub q_proj: Projection,
+    pub k_proj: Projection,
+    pub v_proj: Projection,
+    pub o_proj: Projection,
     pub q_norm: Tensor,
     pub k_norm: Tensor,
     pub post_attention_layernorm: Tensor,
-    pub gate_proj: Tensor,
-    pub up_proj: Tensor,
-    pub down_proj: Tensor,
+    pub gate_proj: Projection,
+    pub up_proj: Projection,
+    pub down_proj: Projection,
     pub cfg: DecoderConfig,
     pub numerics: Numerics,
 }
@@ -461,18 +487,21 @@ impl DecoderLayer {
         let (h, hd, i) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
         let (q, kv) = (cfg.num_heads * hd, cfg.num_kv_heads * hd);
         let get = |name: &str, shape: &[usize]| src.tensor(&format!("{prefix}.{name}"), shape);
+        let proj = |name: &str, out: usize, inp: usize| {
+            Projection::load(src, &format!("{prefix}.{name}.weight"), out, inp)
+        };
         Ok(Self {
             input_layernorm: get("input_layernorm.weight", &[h])?,
-            q_proj: get("self_attn.q_proj.weight", &[q, h])?,
-            k_proj: get("self_attn.k_proj.weight", &[kv, h])?,
-            v_proj: get("self_attn.v_proj.weight", &[kv, h])?,
-            o_proj: get("self_attn.o_proj.weight", &[h, q])?,
+            q_proj: proj("self_attn.q_proj", q, h)?,
+            k_proj: proj("self_attn.k_proj", kv, h)?,
+            v_proj: proj("self_attn.v_proj", kv, h)?,
+            o_proj: proj("self_attn.o_proj", h, q)?,
             q_norm: get("self_attn.q_norm.weight", &[hd])?,
             k_norm: get("self_attn.k_norm.weight", &[hd])?,
             post_attention_layernorm: get("post_attention_layernorm.weight", &[h])?,
-            gate_proj: get("mlp.gate_proj.weight", &[i, h])?,
-            up_proj: get("mlp.up_proj.weight", &[i, h])?,
-            down_proj: get("mlp.down_proj.weight", &[h, i])?,
+            gate_proj: proj("mlp.gate_proj", i, h)?,
+            up_proj: proj("mlp.up_proj", i, h)?,
+            down_proj: proj("mlp.down_proj", h, i)?,
             cfg,
             numerics,
         })
@@ -491,15 +520,15 @@ impl DecoderLayer {
         let h = rms_norm(&x, &self.post_attention_layernorm, eps, self.numerics)?;
         let n = self.numerics;
         let (gate, up) = (
-            linear(&h, &self.gate_proj, None, n)?,
-            linear(&h, &self.up_proj, None, n)?,
+            self.gate_proj.forward(&h, n)?,
+            self.up_proj.forward(&h, n)?,
         );
         let mlp = if n == Numerics::CpuKernels {
             grad_kernels::swiglu(&gate, &up)?
         } else {
             (gate.silu()? * up)?
         };
-        x + linear(&mlp, &self.down_proj, None, n)?
+        x + self.down_proj.forward(&mlp, n)?
     }
 
     fn attention(
@@ -517,8 +546,8 @@ impl DecoderLayer {
         let (nh, nkv, hd) = (c.num_heads, c.num_kv_heads, c.head_dim);
         let n = self.numerics;
         // (B, S, heads, hd) -> per-head RMSNorm -> (B, heads, S, hd) -> RoPE.
-        let heads = |w: &Tensor, norm: Option<&Tensor>, count: usize| -> Result<Tensor> {
-            let t = linear(x, w, None, n)?.reshape((b, s, count, hd))?;
+        let heads = |w: &Projection, norm: Option<&Tensor>, count: usize| -> Result<Tensor> {
+            let t = w.forward(x, n)?.reshape((b, s, count, hd))?;
             let t = match norm {
                 Some(w) => rms_norm(&t, w, c.rms_norm_eps, n)?,
                 None => t,
@@ -552,7 +581,7 @@ impl DecoderLayer {
             .to_dtype(v.dtype())?
             .reshape((b, nkv, rep * s, t))?;
         let out = probs.matmul(&v)?.reshape((b, nh, s, hd))?.transpose(1, 2)?;
-        linear(&out.reshape((b, s, nh * hd))?, &self.o_proj, None, n)
+        self.o_proj.forward(&out.reshape((b, s, nh * hd))?, n)
     }
 
     /// The same attention through the CPU kernels with hand-written backward passes
@@ -567,12 +596,69 @@ impl DecoderLayer {
         let hd = c.head_dim;
         let eps = c.rms_norm_eps;
         let n = Numerics::CpuKernels;
-        let q = rope.norm_rope(&linear(x, &self.q_proj, None, n)?, &self.q_norm, eps)?;
-        let k = rope.norm_rope(&linear(x, &self.k_proj, None, n)?, &self.k_norm, eps)?;
-        let v = linear(x, &self.v_proj, None, n)?;
+        let q = rope.norm_rope(&self.q_proj.forward(x, n)?, &self.q_norm, eps)?;
+        let k = rope.norm_rope(&self.k_proj.forward(x, n)?, &self.k_norm, eps)?;
+        let v = self.v_proj.forward(x, n)?;
         let scale = 1.0 / (hd as f64).sqrt();
         let out = grad_kernels::attention(&q, &k, &v, hd, scale, step.bias.as_ref())?;
-        linear(&out, &self.o_proj, None, n)
+        self.o_proj.forward(&out, n)
+    }
+}
+
+/// A bias-free projection `x · Wᵀ` and, when the source holds one, its low-rank adapter: then
+/// `x · Wᵀ + scale · (x · Aᵀ) · Bᵀ`, as PEFT's `lora.Linear` computes it (docs/training.md §13).
+#[derive(Debug, Clone)]
+pub struct Projection {
+    pub weight: Tensor,
+    pub adapter: Option<LowRank>,
+}
+
+/// The two factors of an adapter, `a` `(r, in)` and `b` `(out, r)`, and its scale `α / r`.
+#[derive(Debug, Clone)]
+pub struct LowRank {
+    pub a: Tensor,
+    pub b: Tensor,
+    pub scale: f64,
+}
+
+impl Projection {
+    /// The `(out, inp)` matrix `weight` (a name ending in `.weight`) and its adapter, if the
+    /// source has adapters and one for this matrix.
+    pub fn load(
+        src: &dyn TensorSource,
+        weight: &str,
+        out: usize,
+        inp: usize,
+    ) -> anyhow::Result<Self> {
+        let w = src.tensor(weight, &[out, inp])?;
+        let adapter = match src.adapters() {
+            Some(spec) => {
+                let (a, b) = adapter_names(weight);
+                match (src.contains(&a), src.contains(&b)) {
+                    (true, true) => Some(LowRank {
+                        a: src.tensor(&a, &[spec.rank, inp])?,
+                        b: src.tensor(&b, &[out, spec.rank])?,
+                        scale: spec.scale,
+                    }),
+                    (false, false) => None,
+                    _ => bail!("the adapter of {weight} has only one of {a} and {b}"),
+                }
+            }
+            None => None,
+        };
+        Ok(Self { weight: w, adapter })
+    }
+
+    /// `x` `(..., in)` → `(..., out)`.
+    pub fn forward(&self, x: &Tensor, numerics: Numerics) -> Result<Tensor> {
+        let y = linear(x, &self.weight, None, numerics)?;
+        match &self.adapter {
+            None => Ok(y),
+            Some(ad) => {
+                let low = linear(&linear(x, &ad.a, None, numerics)?, &ad.b, None, numerics)?;
+                y + (low * ad.scale)?
+            }
+        }
     }
 }
 

@@ -86,6 +86,10 @@ pub struct Identity {
     /// written when off.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub speaker_balance: bool,
+    /// The adapters' rank and α of a LoRA run (docs/training.md §13); not written for a full
+    /// fine-tune.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora: Option<super::lora::LoraIdentity>,
 }
 
 /// One named speaker of a run: its name and the SHA-256 of its x-vector's f32 bytes.
@@ -240,8 +244,20 @@ impl Identity {
         }
         if self.trained_sha256 != saved.trained_sha256 {
             why.push(format!(
-                "it trains another set of tensors ({} then, {} now: did train.freeze change?)",
+                "it trains another set of tensors ({} then, {} now: did train.freeze, \
+                 train.lora_targets or train.lora_full change?)",
                 saved.trained_tensors, self.trained_tensors
+            ));
+        }
+        if self.lora != saved.lora {
+            let show = |l: &Option<super::lora::LoraIdentity>| match l {
+                Some(l) => format!("adapters of rank {} and alpha {}", l.rank, l.alpha),
+                None => "a full fine-tune".to_string(),
+            };
+            why.push(format!(
+                "it was {}, the configuration asks for {}",
+                show(&saved.lora),
+                show(&self.lora)
             ));
         }
         if self.objective != saved.objective {
@@ -1135,6 +1151,7 @@ mod tests {
             speaker_sha256: "s".into(),
             speakers: Vec::new(),
             speaker_balance: false,
+            lora: None,
         };
         Index {
             format: FORMAT.into(),

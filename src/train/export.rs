@@ -65,6 +65,9 @@ pub struct ExportOptions<'a> {
     /// The speaker name of a checkpoint of one unnamed speaker (`train.speaker_name`); named
     /// speakers keep their own names.
     pub speaker_name: String,
+    /// A LoRA checkpoint's adapters are merged as `W + lora_scale · α/r · B·A`
+    /// (docs/training.md §13); 1 = as trained.
+    pub lora_scale: f64,
 }
 
 #[derive(Debug, Clone)]
@@ -225,6 +228,16 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
             opts.model_spec
         );
     }
+    if index.identity.lora.is_none() && opts.lora_scale != 1.0 {
+        bail!(
+            "checkpoint {} is a full fine-tune: it has no adapters to merge at another scale \
+             (--lora-scale)",
+            opts.checkpoint.display()
+        );
+    }
+    if !(opts.lora_scale >= 0.0 && opts.lora_scale.is_finite()) {
+        bail!("--lora-scale {} is not a non-negative number", opts.lora_scale);
+    }
     let vectors = checkpoint::read_speakers(&opts.checkpoint, &index)?;
     let rows: Vec<(String, usize)> = if index.identity.speakers.is_empty() {
         let name = opts.speaker_name.trim().to_lowercase();
@@ -279,7 +292,12 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
     fs::create_dir_all(&tmp)?;
     let result = (|| -> Result<(usize, usize)> {
         copy_model_files(opts.files, &tmp)?;
-        let counts = write_weights(opts, &speaker_rows, &tmp.join(mf::SINGLE_FILE))?;
+        let counts = write_weights(
+            opts,
+            &index,
+            &speaker_rows,
+            &tmp.join(mf::SINGLE_FILE),
+        )?;
         write_config(&opts.files.config_path, &rows, &tmp.join(mf::CONFIG))?;
         let marker = if index.identity.speakers.is_empty() {
             json!({
@@ -442,10 +460,11 @@ fn write_config(base: &Path, speakers: &[(String, usize)], dest: &Path) -> Resul
 /// and returns (tensor count, trained tensor count).
 fn write_weights(
     opts: &ExportOptions,
+    index: &checkpoint::Index,
     speakers: &[(usize, &[f32])],
     dest: &Path,
 ) -> Result<(usize, usize)> {
-    let trained: BTreeMap<String, Tensor> =
+    let mut trained: BTreeMap<String, Tensor> =
         checkpoint::RowReader::open(&opts.checkpoint)?.masters(&Device::Cpu)?;
     let mmaps = opts
         .files
@@ -491,6 +510,17 @@ fn write_weights(
     order.sort_by(|&a, &b| entries[a].name.cmp(&entries[b].name));
     let entries: Vec<Entry> = order.iter().map(|&i| entries[i].clone()).collect();
     let origin: Vec<usize> = order.iter().map(|&i| origin[i]).collect();
+    if let Some(lora) = &index.identity.lora {
+        let scale = opts.lora_scale * lora.alpha / lora.rank as f64;
+        let base = |name: &str| -> Result<Tensor> {
+            let i = entries
+                .iter()
+                .position(|e| e.name == name)
+                .with_context(|| format!("the checkpoint adapts {name}, which the base model does not have"))?;
+            view_f32(&files[origin[i]].tensor(name)?)
+        };
+        trained = merge_adapters(trained, scale, base)?;
+    }
     for name in trained.keys() {
         let Some(e) = entries.iter().find(|e| &e.name == name) else {
             bail!("the checkpoint trains {name}, which the base model does not have");
@@ -537,6 +567,58 @@ fn write_weights(
     let file = w.into_inner().map_err(|e| e.into_error())?;
     file.sync_all()?;
     Ok((entries.len(), trained.len()))
+}
+
+/// The trained tensors of a LoRA checkpoint with every adapter merged into its matrix:
+/// `W + scale · B·A` in f32 (`base(name)` gives `W`); the fully trained tensors as they are.
+pub fn merge_adapters(
+    trained: BTreeMap<String, Tensor>,
+    scale: f64,
+    base: impl Fn(&str) -> Result<Tensor>,
+) -> Result<BTreeMap<String, Tensor>> {
+    let mut out = BTreeMap::new();
+    for (name, t) in &trained {
+        if let Some(module) = name.strip_suffix(".lora_A.weight") {
+            let b_name = format!("{module}.lora_B.weight");
+            let b = trained
+                .get(&b_name)
+                .with_context(|| format!("the checkpoint has {name} but no {b_name}"))?;
+            let weight = format!("{module}.weight");
+            let w = base(&weight)?;
+            let delta = (b.to_dtype(candle_core::DType::F32)?
+                .matmul(&t.to_dtype(candle_core::DType::F32)?)?
+                * scale)?;
+            if delta.dims() != w.dims() {
+                bail!(
+                    "the adapter of {weight} makes {:?}, the matrix is {:?}",
+                    delta.dims(),
+                    w.dims()
+                );
+            }
+            out.insert(weight, (w + delta)?);
+        } else if name.ends_with(".lora_B.weight") {
+            let a_name = name.replace(".lora_B.weight", ".lora_A.weight");
+            if !trained.contains_key(&a_name) {
+                bail!("the checkpoint has {name} but no {a_name}");
+            }
+        } else {
+            out.insert(name.clone(), t.clone());
+        }
+    }
+    Ok(out)
+}
+
+/// A safetensors tensor as an f32 CPU tensor.
+fn view_f32(view: &safetensors::tensor::TensorView<'_>) -> Result<Tensor> {
+    let dtype = match view.dtype() {
+        StDtype::BF16 => candle_core::DType::BF16,
+        StDtype::F16 => candle_core::DType::F16,
+        StDtype::F32 => candle_core::DType::F32,
+        StDtype::F64 => candle_core::DType::F64,
+        d => bail!("a {d:?} tensor is not a matrix an adapter can sit on"),
+    };
+    Ok(Tensor::from_raw_buffer(view.data(), dtype, view.shape(), &Device::Cpu)?
+        .to_dtype(candle_core::DType::F32)?)
 }
 
 fn is_float(d: StDtype) -> bool {

@@ -18,6 +18,7 @@ pub mod driver;
 pub mod export;
 pub mod hooks;
 pub mod lock;
+pub mod lora;
 pub mod loss;
 pub mod metrics;
 pub mod moments;
@@ -282,6 +283,7 @@ impl Trainer {
             backend.storage_dtype(),
             |shape| backend.masters(opts.config.optimizer_state, shape),
             place,
+            setup.lora.as_ref(),
         )?;
         drop(weights);
         let arith = backend.arith_dtype(&opts.device);

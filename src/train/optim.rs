@@ -521,7 +521,7 @@ mod tests {
                 offload: false,
             };
             let mut store =
-                ParamStore::new(&weights, &names, DType::F32, |_| masters, place).unwrap();
+                ParamStore::new(&weights, &names, DType::F32, |_| masters, place, None).unwrap();
             let before: Vec<Vec<f32>> = store
                 .params
                 .iter()

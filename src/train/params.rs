@@ -13,8 +13,9 @@ use std::collections::BTreeMap;
 use anyhow::{bail, Result};
 use candle_core::{DType, Tensor, Var};
 
+use super::lora::Lora;
 use super::units::{unit_of, Unit};
-use crate::model::layers::{trainable_or_frozen, TensorSource};
+use crate::model::layers::{trainable_or_frozen, AdapterSpec, TensorSource};
 use crate::model::weights::Weights;
 
 /// Tensors of the checkpoint that are ever trainable: the talker (and its code predictor).
@@ -298,25 +299,35 @@ pub struct ParamStore {
     pub params: Vec<Param>,
     frozen: BTreeMap<String, Tensor>,
     index: BTreeMap<String, usize>,
+    adapters: Option<AdapterSpec>,
 }
 
 impl ParamStore {
     /// `weights` holds the talker in f32 (the masters); `trained` names the trained tensors;
     /// the model will compute in `compute` (f32 on CPU, bf16 on CUDA); `masters(shape)` says
-    /// how each tensor keeps its master (`Masters::Shared` needs f32 compute).
+    /// how each tensor keeps its master (`Masters::Shared` needs f32 compute). With `lora` the
+    /// adapter factors among `trained` start from their first values (docs/training.md §13).
     pub fn new(
         weights: &Weights,
         trained: &[String],
         compute: DType,
         masters: impl Fn(&[usize]) -> Masters,
         place: Placement,
+        lora: Option<&Lora>,
     ) -> Result<Self> {
         if weights.dtype() != DType::F32 {
             bail!("training needs the checkpoint loaded in f32 (the master weights)");
         }
         let mut params = Vec::with_capacity(trained.len());
         for name in trained {
-            let t = weights.get_any(name)?;
+            let t = match lora {
+                Some(l) => l.initial(name, weights.device())?,
+                None => None,
+            };
+            let t = match t {
+                Some(t) => t,
+                None => weights.get_any(name)?,
+            };
             let kind = masters(t.dims());
             params.push(Param::new(
                 name.clone(),
@@ -345,6 +356,7 @@ impl ParamStore {
             params,
             frozen,
             index,
+            adapters: lora.map(Lora::spec),
         })
     }
 
@@ -361,7 +373,7 @@ impl ParamStore {
             device: weights.device().clone(),
             offload: false,
         };
-        Self::new(weights, &trained, DType::F32, |_| Masters::Shared, place)
+        Self::new(weights, &trained, DType::F32, |_| Masters::Shared, place, None)
     }
 
     /// The trained `Var` named `name`.
@@ -382,6 +394,11 @@ impl ParamStore {
         self.params.iter().map(Param::elem_count).sum()
     }
 
+    /// The frozen tensor `name`, as the model reads it.
+    pub fn frozen_tensor(&self, name: &str) -> Option<&Tensor> {
+        self.frozen.get(name)
+    }
+
     pub fn frozen_names(&self) -> impl Iterator<Item = &str> {
         self.frozen.keys().map(String::as_str)
     }
@@ -398,6 +415,9 @@ impl TensorSource for ParamStore {
     }
     fn contains(&self, name: &str) -> bool {
         self.index.contains_key(name) || self.frozen.contains_key(name)
+    }
+    fn adapters(&self) -> Option<AdapterSpec> {
+        self.adapters
     }
 }
 
@@ -431,6 +451,9 @@ impl TensorSource for ArithSource<'_> {
     }
     fn contains(&self, name: &str) -> bool {
         self.inner.contains(name)
+    }
+    fn adapters(&self) -> Option<AdapterSpec> {
+        self.inner.adapters()
     }
 }
 

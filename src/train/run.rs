@@ -5,12 +5,13 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use candle_core::Tensor;
 use sha2::{Digest, Sha256};
 
 use super::checkpoint::{self, Identity, Index, ModelIdentity, OptimizerInfo, ParamInfo, RngInfo};
 use super::data::{self, Dataset};
+use super::lora::Lora;
 use super::optim::{AdamW, Schedule};
 use super::params;
 use super::sampler::{Cursor, Sampler};
@@ -25,8 +26,11 @@ pub struct RunSetup {
     /// The speaker table `(S, H)`, f32, on the training device: row s is the x-vector of
     /// `dataset.speakers[s]` (one row for an unnamed speaker; docs/training.md §3.3).
     pub speaker: Tensor,
-    /// The trained tensors, in parameter order (unit, then name).
+    /// The trained tensors, in parameter order (unit, then name), and their shapes.
     pub trained: Vec<String>,
+    pub shapes: Vec<Vec<usize>>,
+    /// The adapters of a LoRA run (docs/training.md §13).
+    pub lora: Option<Lora>,
     pub identity: Identity,
     pub sampler: Sampler,
 }
@@ -42,14 +46,21 @@ impl RunSetup {
         let dataset = data::load(&opts.manifest, &opts.base_dir, &tokenizer, codebook)?;
         let hidden = cfg.talker_config.hidden_size;
         let speaker = data::speaker_table(&opts.speaker, &dataset, hidden, &opts.device)?;
-        let mut names: Vec<&str> = opts
-            .files
-            .checkpoint
+        let checkpoint = &opts.files.checkpoint;
+        let mut names: Vec<&str> = checkpoint
             .tensor_names()
             .filter(|n| n.starts_with(params::TRAINABLE_PREFIX))
             .collect();
         names.sort();
-        let (mut trained, _frozen) = params::select_trainable(names, &c.freeze)?;
+        let with_shapes: Vec<(&str, &[usize])> = names
+            .iter()
+            .filter_map(|&n| checkpoint.tensor(n).map(|t| (n, t.shape.as_slice())))
+            .collect();
+        let lora = Lora::from_config(c, &with_shapes)?;
+        let mut trained = match &lora {
+            Some(l) => l.trained(),
+            None => params::select_trainable(names, &c.freeze)?.0,
+        };
         let units = trained
             .iter()
             .map(|n| unit_of(n))
@@ -57,6 +68,15 @@ impl RunSetup {
         let mut order: Vec<usize> = (0..trained.len()).collect();
         order.sort_by(|&a, &b| (units[a], &trained[a]).cmp(&(units[b], &trained[b])));
         trained = order.into_iter().map(|i| trained[i].clone()).collect();
+        let shapes = trained
+            .iter()
+            .map(|n| {
+                lora.as_ref()
+                    .and_then(|l| l.factor_shape(n))
+                    .or_else(|| checkpoint.tensor(n).map(|t| t.shape.clone()))
+                    .with_context(|| format!("the base model has no tensor {n}"))
+            })
+            .collect::<Result<Vec<_>>>()?;
         let identity = Identity {
             model: ModelIdentity::compute(
                 &opts.model_spec,
@@ -84,6 +104,7 @@ impl RunSetup {
             },
             speakers: checkpoint::SpeakerId::of(&dataset.speakers, &speaker)?,
             speaker_balance: dataset.balance_groups(c.speaker_balance).is_some(),
+            lora: lora.as_ref().map(Lora::identity),
         };
         let sampler = Sampler::new(dataset.lengths(), c.batch_size, c.shuffle, c.seed)
             .with_balance(dataset.balance_groups(c.speaker_balance));
@@ -92,6 +113,8 @@ impl RunSetup {
             dataset,
             speaker,
             trained,
+            shapes,
+            lora,
             identity,
             sampler,
         })

@@ -30,6 +30,7 @@ mod train_cli;
 mod train_dist;
 mod train_dist_failures;
 mod train_launchers;
+mod train_lora;
 mod train_memory;
 mod train_parity;
 mod train_plan;

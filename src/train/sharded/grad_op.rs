@@ -105,11 +105,7 @@ impl ShardedTrainer {
             .iter()
             .map(|(k, v)| (k.clone(), v.as_tensor().clone()))
             .collect();
-        let src = UnitSource {
-            tensors,
-            frozen: &self.frozen,
-            arith: self.arith,
-        };
+        let src = self.unit_source(tensors);
         Talker::from_source(&src, &self.cfg, self.backend.numerics())
     }
 

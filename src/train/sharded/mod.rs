@@ -62,7 +62,7 @@ use crate::config::{Recompute, Shard as ShardMode};
 use crate::dist::shard::RowSplit;
 use crate::dist::{Collective, ReduceOp};
 use crate::model::config::Qwen3TtsConfig;
-use crate::model::layers::StepContext;
+use crate::model::layers::{AdapterSpec, StepContext};
 use crate::model::ops::Rope;
 
 pub use self::full::PREDICTOR_CHUNK_FRAMES;
@@ -97,6 +97,8 @@ pub struct ShardedTrainer {
     /// The trained text table, when it is trained (row-sparse).
     text: Option<usize>,
     frozen: BTreeMap<String, Tensor>,
+    /// The adapters of a LoRA run, which the model is built with (docs/training.md §13).
+    adapters: Option<AdapterSpec>,
     rope: Rope,
     replica: Option<Replica>,
     /// Shared by the ranks (agreed at the rendezvous): names temporary checkpoint directories.

@@ -19,11 +19,12 @@ use crate::model::ops::Rope;
 use crate::model::weights::Weights;
 use crate::train::batch::LayoutIds;
 use crate::train::checkpoint::{self, RowReader};
+use crate::train::lora::Lora;
 use crate::train::optim::{AdamState, AdamW};
 use crate::train::params::{self, Param};
 use crate::train::run::{self, RunSetup};
 use crate::train::saved_state;
-use crate::train::units::unit_of;
+use crate::train::units::{unit_of, Unit};
 use crate::train::{Backend, TrainOptions, TEXT_EMBEDDING};
 
 impl ShardedTrainer {
@@ -44,17 +45,7 @@ impl ShardedTrainer {
         let (storage, arith) = (backend.storage_dtype(), backend.arith_dtype(&opts.device));
         let setup = RunSetup::new(&opts)?;
         let cfg = setup.cfg.clone();
-        let shapes = setup
-            .trained
-            .iter()
-            .map(|name| {
-                opts.files
-                    .checkpoint
-                    .tensor(name)
-                    .map(|t| t.shape.clone())
-                    .with_context(|| format!("the base model has no tensor {name}"))
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let shapes = setup.shapes.clone();
         let splits: Vec<RowSplit> = shapes
             .iter()
             .map(|s| RowSplit::new(s.first().copied().unwrap_or(1), world))
@@ -65,16 +56,29 @@ impl ShardedTrainer {
             .zip(&splits)
             .map(|(n, s)| (n.as_str(), s.owned(rank)))
             .collect();
-        let mut params = load_owned_rows(&opts, &setup.trained, &shapes, &owned, storage, backend)?;
+        let mut params = load_owned_rows(
+            &opts,
+            &setup.trained,
+            &shapes,
+            &owned,
+            storage,
+            backend,
+            setup.lora.as_ref(),
+        )?;
         let frozen = load_frozen(&opts, &setup.trained, storage)?;
         let text = params.iter().position(|p| p.name == TEXT_EMBEDDING);
+        let all_units: Vec<Unit> = std::iter::once(Unit::Embeddings)
+            .chain((0..cfg.talker_config.num_hidden_layers).map(Unit::Layer))
+            .chain([Unit::Head, Unit::CodePredictor])
+            .collect();
         let units = group_units(
+            &all_units,
             params.iter().enumerate().map(|(i, p)| (i, p.unit)),
             text,
             &shapes,
             world,
             rank,
-        );
+        )?;
         let state_mode = opts.config.optimizer_state;
         let full_shape: HashMap<&str, &[usize]> = setup
             .trained
@@ -86,6 +90,7 @@ impl ShardedTrainer {
             saved_state::eight_bit(state_mode, full_shape[p.name.as_str()])
         })?;
         drop(full_shape);
+        let adapters = setup.lora.as_ref().map(Lora::spec);
         let RunSetup {
             dataset,
             speaker,
@@ -169,6 +174,7 @@ impl ShardedTrainer {
             units,
             text,
             frozen,
+            adapters,
             rope,
             replica: None,
             tag,
@@ -186,8 +192,9 @@ impl ShardedTrainer {
     }
 }
 
-/// This rank's rows of every trained tensor as parameters with fp32 masters. A tensor of which
-/// the rank owns no rows becomes an empty parameter on the CPU: no device ever sees it.
+/// This rank's rows of every trained tensor as parameters with fp32 masters, adapter factors
+/// from their first values (docs/training.md §13). A tensor of which the rank owns no rows
+/// becomes an empty parameter on the CPU: no device ever sees it.
 fn load_owned_rows(
     opts: &TrainOptions,
     trained: &[String],
@@ -195,6 +202,7 @@ fn load_owned_rows(
     owned: &HashMap<&str, Range<usize>>,
     storage: DType,
     backend: Backend,
+    lora: Option<&Lora>,
 ) -> Result<Vec<Param>> {
     let place = backend.placement(opts);
     let mut weights = Weights::load_rows(
@@ -211,6 +219,13 @@ fn load_owned_rows(
             let mut empty = shape.clone();
             empty[0] = 0;
             Tensor::zeros(empty, DType::F32, &Device::Cpu)?
+        } else if let Some(first) = lora
+            .map(|l| l.initial(name, &place.state_device()))
+            .transpose()?
+            .flatten()
+        {
+            let rows = &owned[name.as_str()];
+            first.narrow(0, rows.start, rows.len())?.contiguous()?
         } else {
             // Taken out one at a time: loading peaks near one copy of this rank's rows.
             weights.take(name)?

@@ -9,7 +9,7 @@ use candle_core::{DType, Tensor, Var};
 
 use super::ShardedTrainer;
 use crate::dist::flat::{gather_rows, FlatLayout};
-use crate::model::layers::{trainable_or_frozen, TensorSource};
+use crate::model::layers::{trainable_or_frozen, AdapterSpec, TensorSource};
 use crate::train::params::at_arith;
 use crate::train::units::Unit;
 
@@ -27,6 +27,7 @@ pub(super) struct UnitSource<'a> {
     pub tensors: HashMap<String, Tensor>,
     pub frozen: &'a BTreeMap<String, Tensor>,
     pub arith: DType,
+    pub adapters: Option<AdapterSpec>,
 }
 
 impl TensorSource for UnitSource<'_> {
@@ -37,35 +38,45 @@ impl TensorSource for UnitSource<'_> {
     fn contains(&self, name: &str) -> bool {
         self.tensors.contains_key(name) || self.frozen.contains_key(name)
     }
+    fn adapters(&self) -> Option<AdapterSpec> {
+        self.adapters
+    }
 }
 
-/// Groups the parameters (in order) into units, the text table left out.
+/// Groups the parameters (in order) into the talker's units (`all`, in forward order), the text
+/// table left out. A unit nobody trains (a LoRA run's embeddings and head, docs/training.md
+/// §13) has no members: its pass runs on frozen weights and it moves nothing.
 pub(super) fn group_units(
+    all: &[Unit],
     units_of: impl IntoIterator<Item = (usize, Unit)>,
     text: Option<usize>,
     shapes: &[Vec<usize>],
     world: usize,
     rank: usize,
-) -> Vec<UnitShards> {
-    let mut units: Vec<UnitShards> = Vec::new();
+) -> Result<Vec<UnitShards>> {
+    let mut units: Vec<UnitShards> = all
+        .iter()
+        .map(|&unit| UnitShards {
+            unit,
+            members: Vec::new(),
+            layout: FlatLayout::new(&[], world, rank),
+        })
+        .collect();
     for (i, unit) in units_of {
         if Some(i) == text {
             continue;
         }
-        match units.last_mut() {
-            Some(u) if u.unit == unit => u.members.push(i),
-            _ => units.push(UnitShards {
-                unit,
-                members: vec![i],
-                layout: FlatLayout::new(&[], world, rank),
-            }),
-        }
+        let u = units
+            .iter_mut()
+            .find(|u| u.unit == unit)
+            .with_context(|| format!("unit {unit} is not part of this model"))?;
+        u.members.push(i);
     }
     for u in &mut units {
         let s: Vec<Vec<usize>> = u.members.iter().map(|&i| shapes[i].clone()).collect();
         u.layout = FlatLayout::new(&s, world, rank);
     }
-    units
+    Ok(units)
 }
 
 impl ShardedTrainer {
@@ -105,6 +116,7 @@ impl ShardedTrainer {
             tensors,
             frozen: &self.frozen,
             arith: self.arith,
+            adapters: self.adapters,
         }
     }
 
@@ -144,12 +156,7 @@ impl ShardedTrainer {
         self.units
             .iter()
             .position(|u| u.unit == unit)
-            .with_context(|| {
-                format!(
-                    "unit {unit} has no trained tensor: sharded training trains every unit \
-                     (freeze fewer tensors)"
-                )
-            })
+            .with_context(|| format!("unit {unit} is not part of this model"))
     }
 
     /// The rows `ids` (the step's, sorted and distinct) of the trained text table, from their

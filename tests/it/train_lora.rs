@@ -1,0 +1,347 @@
+//! Fine-tuning with low-rank adapters (docs/training.md §13) on the fixture models, stored in
+//! bf16 and in f32, on the CPU kernels and on the autograd path CUDA runs: a fresh adapter is
+//! the base model to the bit, only the adapters (and `train.lora_full`) train, checkpoints
+//! resume bit for bit on one device and on two ranks and reshard from two ranks to one, refuse
+//! another adapter configuration, and export merges `W + s·α/r·B·A` into the official layout.
+
+use std::collections::BTreeMap;
+
+use candle_core::{DType, Tensor};
+use voiceclone::train::optim::Schedule;
+use voiceclone::train::{Backend, Storage, Trainer};
+
+use crate::dist_support::{as_of, assert_same_run, ok, train, workspace, SHARDED_TOLERANCE};
+use crate::train_support::*;
+
+const BACKENDS: [Backend; 2] = [Backend::CpuKernels, Backend::Autograd(Storage::Bf16)];
+
+/// A trainer on 6 synthetic utterances in batches of 3, at a constant `lr`.
+fn trainer(model: &str, dir: &std::path::Path, backend: Backend, lora: usize) -> Trainer {
+    make_workspace(
+        dir,
+        model,
+        &synthetic_rows(6, 5),
+        &xvector(hidden(model), 3),
+        "",
+    );
+    let mut config = voiceclone::config::resolve_layers(vec![])
+        .unwrap()
+        .config
+        .train;
+    config.batch_size = 3;
+    config.grad_accum = 1;
+    config.shuffle = false;
+    config.epochs = 1000;
+    config.lr = 1e-3;
+    config.lora_rank = lora;
+    config.lora_full = if lora > 0 {
+        vec!["talker.codec_head.weight".into()]
+    } else {
+        Vec::new()
+    };
+    let opts = train_options(dir, model, config, backend);
+    let mut t = Trainer::new(opts, false).unwrap();
+    t.schedule = Schedule {
+        peak: 1e-3,
+        warmup: 0,
+        total: usize::MAX / 2,
+    };
+    t
+}
+
+fn values(t: &Tensor) -> Vec<f32> {
+    t.to_dtype(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap()
+}
+
+/// The masters of every trained tensor, by name.
+fn masters(t: &Trainer) -> BTreeMap<String, Vec<f32>> {
+    t.params
+        .params
+        .iter()
+        .map(|p| (p.name.clone(), values(&p.master().unwrap())))
+        .collect()
+}
+
+/// Acceptance 1 and 2: with B = 0 the loss is the base model's to the bit; over 30 steps at
+/// lr 1e-3 the loss falls, every adapter factor and the fully trained head move, and no frozen
+/// tensor changes. Both fixture models, stored in bf16 and in f32, both backends.
+#[test]
+fn a_fresh_adapter_is_the_base_model_and_only_adapters_train() {
+    for model in ["tiny-0b6", "tiny-1b7"] {
+        let f32_copy = f32_model_copy(model);
+        let f32_path = f32_copy.path().to_str().unwrap().to_string();
+        for (stored, dir) in [("bf16", model), ("f32", f32_path.as_str())] {
+            for backend in BACKENDS {
+                let tag = format!("{model} ({stored}) {}", backend.name());
+                let ws = tempfile::tempdir().unwrap();
+                let mut base = trainer(dir, ws.path(), backend, 0);
+                let ws2 = tempfile::tempdir().unwrap();
+                let mut lora = trainer(dir, ws2.path(), backend, 4);
+                let batch = [0, 1, 2];
+                let (lb, _) = base.batch_loss(&batch).unwrap();
+                let (ll, _) = lora.batch_loss(&batch).unwrap();
+                for (what, a, b) in [
+                    ("total", &lb.total, &ll.total),
+                    ("talker", &lb.talker, &ll.talker),
+                    ("sub", &lb.sub, &ll.sub),
+                ] {
+                    let (a, b) = (a.to_scalar::<f32>().unwrap(), b.to_scalar::<f32>().unwrap());
+                    assert_eq!(a.to_bits(), b.to_bits(), "{tag}: step-0 {what} loss {a} vs {b}");
+                }
+                drop(base);
+
+                let names: Vec<&str> = lora.params.params.iter().map(|p| p.name.as_str()).collect();
+                assert!(
+                    names.iter().all(|n| n.contains(".lora_A.")
+                        || n.contains(".lora_B.")
+                        || *n == "talker.codec_head.weight"),
+                    "{tag}: trains {names:?}"
+                );
+                let frozen: Vec<String> = lora.params.frozen_names().map(String::from).collect();
+                let frozen_before: Vec<Vec<f32>> = frozen
+                    .iter()
+                    .map(|n| values(&lora.params.frozen_tensor(n).unwrap()))
+                    .collect();
+                let start = masters(&lora);
+                let mut losses = Vec::new();
+                for _ in 0..30 {
+                    losses.push(lora.step(&[vec![0, 1, 2], vec![3, 4, 5]]).unwrap().loss);
+                }
+                let (first, last) = (losses[0], losses[29]);
+                assert!(last < 0.9 * first, "{tag}: loss {first} -> {last}");
+                let end = masters(&lora);
+                for (name, v0) in &start {
+                    assert!(v0 != &end[name], "{tag}: {name} did not change");
+                }
+                for (n, v0) in frozen.iter().zip(&frozen_before) {
+                    let v1 = values(&lora.params.frozen_tensor(n).unwrap());
+                    assert!(v0 == &v1, "{tag}: frozen {n} changed");
+                }
+                eprintln!("{tag}: loss {first:.4} -> {last:.4} in 30 steps");
+            }
+        }
+    }
+}
+
+const LORA: &[&str] = &[
+    "--lora-rank",
+    "4",
+    "--lora-full",
+    "talker.codec_head.weight",
+    "--max-steps",
+    "4",
+    "--save-every",
+    "2",
+    "--keep",
+    "10",
+];
+
+fn rank_file(ws: &std::path::Path, step: usize, rank: usize) -> Vec<u8> {
+    std::fs::read(ws.join(format!(
+        "checkpoints/step-{step:07}/rank-{rank:05}.safetensors"
+    )))
+    .unwrap()
+}
+
+/// Acceptance 3: a resumed run ends bit for bit where an uninterrupted one does, on one device
+/// and on two ranks; a two-rank checkpoint continues on one device as the two-rank run does;
+/// two ranks train as one device does; a checkpoint holds the adapters and the fully trained
+/// tensors only.
+#[test]
+fn adapters_resume_exactly_at_any_world_size() {
+    for backend in ["kernels", "autograd"] {
+        let mut args = LORA.to_vec();
+        args.extend(["--backend", backend]);
+        let one = workspace("tiny-0b6");
+        ok(&train(one.path(), &args));
+        let index: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(one.path().join("checkpoints/step-0000004/index.json"))
+                .unwrap(),
+        )
+        .unwrap();
+        let params: Vec<&String> = index["params"].as_object().unwrap().keys().collect();
+        assert!(
+            params.iter().all(|n| n.contains(".lora_") || *n == "talker.codec_head.weight"),
+            "{backend}: the checkpoint holds {params:?}"
+        );
+        assert_eq!(index["identity"]["lora"]["rank"], 4, "{backend}");
+        let resumed = as_of(one.path(), 2, 4);
+        ok(&train(resumed.path(), &args));
+        assert!(
+            rank_file(resumed.path(), 4, 0) == rank_file(one.path(), 4, 0),
+            "{backend}: the resumed run differs"
+        );
+
+        let mut sharded = args.clone();
+        sharded.extend(["--cpu-ranks", "2"]);
+        let two = workspace("tiny-0b6");
+        ok(&train(two.path(), &sharded));
+        assert_same_run(
+            &format!("{backend} LoRA at N = 2"),
+            two.path(),
+            one.path(),
+            4,
+            SHARDED_TOLERANCE,
+        );
+        let resumed = as_of(two.path(), 2, 4);
+        ok(&train(resumed.path(), &sharded));
+        for rank in 0..2 {
+            assert!(
+                rank_file(resumed.path(), 4, rank) == rank_file(two.path(), 4, rank),
+                "{backend}: rank {rank} of the resumed two-rank run differs"
+            );
+        }
+        let on_one = as_of(two.path(), 2, 4);
+        ok(&train(on_one.path(), &args));
+        assert_same_run(
+            &format!("{backend} LoRA from N = 2 to 1"),
+            on_one.path(),
+            two.path(),
+            4,
+            SHARDED_TOLERANCE,
+        );
+    }
+}
+
+/// A checkpoint with adapters is not continued with another rank, α, target set or as a full
+/// fine-tune, and says why.
+#[test]
+fn a_checkpoint_refuses_another_adapter_configuration() {
+    let ws = workspace("tiny-0b6");
+    let two = ["--lora-rank", "4", "--max-steps", "2"];
+    ok(&train(ws.path(), &two));
+    for (flags, says) in [
+        (
+            vec!["--lora-rank", "8", "--max-steps", "3"],
+            "adapters of rank 4 and alpha 8",
+        ),
+        (
+            vec!["--lora-rank", "4", "--lora-alpha", "4", "--max-steps", "3"],
+            "alpha 4",
+        ),
+        (vec!["--max-steps", "3"], "the configuration asks for a full fine-tune"),
+        (
+            vec![
+                "--lora-rank",
+                "4",
+                "--lora-target",
+                "talker.model.layers.*_proj.weight",
+                "--max-steps",
+                "3",
+            ],
+            "train.lora_targets",
+        ),
+    ] {
+        let o = train(ws.path(), &flags);
+        assert!(!o.status.success(), "{flags:?} continued");
+        let said = text(&o);
+        assert!(said.contains("cannot be continued"), "{flags:?}: {said}");
+        assert!(said.contains(says), "{flags:?}: {said}");
+    }
+}
+
+/// Reads `name` of a safetensors file as f32 values.
+fn tensor_values(path: &std::path::Path, name: &str) -> Vec<f32> {
+    let raw = read_raw(path);
+    let (dtype, _, bytes) = &raw[name];
+    match dtype.as_str() {
+        "F32" => bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+        "BF16" => bytes
+            .chunks_exact(2)
+            .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        other => panic!("{name} is {other}"),
+    }
+}
+
+/// Acceptance 4 (our side): `export` merges every adapter as bf16(W + s·α/r·B·A), computed in
+/// f32 from the base matrix and the checkpoint's factors; `--lora-scale 0` gives the base
+/// matrices back; untouched tensors are the base model's; a full fine-tune refuses a scale.
+#[test]
+fn export_merges_the_adapters_at_the_scale_asked() {
+    for model in ["tiny-0b6", "tiny-1b7"] {
+        let ws = workspace(model);
+        ok(&train(ws.path(), &["--lora-rank", "4", "--lora-alpha", "6", "--max-steps", "3"]));
+        let ckpt = ws.path().join("checkpoints/step-0000003");
+        let state = crate::dist_support::state(ws.path(), 3);
+        let base_file = model_dir(model).join("model.safetensors");
+        let q = "talker.model.layers.0.self_attn.q_proj";
+        let down = "talker.code_predictor.model.layers.0.mlp.down_proj";
+        for scale in ["1", "0.35", "0"] {
+            let out = ws.path().join(format!("model-{scale}"));
+            let o = voiceclone(
+                ws.path(),
+                &[
+                    "export",
+                    "--checkpoint",
+                    ckpt.to_str().unwrap(),
+                    "--lora-scale",
+                    scale,
+                    "-o",
+                    out.to_str().unwrap(),
+                ],
+            );
+            ok(&o);
+            let file = out.join("model.safetensors");
+            let s: f64 = scale.parse::<f64>().unwrap() * 6.0 / 4.0;
+            for m in [q, down] {
+                let (a_shape, a) = &state[&format!("master.{m}.lora_A.weight")];
+                let (_, b) = &state[&format!("master.{m}.lora_B.weight")];
+                let w = tensor_values(&base_file, &format!("{m}.weight"));
+                let (r, inp) = (a_shape[0], a_shape[1]);
+                let out_dim = w.len() / inp;
+                let got = tensor_values(&file, &format!("{m}.weight"));
+                let mut moved = 0usize;
+                for i in 0..out_dim {
+                    for j in 0..inp {
+                        let mut d = 0f64;
+                        for k in 0..r {
+                            d += b[i * r + k] as f64 * a[k * inp + j] as f64;
+                        }
+                        let want = w[i * inp + j] + (s * d) as f32;
+                        let want = half::bf16::from_f32(want).to_f32();
+                        let g = got[i * inp + j];
+                        // f32 sums in another order may round to the neighbouring bf16 value.
+                        let ulp = half::bf16::from_f32(want.abs()).to_f32() / 128.0;
+                        assert!(
+                            (g - want).abs() <= ulp,
+                            "{model} scale {scale}: {m}[{i},{j}] {g} vs {want}"
+                        );
+                        moved += (g != w[i * inp + j]) as usize;
+                    }
+                }
+                if scale == "0" {
+                    assert_eq!(moved, 0, "{model}: scale 0 changed {m}");
+                } else {
+                    assert!(moved > 0, "{model} scale {scale}: {m} is the base matrix");
+                }
+            }
+            for name in ["talker.model.layers.0.input_layernorm.weight", "talker.codec_head.weight"]
+            {
+                assert_eq!(
+                    tensor_values(&file, name),
+                    tensor_values(&base_file, name),
+                    "{model}: {name} changed"
+                );
+            }
+            let raw = read_raw(&file);
+            assert!(
+                !raw.keys().any(|k| k.contains("lora_")),
+                "{model}: the merged export holds adapter factors"
+            );
+        }
+    }
+    let ws = workspace("tiny-0b6");
+    ok(&train(ws.path(), &["--max-steps", "1"]));
+    let o = voiceclone(ws.path(), &["export", "--lora-scale", "0.5"]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("full fine-tune"), "{}", text(&o));
+}
