@@ -781,7 +781,11 @@ impl TrainArgs {
             .set("train.freeze", "--freeze", freeze)
             .count("train.lora_rank", "--lora-rank", self.lora_rank)
             .set("train.lora_alpha", "--lora-alpha", self.lora_alpha)
-            .set("train.lora_targets", "--lora-target", globs(&self.lora_target))
+            .set(
+                "train.lora_targets",
+                "--lora-target",
+                globs(&self.lora_target),
+            )
             .set("train.lora_full", "--lora-full", globs(&self.lora_full))
             .set(
                 "train.speaker_name",

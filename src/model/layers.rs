@@ -519,10 +519,7 @@ impl DecoderLayer {
         let x = (x + self.attention(&h, step, cache)?)?;
         let h = rms_norm(&x, &self.post_attention_layernorm, eps, self.numerics)?;
         let n = self.numerics;
-        let (gate, up) = (
-            self.gate_proj.forward(&h, n)?,
-            self.up_proj.forward(&h, n)?,
-        );
+        let (gate, up) = (self.gate_proj.forward(&h, n)?, self.up_proj.forward(&h, n)?);
         let mlp = if n == Numerics::CpuKernels {
             grad_kernels::swiglu(&gate, &up)?
         } else {

@@ -236,7 +236,10 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
         );
     }
     if !(opts.lora_scale >= 0.0 && opts.lora_scale.is_finite()) {
-        bail!("--lora-scale {} is not a non-negative number", opts.lora_scale);
+        bail!(
+            "--lora-scale {} is not a non-negative number",
+            opts.lora_scale
+        );
     }
     let vectors = checkpoint::read_speakers(&opts.checkpoint, &index)?;
     let rows: Vec<(String, usize)> = if index.identity.speakers.is_empty() {
@@ -292,12 +295,7 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
     fs::create_dir_all(&tmp)?;
     let result = (|| -> Result<(usize, usize)> {
         copy_model_files(opts.files, &tmp)?;
-        let counts = write_weights(
-            opts,
-            &index,
-            &speaker_rows,
-            &tmp.join(mf::SINGLE_FILE),
-        )?;
+        let counts = write_weights(opts, &index, &speaker_rows, &tmp.join(mf::SINGLE_FILE))?;
         write_config(&opts.files.config_path, &rows, &tmp.join(mf::CONFIG))?;
         let marker = if index.identity.speakers.is_empty() {
             json!({
@@ -516,7 +514,9 @@ fn write_weights(
             let i = entries
                 .iter()
                 .position(|e| e.name == name)
-                .with_context(|| format!("the checkpoint adapts {name}, which the base model does not have"))?;
+                .with_context(|| {
+                    format!("the checkpoint adapts {name}, which the base model does not have")
+                })?;
             view_f32(&files[origin[i]].tensor(name)?)
         };
         trained = merge_adapters(trained, scale, base)?;
@@ -585,7 +585,8 @@ pub fn merge_adapters(
                 .with_context(|| format!("the checkpoint has {name} but no {b_name}"))?;
             let weight = format!("{module}.weight");
             let w = base(&weight)?;
-            let delta = (b.to_dtype(candle_core::DType::F32)?
+            let delta = (b
+                .to_dtype(candle_core::DType::F32)?
                 .matmul(&t.to_dtype(candle_core::DType::F32)?)?
                 * scale)?;
             if delta.dims() != w.dims() {
@@ -617,8 +618,10 @@ fn view_f32(view: &safetensors::tensor::TensorView<'_>) -> Result<Tensor> {
         StDtype::F64 => candle_core::DType::F64,
         d => bail!("a {d:?} tensor is not a matrix an adapter can sit on"),
     };
-    Ok(Tensor::from_raw_buffer(view.data(), dtype, view.shape(), &Device::Cpu)?
-        .to_dtype(candle_core::DType::F32)?)
+    Ok(
+        Tensor::from_raw_buffer(view.data(), dtype, view.shape(), &Device::Cpu)?
+            .to_dtype(candle_core::DType::F32)?,
+    )
 }
 
 fn is_float(d: StDtype) -> bool {

@@ -15,7 +15,10 @@ use crate::model::layers::{adapter_names, AdapterSpec};
 use crate::rng::SplitMix64;
 
 /// The decoder stacks whose layers' projections may carry adapters.
-const DECODERS: [&str; 2] = ["talker.model.layers.", "talker.code_predictor.model.layers."];
+const DECODERS: [&str; 2] = [
+    "talker.model.layers.",
+    "talker.code_predictor.model.layers.",
+];
 
 /// The projections of one decoder layer (docs/model.md §4.1), relative to the layer.
 const PROJECTIONS: [&str; 7] = [
@@ -228,10 +231,7 @@ mod tests {
     use super::*;
 
     fn config(rank: usize, targets: &[&str], full: &[&str]) -> TrainConfig {
-        let mut c = crate::config::resolve_layers(vec![])
-            .unwrap()
-            .config
-            .train;
+        let mut c = crate::config::resolve_layers(vec![]).unwrap().config.train;
         c.lora_rank = rank;
         c.lora_targets = targets.iter().map(|s| s.to_string()).collect();
         c.lora_full = full.iter().map(|s| s.to_string()).collect();
@@ -241,7 +241,10 @@ mod tests {
     const TENSORS: [(&str, &[usize]); 5] = [
         ("talker.model.layers.0.self_attn.q_proj.weight", &[8, 4]),
         ("talker.model.layers.0.self_attn.q_norm.weight", &[2]),
-        ("talker.code_predictor.model.layers.1.mlp.down_proj.weight", &[4, 6]),
+        (
+            "talker.code_predictor.model.layers.1.mlp.down_proj.weight",
+            &[4, 6],
+        ),
         ("talker.codec_head.weight", &[10, 4]),
         ("speaker_encoder.fc.weight", &[3, 3]),
     ];
@@ -289,8 +292,19 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(b.dims(), [8, 2]);
-        assert_eq!(b.abs().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap(), 0.0);
-        assert!(l.initial("talker.codec_head.weight", &Device::Cpu).unwrap().is_none());
+        assert_eq!(
+            b.abs()
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap(),
+            0.0
+        );
+        assert!(l
+            .initial("talker.codec_head.weight", &Device::Cpu)
+            .unwrap()
+            .is_none());
     }
 
     #[test]
@@ -301,8 +315,11 @@ mod tests {
         let e = Lora::from_config(&config(2, &["talker.codec_head.weight"], &[]), &TENSORS)
             .unwrap_err();
         assert!(e.to_string().contains("lora_full"), "{e}");
-        let e = Lora::from_config(&config(2, &["talker.*_proj.weight"], &["talker.typo"]), &TENSORS)
-            .unwrap_err();
+        let e = Lora::from_config(
+            &config(2, &["talker.*_proj.weight"], &["talker.typo"]),
+            &TENSORS,
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("talker.typo"), "{e}");
         let e = Lora::from_config(
             &config(

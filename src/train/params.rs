@@ -373,7 +373,14 @@ impl ParamStore {
             device: weights.device().clone(),
             offload: false,
         };
-        Self::new(weights, &trained, DType::F32, |_| Masters::Shared, place, None)
+        Self::new(
+            weights,
+            &trained,
+            DType::F32,
+            |_| Masters::Shared,
+            place,
+            None,
+        )
     }
 
     /// The trained `Var` named `name`.

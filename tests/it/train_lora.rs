@@ -91,7 +91,11 @@ fn a_fresh_adapter_is_the_base_model_and_only_adapters_train() {
                     ("sub", &lb.sub, &ll.sub),
                 ] {
                     let (a, b) = (a.to_scalar::<f32>().unwrap(), b.to_scalar::<f32>().unwrap());
-                    assert_eq!(a.to_bits(), b.to_bits(), "{tag}: step-0 {what} loss {a} vs {b}");
+                    assert_eq!(
+                        a.to_bits(),
+                        b.to_bits(),
+                        "{tag}: step-0 {what} loss {a} vs {b}"
+                    );
                 }
                 drop(base);
 
@@ -166,7 +170,9 @@ fn adapters_resume_exactly_at_any_world_size() {
         .unwrap();
         let params: Vec<&String> = index["params"].as_object().unwrap().keys().collect();
         assert!(
-            params.iter().all(|n| n.contains(".lora_") || *n == "talker.codec_head.weight"),
+            params
+                .iter()
+                .all(|n| n.contains(".lora_") || *n == "talker.codec_head.weight"),
             "{backend}: the checkpoint holds {params:?}"
         );
         assert_eq!(index["identity"]["lora"]["rank"], 4, "{backend}");
@@ -224,7 +230,10 @@ fn a_checkpoint_refuses_another_adapter_configuration() {
             vec!["--lora-rank", "4", "--lora-alpha", "4", "--max-steps", "3"],
             "alpha 4",
         ),
-        (vec!["--max-steps", "3"], "the configuration asks for a full fine-tune"),
+        (
+            vec!["--max-steps", "3"],
+            "the configuration asks for a full fine-tune",
+        ),
         (
             vec![
                 "--lora-rank",
@@ -269,7 +278,10 @@ fn tensor_values(path: &std::path::Path, name: &str) -> Vec<f32> {
 fn export_merges_the_adapters_at_the_scale_asked() {
     for model in ["tiny-0b6", "tiny-1b7"] {
         let ws = workspace(model);
-        ok(&train(ws.path(), &["--lora-rank", "4", "--lora-alpha", "6", "--max-steps", "3"]));
+        ok(&train(
+            ws.path(),
+            &["--lora-rank", "4", "--lora-alpha", "6", "--max-steps", "3"],
+        ));
         let ckpt = ws.path().join("checkpoints/step-0000003");
         let state = crate::dist_support::state(ws.path(), 3);
         let base_file = model_dir(model).join("model.safetensors");
@@ -324,8 +336,10 @@ fn export_merges_the_adapters_at_the_scale_asked() {
                     assert!(moved > 0, "{model} scale {scale}: {m} is the base matrix");
                 }
             }
-            for name in ["talker.model.layers.0.input_layernorm.weight", "talker.codec_head.weight"]
-            {
+            for name in [
+                "talker.model.layers.0.input_layernorm.weight",
+                "talker.codec_head.weight",
+            ] {
                 assert_eq!(
                     tensor_values(&file, name),
                     tensor_values(&base_file, name),

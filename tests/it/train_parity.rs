@@ -19,8 +19,13 @@ struct Refs {
 }
 
 fn refs(model: &str) -> Refs {
+    refs_of(model, "train")
+}
+
+/// `tests/fixtures/refs/{model}.{kind}.{json,safetensors}`.
+fn refs_of(model: &str, kind: &str) -> Refs {
     let dir = fixtures().join("refs");
-    let json_path = dir.join(format!("{model}.train.json"));
+    let json_path = dir.join(format!("{model}.{kind}.json"));
     let json: Value =
         serde_json::from_str(&std::fs::read_to_string(&json_path).unwrap_or_else(|e| {
             panic!(
@@ -30,7 +35,7 @@ fn refs(model: &str) -> Refs {
         }))
         .unwrap();
     let t = candle_core::safetensors::load(
-        dir.join(format!("{model}.train.safetensors")),
+        dir.join(format!("{model}.{kind}.safetensors")),
         &Device::Cpu,
     )
     .unwrap()
@@ -49,6 +54,19 @@ fn i64_rows(t: &Tensor) -> Vec<Vec<i64>> {
 
 /// A trainer on a workspace holding exactly the reference rows, in one unshuffled batch.
 fn trainer(model: &str, r: &Refs, dir: &std::path::Path, backend: Backend) -> Trainer {
+    trainer_with(model, r, &r.json["train_steps"], dir, backend, |_| {})
+}
+
+/// [`trainer`] with the optimizer settings of `tr` (a reference's `train_steps`) and the
+/// configuration changed by `tweak`.
+fn trainer_with(
+    model: &str,
+    r: &Refs,
+    tr: &Value,
+    dir: &std::path::Path,
+    backend: Backend,
+    tweak: impl FnOnce(&mut voiceclone::config::TrainConfig),
+) -> Trainer {
     let rows: Vec<Value> = r.json["rows"].as_array().unwrap().clone();
     let xvec: Vec<f32> = r.t["batch.xvector"].i(0).unwrap().to_vec1().unwrap();
     make_workspace(dir, model, &rows, &xvec, "");
@@ -61,12 +79,12 @@ fn trainer(model: &str, r: &Refs, dir: &std::path::Path, backend: Backend) -> Tr
     config.shuffle = false;
     config.warmup_steps = 0;
     config.epochs = 1000;
-    let tr = &r.json["train_steps"];
     if tr.is_object() {
         config.lr = tr["lr"].as_f64().unwrap();
         config.weight_decay = tr["weight_decay"].as_f64().unwrap();
         config.clip_norm = tr["clip"].as_f64().unwrap();
     }
+    tweak(&mut config);
     let opts = train_options(dir, model, config, backend);
     let mut t = Trainer::new(opts, false).unwrap();
     // A constant learning rate, as in the reference trajectory.
@@ -261,6 +279,7 @@ fn loss_gradients_and_batch_match_the_official_modules() {
             eprintln!("{model}: the reference has no train_steps yet; trajectory not compared");
             continue;
         }
+        // A copy: the CPU kernels update their masters in place.
         let before: BTreeMap<String, Tensor> = tr
             .params
             .params
@@ -402,6 +421,180 @@ fn the_autograd_path_trains_like_the_cpu_kernels() {
     }
 }
 
+/// LoRA against PEFT on the official modules (`scripts/make_lora_refs.py`, docs/training.md
+/// §13): from the same first adapter values (ours, which the reference loaded into PEFT, compared
+/// bit for bit here), the loss (the base model's), the gradient of every adapter factor and of
+/// the fully trained head, and three AdamW steps with clipping, within the tolerances of the
+/// full fine-tune's parity; both fixture models, both backends.
+#[test]
+fn lora_matches_peft_on_the_official_modules() {
+    for (model, backend) in [
+        ("tiny-0b6", Backend::CpuKernels),
+        ("tiny-1b7", Backend::CpuKernels),
+        ("tiny-0b6", Backend::Autograd(Storage::F32)),
+        ("tiny-1b7", Backend::Autograd(Storage::F32)),
+    ] {
+        let r = refs(model);
+        let l = refs_of(model, "lora");
+        let dir = tempfile::tempdir().unwrap();
+        let mut tr = trainer_with(
+            model,
+            &r,
+            &l.json["train_steps"],
+            dir.path(),
+            backend,
+            |c| {
+                c.lora_rank = l.json["rank"].as_u64().unwrap() as usize;
+                c.lora_alpha = l.json["alpha"].as_f64().unwrap();
+                c.lora_full = serde_json::from_value(l.json["full"].clone()).unwrap();
+                c.seed = l.json["seed"].as_u64().unwrap();
+            },
+        );
+        let tag = format!("{model} {backend:?} LoRA");
+        let mut names: Vec<String> = tr.params.params.iter().map(|p| p.name.clone()).collect();
+        names.sort();
+        let want: Vec<String> = serde_json::from_value(l.json["trained"].clone()).unwrap();
+        assert_eq!(names, want, "{tag}: the trained set");
+        for p in &tr.params.params {
+            if let Some(init) = l.t.get(&format!("init.{}", p.name)) {
+                let (a, b): (Vec<f32>, Vec<f32>) = (
+                    p.master()
+                        .unwrap()
+                        .flatten_all()
+                        .unwrap()
+                        .to_vec1()
+                        .unwrap(),
+                    init.flatten_all().unwrap().to_vec1().unwrap(),
+                );
+                assert!(
+                    a.iter()
+                        .map(|x| x.to_bits())
+                        .eq(b.iter().map(|x| x.to_bits())),
+                    "{tag}: the first values of {} differ from the reference's",
+                    p.name
+                );
+            }
+        }
+        let (loss, _) = tr.batch_loss(&[0, 1]).unwrap();
+        for (key, t) in [
+            ("loss", &loss.total),
+            ("loss_talker", &loss.talker),
+            ("loss_sub", &loss.sub),
+        ] {
+            let (got, want) = (scalar(t), l.json[key].as_f64().unwrap());
+            assert!(rel(got, want) < 1e-5, "{tag}: {key} {got} vs {want}");
+        }
+        let grads = loss.total.backward().unwrap();
+        let mut total = 0f64;
+        for p in &tr.params.params {
+            let g = grads
+                .get(p.var.as_tensor())
+                .unwrap_or_else(|| panic!("{tag}: no gradient for {}", p.name));
+            assert_close_to_scale(
+                g,
+                &l.t[&format!("grad.{}", p.name)],
+                &format!("{tag}: grad of {}", p.name),
+            );
+            total += g
+                .sqr()
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap() as f64;
+        }
+        let e = rel(total.sqrt(), l.json["grad_norm"].as_f64().unwrap());
+        assert!(e < 1e-4, "{tag}: grad norm rel error {e}");
+        let steps = &l.json["train_steps"];
+        let losses: Vec<f64> = serde_json::from_value(steps["losses"].clone()).unwrap();
+        let norms: Vec<f64> = serde_json::from_value(steps["grad_norms_preclip"].clone()).unwrap();
+        // A copy: the CPU kernels update their masters in place.
+        let before: BTreeMap<String, Tensor> = tr
+            .params
+            .params
+            .iter()
+            .map(|p| (p.name.clone(), p.master().unwrap().copy().unwrap()))
+            .collect();
+        for (t, (wl, wn)) in losses.iter().zip(&norms).enumerate() {
+            let m = tr.step(&[vec![0, 1]]).unwrap();
+            assert!(
+                rel(m.loss, *wl) < 1e-5,
+                "{tag}: step {} loss {} vs {wl}",
+                t + 1,
+                m.loss
+            );
+            assert!(
+                rel(m.grad_norm, *wn) < 1e-4,
+                "{tag}: step {} grad norm {} vs {wn}",
+                t + 1,
+                m.grad_norm
+            );
+        }
+        let (after, _) = tr.batch_loss(&[0, 1]).unwrap();
+        let (la, wa) = (scalar(&after.total), steps["loss_after"].as_f64().unwrap());
+        assert!(
+            rel(la, wa) < 1e-4,
+            "{tag}: loss after the steps {la} vs {wa}"
+        );
+        // As the full fine-tune's parity: each tensor's update norm within 1e-4 (an element
+        // whose gradient is far below AdamW's eps moves chaotically, its norm does not), and
+        // every value within 1e-3 of its tensor's largest.
+        let dn = steps["delta_norms"].as_object().unwrap();
+        let (mut worst_update, mut worst_value) = ((0f64, String::new()), (0f64, String::new()));
+        for p in &tr.params.params {
+            let m = p.master().unwrap();
+            let d = (&m - &before[&p.name]).unwrap();
+            let n = d
+                .sqr()
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap()
+                .sqrt() as f64;
+            let e = rel(n, dn[&p.name].as_f64().unwrap());
+            if e > worst_update.0 {
+                worst_update = (e, p.name.clone());
+            }
+            let want = &l.t[&format!("after.{}", p.name)];
+            let scale = want
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap() as f64;
+            let e = max_abs(&m, want) as f64 / scale;
+            if e > worst_value.0 {
+                worst_value = (e, p.name.clone());
+            }
+        }
+        eprintln!(
+            "{tag}: loss {:.8} (rel {:.1e} to PEFT), 3 steps to {la:.8} (rel {:.1e}); update \
+             norms within {:.1e} ({}), values within {:.1e} of the tensor's largest ({})",
+            scalar(&loss.total),
+            rel(scalar(&loss.total), l.json["loss"].as_f64().unwrap()),
+            rel(la, wa),
+            worst_update.0,
+            worst_update.1,
+            worst_value.0,
+            worst_value.1
+        );
+        assert!(
+            worst_update.0 < 1e-4,
+            "{tag}: the update of {} differs by {:.2e} relative",
+            worst_update.1,
+            worst_update.0
+        );
+        assert!(
+            worst_value.0 < 1e-3,
+            "{tag}: {} after the steps differs by {:.2e}",
+            worst_value.1,
+            worst_value.0
+        );
+    }
+}
+
 /// `got` within 1e-4 of the largest magnitude of `want` (at least 1e-7 absolute).
 fn assert_close_to_scale(got: &Tensor, want: &Tensor, what: &str) {
     let d = max_abs(got, want);
@@ -416,6 +609,10 @@ fn assert_close_to_scale(got: &Tensor, want: &Tensor, what: &str) {
         d <= 1e-4 * scale.max(1e-3),
         "{what} differs by {d} (max {scale})"
     );
+}
+
+fn scalar(t: &Tensor) -> f64 {
+    t.to_scalar::<f32>().unwrap() as f64
 }
 
 fn max_abs(a: &Tensor, b: &Tensor) -> f32 {
