@@ -9,9 +9,12 @@ use anyhow::{bail, Context, Result};
 use crate::cli::TrainArgs;
 use crate::config::{Config, MemoryPolicy, TrainBackend};
 use crate::model::config::Qwen3TtsConfig;
+use crate::train::lora::Lora;
 use crate::train::plan::activations::Longest;
 use crate::train::plan::choice::{self, Pinned};
+use crate::train::plan::shapes::TensorShape;
 use crate::train::plan::{self, shapes, Estimate, Modes, Setup};
+use crate::train::units::unit_of;
 use crate::train::{params, Backend, Storage};
 use crate::workspace::Workspace;
 
@@ -70,14 +73,37 @@ pub fn setup(ws: &Workspace, config: &Config, target: Target) -> Result<Setup> {
         .with_context(|| format!("the plan needs the config.json of {}", source.describe()))?;
     let cfg = Qwen3TtsConfig::from_file(&path)?;
     let tensors = shapes::talker_tensors(&cfg)?;
-    let (trained, _) = params::select_trainable(
-        tensors.iter().map(|t| t.name.as_str()),
-        &config.train.freeze,
-    )?;
+    let named: Vec<(&str, &[usize])> = tensors
+        .iter()
+        .map(|t| (t.name.as_str(), t.shape.as_slice()))
+        .collect();
+    // With adapters the trained set is their factors and train.lora_full (docs/training.md §13).
+    let (trained, adapters) = match Lora::from_config(&config.train, &named)? {
+        Some(l) => {
+            let adapters = l
+                .trained()
+                .into_iter()
+                .filter_map(|n| {
+                    let shape = l.factor_shape(&n)?;
+                    Some(unit_of(&n).map(|unit| TensorShape {
+                        name: n,
+                        shape,
+                        unit,
+                    }))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            (l.full, adapters)
+        }
+        None => (
+            params::select_trainable(named.iter().map(|(n, _)| *n), &config.train.freeze)?.0,
+            Vec::new(),
+        ),
+    };
     let trained: std::collections::BTreeSet<&str> = trained.iter().map(String::as_str).collect();
     let tensors = tensors
         .iter()
         .map(|t| (t.clone(), trained.contains(t.name.as_str())))
+        .chain(adapters.into_iter().map(|t| (t, true)))
         .collect();
     let c = &config.train;
     let backend = match (c.backend, target.cuda) {

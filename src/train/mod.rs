@@ -4,7 +4,8 @@
 //! layout.
 //!
 //! Modules, one job each: [`data`] (manifest → samples), [`sampler`] (epoch order, cursor),
-//! [`batch`] (layout), [`loss`] (objective), [`params`] and [`units`] (trained set),
+//! [`batch`] (layout), [`loss`] (objective), [`params`] and [`units`] (trained set), [`lora`]
+//! (low-rank adapters),
 //! [`optim`] (AdamW, clipping, schedule), [`checkpoint`], [`metrics`], [`export`], the one
 //! training loop ([`driver`]) and what it drives: the single-device step here ([`Trainer`]) or
 //! one rank of a sharded run ([`sharded`]).

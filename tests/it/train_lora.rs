@@ -109,7 +109,7 @@ fn a_fresh_adapter_is_the_base_model_and_only_adapters_train() {
                 let frozen: Vec<String> = lora.params.frozen_names().map(String::from).collect();
                 let frozen_before: Vec<Vec<f32>> = frozen
                     .iter()
-                    .map(|n| values(&lora.params.frozen_tensor(n).unwrap()))
+                    .map(|n| values(lora.params.frozen_tensor(n).unwrap()))
                     .collect();
                 let start = masters(&lora);
                 let mut losses = Vec::new();
@@ -123,7 +123,7 @@ fn a_fresh_adapter_is_the_base_model_and_only_adapters_train() {
                     assert!(v0 != &end[name], "{tag}: {name} did not change");
                 }
                 for (n, v0) in frozen.iter().zip(&frozen_before) {
-                    let v1 = values(&lora.params.frozen_tensor(n).unwrap());
+                    let v1 = values(lora.params.frozen_tensor(n).unwrap());
                     assert!(v0 == &v1, "{tag}: frozen {n} changed");
                 }
                 eprintln!("{tag}: loss {first:.4} -> {last:.4} in 30 steps");
