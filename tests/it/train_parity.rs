@@ -421,8 +421,8 @@ fn the_autograd_path_trains_like_the_cpu_kernels() {
     }
 }
 
-/// LoRA against PEFT on the official modules (`scripts/make_lora_refs.py`, docs/training.md
-/// §13): from the same first adapter values (ours, which the reference loaded into PEFT, compared
+/// LoRA (docs/training.md §13) against PEFT on the official modules (`make_lora_refs.py`):
+/// from the same first adapter values (ours, which the reference loaded into PEFT, compared
 /// bit for bit here), the loss (the base model's), the gradient of every adapter factor and of
 /// the fully trained head, and three AdamW steps with clipping, within the tolerances of the
 /// full fine-tune's parity; both fixture models, both backends.

@@ -44,8 +44,8 @@ impl TensorSource for UnitSource<'_> {
 }
 
 /// Groups the parameters (in order) into the talker's units (`all`, in forward order), the text
-/// table left out. A unit nobody trains (a LoRA run's embeddings and head, docs/training.md
-/// §13) has no members: its pass runs on frozen weights and it moves nothing.
+/// table left out. A unit nobody trains (a LoRA run's embeddings and head, see
+/// docs/training.md §13) has no members: its pass runs on frozen weights and moves nothing.
 pub(super) fn group_units(
     all: &[Unit],
     units_of: impl IntoIterator<Item = (usize, Unit)>,
