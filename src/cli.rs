@@ -854,6 +854,11 @@ pub struct ExportArgs {
     /// (the community merges at 0.3-0.35 for a subtler voice) [default: 1].
     #[arg(long, value_name = "S", default_value_t = 1.0)]
     pub lora_scale: f64,
+
+    /// A LoRA checkpoint: write only its adapters (and fully trained modules), in PEFT's
+    /// format (adapter_config.json, adapter_model.safetensors) with the speakers' x-vectors.
+    #[arg(long)]
+    pub adapter_only: bool,
 }
 
 impl ExportArgs {

@@ -73,6 +73,7 @@ pub fn run(ws: &Workspace, config: &Config, args: &ExportArgs) -> Result<()> {
         output,
         speaker_name: config.train.speaker_name.clone(),
         lora_scale: args.lora_scale,
+        adapter_only: args.adapter_only,
     })?;
     report(ws, &summary);
     Ok(())
@@ -94,7 +95,11 @@ pub fn report(ws: &Workspace, s: &export::ExportSummary) {
         if names.len() == 1 { "" } else { "s" },
         names.join(", ")
     );
-    if let Some((first, _)) = s.speakers.first() {
+    if s.adapter_only {
+        println!(
+            "  PEFT adapters: PeftModel.from_pretrained(Qwen3TTSModel.from_pretrained(BASE).model, \"{out}\")"
+        );
+    } else if let Some((first, _)) = s.speakers.first() {
         println!("  speak with: voiceclone speak --model {out} --speaker {first} \"Hello!\" -o hello.wav");
     }
 }

@@ -368,6 +368,7 @@ pub fn finish(
         output,
         speaker_name: c.speaker_name.clone(),
         lora_scale: 1.0,
+        adapter_only: false,
     })?;
     super::export::report(ws, &summary);
     Ok(())

@@ -25,6 +25,7 @@ use memmap2::Mmap;
 use safetensors::{Dtype as StDtype, SafeTensors};
 use serde_json::{json, Value};
 
+use super::adapter_export;
 use super::checkpoint::{self, ModelIdentity};
 use super::stwrite::{self, Entry};
 use crate::hub::ModelSource;
@@ -68,6 +69,9 @@ pub struct ExportOptions<'a> {
     /// A LoRA checkpoint's adapters are merged as `W + lora_scale · α/r · B·A`
     /// (docs/training.md §13); 1 = as trained.
     pub lora_scale: f64,
+    /// A LoRA checkpoint: write its adapters in PEFT's format instead of a merged model
+    /// ([`super::adapter_export`]).
+    pub adapter_only: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -80,6 +84,8 @@ pub struct ExportSummary {
     pub trained_tensors: usize,
     /// The directory replaced an earlier export.
     pub replaced: bool,
+    /// It holds adapters in PEFT's format, not a model ([`super::adapter_export`]).
+    pub adapter_only: bool,
     /// What was repaired of an earlier interrupted export first ([`recover`]).
     pub recovered: Vec<String>,
 }
@@ -235,6 +241,13 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
             opts.checkpoint.display()
         );
     }
+    if index.identity.lora.is_none() && opts.adapter_only {
+        bail!(
+            "checkpoint {} is a full fine-tune: it has no adapters to export alone \
+             (--adapter-only needs a run with train.lora_rank > 0)",
+            opts.checkpoint.display()
+        );
+    }
     if !(opts.lora_scale >= 0.0 && opts.lora_scale.is_finite()) {
         bail!(
             "--lora-scale {} is not a non-negative number",
@@ -294,10 +307,49 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
     let tmp = parent.join(format!(".{base_name}.tmp-export-{}", std::process::id()));
     fs::create_dir_all(&tmp)?;
     let result = (|| -> Result<(usize, usize)> {
-        copy_model_files(opts.files, &tmp)?;
-        let counts = write_weights(opts, &index, &speaker_rows, &tmp.join(mf::SINGLE_FILE))?;
-        write_config(&opts.files.config_path, &rows, &tmp.join(mf::CONFIG))?;
-        let marker = if index.identity.speakers.is_empty() {
+        let counts = match &index.identity.lora {
+            Some(lora) if opts.adapter_only => {
+                let trained =
+                    checkpoint::RowReader::open(&opts.checkpoint)?.masters(&Device::Cpu)?;
+                let named: Vec<(String, Vec<f32>)> = rows
+                    .iter()
+                    .zip(&vectors)
+                    .map(|((n, _), (_, x))| (n.clone(), x.clone()))
+                    .collect();
+                let base = |modules: &[String]| {
+                    opts.files
+                        .load_weights(candle_core::DType::F32, &Device::Cpu, |n| {
+                            modules.iter().any(|m| {
+                                n.strip_prefix(m.as_str())
+                                    .is_some_and(|r| r.starts_with('.'))
+                            })
+                        })
+                        .context("cannot read the base model")
+                };
+                adapter_export::write(
+                    lora,
+                    &trained,
+                    opts.lora_scale,
+                    &base,
+                    opts.model_spec,
+                    &named,
+                    &tmp,
+                )?
+            }
+            _ => {
+                copy_model_files(opts.files, &tmp)?;
+                let counts =
+                    write_weights(opts, &index, &speaker_rows, &tmp.join(mf::SINGLE_FILE))?;
+                write_config(&opts.files.config_path, &rows, &tmp.join(mf::CONFIG))?;
+                counts
+            }
+        };
+        let kind = if opts.adapter_only {
+            "adapter"
+        } else {
+            "model"
+        };
+        let mut marker = if index.identity.speakers.is_empty() {
             json!({
                 "format": "voiceclone-export",
                 "version": 1,
@@ -317,6 +369,7 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
                 "speakers": rows,
             })
         };
+        marker["kind"] = json!(kind);
         fs::write(
             tmp.join(MARKER),
             serde_json::to_string_pretty(&marker)? + "\n",
@@ -350,6 +403,7 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
         tensors,
         trained_tensors,
         replaced,
+        adapter_only: opts.adapter_only,
         recovered,
     })
 }

@@ -10,6 +10,7 @@
 //! training loop ([`driver`]) and what it drives: the single-device step here ([`Trainer`]) or
 //! one rank of a sharded run ([`sharded`]).
 
+pub mod adapter_export;
 pub mod alloc;
 pub mod batch;
 pub mod checkpoint;

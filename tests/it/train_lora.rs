@@ -359,3 +359,88 @@ fn export_merges_the_adapters_at_the_scale_asked() {
     assert!(!o.status.success());
     assert!(text(&o).contains("full fine-tune"), "{}", text(&o));
 }
+
+/// Acceptance 4 (our side of the PEFT format): `export --adapter-only` writes PEFT's
+/// `adapter_config.json` (rank, α, every adapted module by its full name, the modules of
+/// `lora_full` to save) and `adapter_model.safetensors` with PEFT's names — the factors as
+/// trained (`B` times `--lora-scale`) and every parameter of a module to save — beside the
+/// speakers' x-vectors; a full fine-tune has nothing to export alone.
+#[test]
+fn the_adapter_only_export_is_peft_format() {
+    let ws = workspace("tiny-0b6");
+    ok(&train(
+        ws.path(),
+        &[
+            "--lora-rank",
+            "4",
+            "--lora-full",
+            "talker.text_projection.linear_fc1.bias",
+            "--max-steps",
+            "2",
+        ],
+    ));
+    let state = crate::dist_support::state(ws.path(), 2);
+    for scale in ["1", "0.5"] {
+        let out = ws.path().join(format!("adapter-{scale}"));
+        ok(&voiceclone(
+            ws.path(),
+            &[
+                "export",
+                "--adapter-only",
+                "--lora-scale",
+                scale,
+                "-o",
+                out.to_str().unwrap(),
+            ],
+        ));
+        let cfg: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(out.join("adapter_config.json")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(cfg["peft_type"], "LORA");
+        assert_eq!(cfg["r"], 4);
+        assert_eq!(cfg["lora_alpha"], 8.0);
+        let targets = cfg["target_modules"].as_array().unwrap();
+        assert_eq!(targets.len(), (2 + 2) * 7, "{targets:?}");
+        assert!(targets.contains(&"talker.model.layers.1.mlp.down_proj".into()));
+        assert_eq!(
+            cfg["modules_to_save"],
+            serde_json::json!(["talker.text_projection.linear_fc1"])
+        );
+        let file = out.join("adapter_model.safetensors");
+        let raw = read_raw(&file);
+        let s: f32 = scale.parse().unwrap();
+        for (key, (shape, want)) in &state {
+            let Some(name) = key.strip_prefix("master.") else {
+                continue;
+            };
+            let got = tensor_values(&file, &format!("base_model.model.{name}"));
+            let want: Vec<f32> = if name.ends_with(".lora_B.weight") {
+                want.iter().map(|v| v * s).collect()
+            } else {
+                want.clone()
+            };
+            assert_eq!(got.len(), shape.iter().product::<usize>(), "{name}");
+            assert!(got == want, "{name}: the exported values differ");
+        }
+        // The module to save is whole: its untrained weight is the base model's.
+        let w = "talker.text_projection.linear_fc1.weight";
+        assert_eq!(
+            tensor_values(&file, &format!("base_model.model.{w}")),
+            tensor_values(&model_dir("tiny-0b6").join("model.safetensors"), w)
+        );
+        assert_eq!(raw.len(), 2 * (2 + 2) * 7 + 2, "{:?}", raw.keys());
+        assert!(out.join("speakers.safetensors").is_file());
+        assert!(!out.join("model.safetensors").exists());
+        let marker: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(out.join("voiceclone-export.json")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(marker["kind"], "adapter");
+    }
+    let full = workspace("tiny-0b6");
+    ok(&train(full.path(), &["--max-steps", "1"]));
+    let o = voiceclone(full.path(), &["export", "--adapter-only"]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("no adapters"), "{}", text(&o));
+}
