@@ -430,6 +430,11 @@ pub struct SpeakArgs {
     #[arg(long)]
     pub overwrite: bool,
 
+    /// An adapter directory (`voiceclone export --adapter-only`) to speak with, put on its base
+    /// model as the merged export would be (the base it records, unless --model names one).
+    #[arg(long, value_name = "DIR")]
+    pub adapter: Option<PathBuf>,
+
     /// Model: hub repo id or local directory [speak.model; default model/ or model.base].
     #[arg(long, value_name = "MODEL")]
     pub model: Option<String>,

@@ -1,8 +1,10 @@
 //! The files the pipeline steps exchange, one type and one reader/writer each
 //! (docs/architecture.md §4): manifest rows (`data/train.jsonl`), audio code frames
-//! (`audio_codes` in the manifest, `{"codes": …}` files), and the speaker file (an x-vector).
+//! (`audio_codes` in the manifest, `{"codes": …}` files), the speaker file (an x-vector), and
+//! the adapter directory of a LoRA export.
 //! Where each file lives is [`crate::workspace::Workspace`]'s business, not theirs.
 
+pub mod adapter;
 pub mod codes;
 pub mod manifest;
 pub mod speaker;

@@ -8,6 +8,7 @@ use anyhow::{bail, ensure, Context, Result};
 use candle_core::Device;
 use serde_json::Value;
 
+use crate::artifacts::adapter::AdapterDir;
 use crate::artifacts::{codes::write_codes_file, speaker};
 use crate::cli::SpeakArgs;
 use crate::config::{self, Config, NonStreaming, SpeakConfig};
@@ -23,14 +24,34 @@ pub fn run(ws: &Workspace, config: &Config, args: &SpeakArgs) -> Result<()> {
     let batch_mode = args.input.is_some();
     let outputs = plan_outputs(&jobs, args, batch_mode)?;
 
-    let source = speak_model(ws, config)?;
-    refuse_without_a_voice(ws, &source, &jobs)?;
+    let adapter = args.adapter.as_deref().map(AdapterDir::read).transpose()?;
+    let source = match &adapter {
+        // The base model the adapter was trained on, unless --model names another.
+        Some(a) if s.model.is_empty() => ws.model_source(&a.base_model).with_context(|| {
+            format!(
+                "the adapter {} was trained on {}, which cannot be found; pass it with --model",
+                a.dir.display(),
+                a.base_model
+            )
+        })?,
+        _ => speak_model(ws, config)?,
+    };
+    if adapter.is_none() {
+        refuse_without_a_voice(ws, &source, &jobs)?;
+    }
     let load_started = std::time::Instant::now();
-    let files = ModelFiles::resolve(&source)
+    let mut files = ModelFiles::resolve(&source)
         .with_context(|| format!("cannot load the model {}", source.describe()))?;
+    if let Some(a) = &adapter {
+        files = files.with_adapter(a)?;
+    }
     let (device, precision, why) = compute_device(s.precision, &files)?;
+    let with = adapter
+        .as_ref()
+        .map(|a| format!(" with the adapter {}", a.dir.display()))
+        .unwrap_or_default();
     eprintln!(
-        "loading {} (precision {precision}: {why})",
+        "loading {}{with} (precision {precision}: {why})",
         source.describe()
     );
     let mut synth = Synthesizer::from_files(files, precision, &device)

@@ -240,7 +240,8 @@ impl Synthesizer {
         let tokenizer = files.text_tokenizer()?;
         let backend = match precision.cpu_format(device) {
             Some(format) => {
-                let mapped = MappedWeights::open(&files.checkpoint.shards)?;
+                let mapped = MappedWeights::open(&files.checkpoint.shards)?
+                    .with_overlay(files.overlay.clone());
                 let talker = infer::Talker::load(&mapped, &files.config, format)
                     .with_context(|| format!("cannot build the talker of {}", source.describe()))?;
                 Backend::Cpu(Box::new(talker))
@@ -251,12 +252,22 @@ impl Synthesizer {
                     "precision q8 runs on the CPU only (this build uses {device:?}); choose bf16 \
                      or f32"
                 );
-                let weights = Weights::load_as(
+                let mut weights = Weights::load_as(
                     &files.checkpoint.shards,
                     precision.activations(),
                     device,
                     |n| n.starts_with("talker.").then(|| precision.dtype_of(n)),
                 )?;
+                if let Some(overlay) = &files.overlay {
+                    // What an adapter changes, as the checkpoint would store it merged.
+                    let mapped = MappedWeights::open(&files.checkpoint.shards)?
+                        .with_overlay(Some(overlay.clone()));
+                    for name in overlay.names().filter(|n| n.starts_with("talker.")) {
+                        let shape = weights.get_any(name)?.dims().to_vec();
+                        let v = mapped.f32(name, &shape)?;
+                        weights.replace(name, Tensor::from_vec(v, shape.as_slice(), device)?)?;
+                    }
+                }
                 let talker = Talker::load(&weights, &files.config, Numerics::Fused)
                     .with_context(|| format!("cannot build the talker of {}", source.describe()))?;
                 Backend::Candle(Box::new(talker))

@@ -97,6 +97,9 @@ pub struct ModelFiles {
     pub generation: GenerationConfig,
     pub tokenizer: TokenizerFiles,
     pub checkpoint: Checkpoint,
+    /// What an adapter put on these files changes as the weights load
+    /// ([`ModelFiles::with_adapter`], docs/training.md §13).
+    pub overlay: Option<std::sync::Arc<super::overlay::WeightOverlay>>,
 }
 
 impl ModelFiles {
@@ -120,6 +123,7 @@ impl ModelFiles {
             generation,
             tokenizer,
             checkpoint,
+            overlay: None,
         })
     }
 

@@ -13,6 +13,7 @@ pub mod layers;
 pub mod linear;
 pub mod mel;
 pub mod ops;
+pub mod overlay;
 pub mod speaker;
 pub mod talker;
 pub mod text;

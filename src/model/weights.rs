@@ -14,6 +14,8 @@ use candle_core::{DType, Device, Tensor};
 use memmap2::Mmap;
 use safetensors::{Dtype as StDtype, SafeTensors};
 
+use super::overlay::WeightOverlay;
+
 /// For a tensor (name, shape on disk): the dtype to load it in and the rows of dimension 0 to load,
 /// or `None` to skip it.
 type Select<'a> = dyn Fn(&str, &[usize]) -> Option<(DType, std::ops::Range<usize>)> + 'a;
@@ -178,6 +180,26 @@ impl Weights {
         }
     }
 
+    /// Replaces the tensor `name` (which must be loaded, with the same shape) by `t`, converted
+    /// to its dtype and device.
+    pub fn replace(&mut self, name: &str, t: Tensor) -> Result<()> {
+        let Some(old) = self.tensors.get_mut(name) else {
+            bail!(
+                "checkpoint {} has no tensor {name} to replace",
+                self.files_display()
+            );
+        };
+        if old.dims() != t.dims() {
+            bail!(
+                "{name}: a {:?} tensor cannot replace a {:?} one",
+                t.dims(),
+                old.dims()
+            );
+        }
+        *old = t.to_dtype(old.dtype())?.to_device(old.device())?;
+        Ok(())
+    }
+
     /// Takes the tensor `name` out (its memory goes with the caller), whatever its shape.
     pub fn take(&mut self, name: &str) -> Result<Tensor> {
         match self.tensors.remove(name) {
@@ -273,6 +295,8 @@ pub struct MappedWeights {
     maps: Vec<Arc<Mmap>>,
     files: Vec<PathBuf>,
     tensors: HashMap<String, MappedEntry>,
+    /// Tensors an adapter changes: read through it and kept in the stored dtype.
+    overlay: Option<Arc<WeightOverlay>>,
 }
 
 /// bf16 values, either in place in a mapped checkpoint or owned (converted from another dtype).
@@ -327,6 +351,7 @@ impl MappedWeights {
             maps: Vec::new(),
             files: files.to_vec(),
             tensors: HashMap::new(),
+            overlay: None,
         };
         for (shard, path) in files.iter().enumerate() {
             let file = std::fs::File::open(path)
@@ -363,6 +388,17 @@ impl MappedWeights {
         Ok(w)
     }
 
+    /// Reads the tensors `overlay` changes through it (docs/training.md §13); each is then
+    /// held as the checkpoint stores it (rounded to bf16 where it stores bf16).
+    pub fn with_overlay(mut self, overlay: Option<Arc<WeightOverlay>>) -> Self {
+        self.overlay = overlay;
+        self
+    }
+
+    fn changed(&self, name: &str) -> bool {
+        self.overlay.as_ref().is_some_and(|o| o.contains(name))
+    }
+
     pub fn contains(&self, name: &str) -> bool {
         self.tensors.contains_key(name)
     }
@@ -394,8 +430,27 @@ impl MappedWeights {
         &self.maps[e.shard][e.start..e.end]
     }
 
-    /// `name` (of `shape`) converted to f32 (exact from bf16, f16 and f32).
+    /// `name` (of `shape`) converted to f32 (exact from bf16, f16 and f32); a tensor the
+    /// overlay changes, changed and rounded to its stored dtype.
     pub fn f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let stored = self.stored_f32(name, shape)?;
+        let Some(overlay) = self.overlay.as_ref().filter(|o| o.contains(name)) else {
+            return Ok(stored);
+        };
+        let mut v = overlay.apply(name, shape, stored)?;
+        match self.entry(name, shape)?.dtype {
+            StDtype::BF16 => v
+                .iter_mut()
+                .for_each(|x| *x = half::bf16::from_f32(*x).to_f32()),
+            StDtype::F16 => v
+                .iter_mut()
+                .for_each(|x| *x = half::f16::from_f32(*x).to_f32()),
+            _ => {}
+        }
+        Ok(v)
+    }
+
+    fn stored_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
         let e = self.entry(name, shape)?;
         let b = self.bytes(e);
         Ok(match e.dtype {
@@ -422,7 +477,11 @@ impl MappedWeights {
     /// else rounded from its stored values.
     pub fn bf16(&self, name: &str, shape: &[usize]) -> Result<Bf16Data> {
         let e = self.entry(name, shape)?;
-        if e.dtype == StDtype::BF16 && e.start.is_multiple_of(2) && cfg!(target_endian = "little") {
+        if e.dtype == StDtype::BF16
+            && e.start.is_multiple_of(2)
+            && cfg!(target_endian = "little")
+            && !self.changed(name)
+        {
             return Ok(Bf16Data(Bf16Storage::Mapped {
                 map: self.maps[e.shard].clone(),
                 start: e.start,
@@ -440,6 +499,9 @@ impl MappedWeights {
     /// Maps `name`'s pages in now (read from the page cache or the file), so that the first
     /// use does not take a page fault per 4 KiB; for matrices read every frame in place.
     pub fn populate(&self, name: &str) {
+        if self.changed(name) {
+            return;
+        }
         if let Some(e) = self.tensors.get(name) {
             let (start, len) = (e.start / 4096 * 4096, e.end - e.start / 4096 * 4096);
             let map = &self.maps[e.shard];

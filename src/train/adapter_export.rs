@@ -18,23 +18,14 @@ use std::fs;
 use std::io::BufWriter;
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use candle_core::{DType, Tensor};
 use serde_json::json;
 
-use super::checkpoint::SPEAKER_TABLE;
 use super::lora::LoraIdentity;
 use super::stwrite::{self, Entry};
+use crate::artifacts::adapter::{write_speakers, CONFIG, PEFT_PREFIX, SPEAKERS, WEIGHTS};
 use crate::model::weights::Weights;
-
-/// PEFT's configuration file.
-pub const CONFIG: &str = "adapter_config.json";
-/// PEFT's weights file.
-pub const WEIGHTS: &str = "adapter_model.safetensors";
-/// The speakers' x-vectors.
-pub const SPEAKERS: &str = "speakers.safetensors";
-/// What PEFT prefixes the names of the model it wraps with.
-pub const PEFT_PREFIX: &str = "base_model.model.";
 
 /// Writes the adapter directory's files into `dir` from a LoRA checkpoint's `trained` masters
 /// and `lora` identity, the base model's tensors of the modules to save (`base(modules)`, f32,
@@ -136,28 +127,4 @@ pub fn write(
     )?;
     write_speakers(speakers, &dir.join(SPEAKERS))?;
     Ok((tensors.len(), trained.len()))
-}
-
-/// `speakers` as [`SPEAKER_TABLE`] `(S, H)` f32 with their names (JSON list) in the metadata
-/// key `speakers`, the layout of a checkpoint's table (docs/training.md §7.1).
-fn write_speakers(speakers: &[(String, Vec<f32>)], path: &Path) -> Result<()> {
-    let Some((_, first)) = speakers.first() else {
-        bail!("an adapter export needs at least one speaker");
-    };
-    let data: Vec<u8> = speakers
-        .iter()
-        .flat_map(|(_, x)| x.iter().flat_map(|v| v.to_le_bytes()))
-        .collect();
-    let view = safetensors::tensor::TensorView::new(
-        safetensors::Dtype::F32,
-        vec![speakers.len(), first.len()],
-        &data,
-    )
-    .map_err(|e| anyhow::anyhow!("cannot build the speaker table: {e}"))?;
-    let names: Vec<&str> = speakers.iter().map(|(n, _)| n.as_str()).collect();
-    let meta =
-        std::collections::HashMap::from([("speakers".to_string(), serde_json::to_string(&names)?)]);
-    let bytes = safetensors::serialize([(SPEAKER_TABLE, view)], Some(meta))
-        .map_err(|e| anyhow::anyhow!("cannot serialise the speaker table: {e}"))?;
-    fs::write(path, bytes).with_context(|| format!("cannot write {}", path.display()))
 }

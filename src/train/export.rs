@@ -36,8 +36,8 @@ pub const MARKER: &str = "voiceclone-export.json";
 /// Codec-embedding row that holds the fine-tuned speaker (docs/model.md §10.5); named speakers
 /// take this row and the ones after it, in the order of the checkpoint's speaker table
 /// (docs/training.md §10).
-pub const SPEAKER_ROW: usize = 3000;
-const CODEC_EMBEDDING: &str = "talker.model.codec_embedding.weight";
+pub const SPEAKER_ROW: usize = crate::model::overlay::SPEAKER_ROW;
+use crate::model::overlay::CODEC_EMBEDDING;
 /// Files of a hub model copied next to the weights (the official recipe copies the whole
 /// directory; these are the ones the loaders read).
 const HUB_FILES: &[&str] = &[
@@ -639,18 +639,9 @@ pub fn merge_adapters(
                 .with_context(|| format!("the checkpoint has {name} but no {b_name}"))?;
             let weight = format!("{module}.weight");
             let w = base(&weight)?;
-            let delta = (b
-                .to_dtype(candle_core::DType::F32)?
-                .matmul(&t.to_dtype(candle_core::DType::F32)?)?
-                * scale)?;
-            if delta.dims() != w.dims() {
-                bail!(
-                    "the adapter of {weight} makes {:?}, the matrix is {:?}",
-                    delta.dims(),
-                    w.dims()
-                );
-            }
-            out.insert(weight, (w + delta)?);
+            let merged = crate::model::overlay::merge_low_rank(&w, t, b, scale)
+                .with_context(|| format!("merging the adapter of {weight}"))?;
+            out.insert(weight, merged);
         } else if name.ends_with(".lora_B.weight") {
             let a_name = name.replace(".lora_B.weight", ".lora_A.weight");
             if !trained.contains_key(&a_name) {

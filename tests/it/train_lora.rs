@@ -444,3 +444,74 @@ fn the_adapter_only_export_is_peft_format() {
     assert!(!o.status.success());
     assert!(text(&o).contains("no adapters"), "{}", text(&o));
 }
+
+/// Acceptance 5 (`speak`): `speak --adapter DIR` puts the adapter on its base model as the
+/// merged export would be, so it speaks exactly as `speak` on the merged export of the same
+/// checkpoint: the same greedy codes and the same WAV bytes, in f32, bf16-weights and q8 on a
+/// bf16-stored base, and in bf16-weights on an f32-stored one (the one precision in which the
+/// export's bf16 rounding is the loader's too: f32 and q8 read the f32 base's merged matrices
+/// unrounded, as they would read an f32 export).
+#[test]
+fn speaking_with_an_adapter_is_speaking_with_the_merged_export() {
+    let f32_copy = f32_model_copy("tiny-0b6");
+    let f32_base = f32_copy.path().to_str().unwrap().to_string();
+    for (base, precisions) in [
+        ("tiny-0b6", vec!["f32", "bf16-weights", "q8"]),
+        (f32_base.as_str(), vec!["bf16-weights"]),
+    ] {
+        let ws = workspace(base);
+        ok(&train(
+            ws.path(),
+            &[
+                "--lora-rank",
+                "4",
+                "--lora-full",
+                "talker.codec_head.weight",
+                "--max-steps",
+                "3",
+            ],
+        ));
+        let (merged, adapter) = (ws.path().join("merged"), ws.path().join("adapter"));
+        ok(&voiceclone(
+            ws.path(),
+            &["export", "-o", merged.to_str().unwrap()],
+        ));
+        ok(&voiceclone(
+            ws.path(),
+            &["export", "--adapter-only", "-o", adapter.to_str().unwrap()],
+        ));
+        for p in precisions {
+            let speak = |tag: &str, with: [&str; 2]| {
+                let wav = ws.path().join(format!("{tag}-{p}.wav"));
+                let codes = ws.path().join(format!("{tag}-{p}.json"));
+                let mut args = vec!["speak", "Hello there, adapter."];
+                args.extend(with);
+                args.extend([
+                    "--speaker",
+                    "speaker",
+                    "--greedy",
+                    "--max-frames",
+                    "24",
+                    "--precision",
+                    p,
+                    "-o",
+                    wav.to_str().unwrap(),
+                    "--save-codes",
+                    codes.to_str().unwrap(),
+                ]);
+                let o = voiceclone(ws.path(), &args);
+                ok(&o);
+                (
+                    std::fs::read(&codes).unwrap(),
+                    std::fs::read(&wav).unwrap(),
+                    text(&o),
+                )
+            };
+            let m = speak("merged", ["--model", merged.to_str().unwrap()]);
+            let a = speak("adapter", ["--adapter", adapter.to_str().unwrap()]);
+            assert!(a.2.contains("with the adapter"), "{}", a.2);
+            assert!(m.0 == a.0, "{base} {p}: the codes differ");
+            assert!(m.1 == a.1, "{base} {p}: the audio differs");
+        }
+    }
+}

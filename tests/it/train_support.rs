@@ -160,8 +160,12 @@ pub fn f32_model_copy(name: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     for e in std::fs::read_dir(model_dir(name)).unwrap() {
         let e = e.unwrap();
-        // Followed links: some fixture files are links to another fixture's.
-        if e.path().is_file() {
+        // Followed links: some fixture files are links to another fixture's. Folders (the
+        // speech tokenizer) are linked.
+        if e.path().is_dir() {
+            let target = std::fs::canonicalize(e.path()).unwrap();
+            std::os::unix::fs::symlink(target, dir.path().join(e.file_name())).unwrap();
+        } else if e.path().is_file() {
             std::fs::copy(e.path(), dir.path().join(e.file_name())).unwrap();
         }
     }
