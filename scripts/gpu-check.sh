@@ -17,7 +17,10 @@
 #  5. `speak` on the GPU (frames/s);
 #  6. the parity tests of tests/it/gpu_parity.rs, when cargo is present;
 #  7. the memory plan (docs/training.md §6.9) against the driver's peak device memory of the
-#     rank process, for each memory mode on the 0.6B-shaped model (two steps each).
+#     rank process, for each memory mode on the 0.6B-shaped model (two steps each);
+#  8. LoRA (docs/training.md §13): check 1's parity with --lora-rank 8 after three steps (a
+#     fresh adapter is the base model, so the steps are what differs), and on the 0.6B-shaped
+#     model with --lora-rank 16 the step time and the plan against the driver's peak.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 START=$(date +%s)
@@ -138,6 +141,44 @@ line = (f"CHECK 7 plan vs peak {sys.argv[3]}: {r} (plan {plan / 1e9:.2f} GB, dri
 print(line); open(sys.argv[4], "a").write(line + "\n")
 EOF2
 done
+
+echo "== 8. LoRA on the GPU"
+LORA=(--lora-rank 8 --lora-full talker.codec_head.weight --lr 1e-3 --warmup-steps 0)
+make_ws "$WORK/lg" tests/fixtures/tiny-0b6 8
+make_ws "$WORK/lc" tests/fixtures/tiny-0b6 8
+"$BIN" --workdir "$WORK/lg" "${TRAIN[@]}" "${LORA[@]}" --max-steps 3 --gpus 1 >/dev/null
+"$BIN" --workdir "$WORK/lc" "${TRAIN[@]}" "${LORA[@]}" --max-steps 3 --cpu-ranks 1 >/dev/null
+lf=$(rel "$(metric "$WORK/lg" 3 loss)" "$(metric "$WORK/lc" 3 loss)")
+gf=$(rel "$(metric "$WORK/lg" 3 grad_norm)" "$(metric "$WORK/lc" 3 grad_norm)")
+if below "$lf" 3e-2 && below "$gf" 3e-2; then r=PASS; else r=FAIL; fi
+summary "CHECK 8 LoRA parity tiny-0b6, step 3: $r (loss rel $lf, grad norm rel $gf; limit 3e-2)"
+plan=$("$BIN" --workdir "$WORK/big" "${TRAIN[@]}" --gpus 1 --plan --json --lora-rank 16 |
+  python3 -c 'import json, sys; print(json.load(sys.stdin)["modes"][0]["gpu_bytes"])')
+rm -rf "$WORK/big/checkpoints"
+nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits -lms 100 >"$WORK/mem8.txt" &
+SMI=$!
+"$BIN" --workdir "$WORK/big" "${TRAIN[@]}" --max-steps 4 --save-every 0 --gpus 1 --memory manual \
+  --lora-rank 16 >/dev/null 2>&1 || true
+kill $SMI || true
+python3 - "$WORK/mem8.txt" "$plan" "$WORK/big/checkpoints/metrics.jsonl" "$SUMMARY" <<'EOF2'
+import json, sys
+peak = 0
+for line in open(sys.argv[1]):
+    parts = [p.strip() for p in line.split(",")]
+    if len(parts) == 2 and parts[1].isdigit():
+        peak = max(peak, int(parts[1]) * 2**20)
+plan = int(sys.argv[2])
+try:
+    steps = [json.loads(l) for l in open(sys.argv[3])][1:]
+    step = sum(s["seconds"] for s in steps) / len(steps)
+except (OSError, ZeroDivisionError, KeyError):
+    step = float("nan")
+ratio = plan / peak if peak else float("nan")
+r = "PASS" if 0.9 <= ratio <= 1.1 and step == step else "FAIL"
+line = (f"CHECK 8 LoRA R=16 0.6B-shaped --gpus 1: {r} (step {step:.3f} s, plan {plan / 1e9:.2f} GB, "
+        f"driver peak {peak / 1e9:.2f} GB, ratio {ratio:.3f}; limit 10 %)")
+print(line); open(sys.argv[4], "a").write(line + "\n")
+EOF2
 
 if command -v cargo >/dev/null && command -v nvcc >/dev/null; then
   echo "== 6. parity tests on CUDA"
