@@ -834,15 +834,19 @@ impl TrainArgs {
     codec_embedding row 3000), and the base model's other files (tokenizer, generation config, \
     speech_tokenizer/). A checkpoint of named speakers exports all of them: rows 3000, 3001, … \
     in the order of their lower-cased names. It is written to a temporary directory and renamed into place; an existing \
-    directory is only replaced when it is an earlier export (it has voiceclone-export.json) or \
-    empty."
+    directory is only replaced when it is an earlier export of the same kind (it has \
+    voiceclone-export.json) or empty. A LoRA checkpoint is merged (W + S·alpha/R·B·A in f32, \
+    --lora-scale S); with --adapter-only its adapters are written alone in PEFT's format \
+    (adapter_config.json, adapter_model.safetensors, speakers.safetensors; default adapter/), \
+    which PEFT loads onto the official model and `voiceclone speak --adapter DIR` speaks with \
+    (docs/training.md §13)."
 )]
 pub struct ExportArgs {
     /// Checkpoint directory [default: the newest in the workspace's checkpoints/].
     #[arg(long, value_name = "DIR")]
     pub checkpoint: Option<PathBuf>,
 
-    /// Output directory [default: model/ in the workspace].
+    /// Output directory [default: model/ in the workspace; adapter/ with --adapter-only].
     #[arg(short, long, value_name = "DIR")]
     pub output: Option<PathBuf>,
 

@@ -680,6 +680,19 @@ impl Resolved {
                 format!("{} is not a non-negative number", t.lora_alpha),
             ));
         }
+        if t.lora_rank == 0 {
+            // Adapter settings without adapters would silently train everything.
+            for key in ["train.lora_alpha", "train.lora_targets", "train.lora_full"] {
+                if !matches!(self.sources.get(key), None | Some(Source::Default)) {
+                    return Err(bad(
+                        key,
+                        "applies to low-rank adapters only, and train.lora_rank is 0 (a full \
+                         fine-tune): set train.lora_rank (--lora-rank) too"
+                            .into(),
+                    ));
+                }
+            }
+        }
         if t.lora_rank > 0 {
             if t.lora_targets.is_empty() {
                 return Err(bad(

@@ -126,6 +126,11 @@ impl Workspace {
         self.root.join("model")
     }
 
+    /// `adapter/`: the adapters of a LoRA run exported alone (`export --adapter-only`).
+    pub fn adapter_dir(&self) -> PathBuf {
+        self.root.join("adapter")
+    }
+
     /// `serve/voices/`: the voices registered through `voiceclone serve`.
     pub fn serve_voices_dir(&self) -> PathBuf {
         self.root.join("serve").join("voices")

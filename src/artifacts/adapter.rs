@@ -14,11 +14,8 @@ use serde::Deserialize;
 pub const CONFIG: &str = "adapter_config.json";
 /// PEFT's weights file.
 pub const WEIGHTS: &str = "adapter_model.safetensors";
-/// The speakers' x-vectors: [`SPEAKER_TABLE`] `(S, H)` f32, their names (JSON list) in the
-/// metadata key `speakers`.
+/// The speakers' x-vectors, a speaker table file ([`super::speaker::read_table`]).
 pub const SPEAKERS: &str = "speakers.safetensors";
-/// The tensor of [`SPEAKERS`] (the layout of a checkpoint's speaker table).
-pub const SPEAKER_TABLE: &str = "speaker_embeddings";
 /// What PEFT prefixes the names of the model it wraps with.
 pub const PEFT_PREFIX: &str = "base_model.model.";
 
@@ -63,6 +60,14 @@ struct PeftConfig {
     use_dora: bool,
     #[serde(default)]
     use_rslora: bool,
+    #[serde(default)]
+    fan_in_fan_out: bool,
+    #[serde(default)]
+    bias: Option<String>,
+    #[serde(default)]
+    rank_pattern: serde_json::Map<String, serde_json::Value>,
+    #[serde(default)]
+    alpha_pattern: serde_json::Map<String, serde_json::Value>,
 }
 
 impl AdapterDir {
@@ -79,10 +84,21 @@ impl AdapterDir {
         let cfg: PeftConfig = serde_json::from_str(&text).with_context(|| {
             format!("{} is not a PEFT adapter configuration", cfg_path.display())
         })?;
-        if cfg.peft_type != "LORA" || cfg.use_dora || cfg.use_rslora || cfg.r == 0 {
+        let plain = cfg.peft_type == "LORA"
+            && cfg.r > 0
+            && cfg.lora_alpha >= 0.0
+            && cfg.lora_alpha.is_finite()
+            && !cfg.use_dora
+            && !cfg.use_rslora
+            && !cfg.fan_in_fan_out
+            && cfg.bias.as_deref().is_none_or(|b| b == "none")
+            && cfg.rank_pattern.is_empty()
+            && cfg.alpha_pattern.is_empty();
+        if !plain {
             bail!(
-                "{}: only plain LoRA adapters are supported (peft_type LORA, r > 0, no DoRA or \
-                 rsLoRA)",
+                "{}: only plain LoRA adapters are supported (peft_type LORA, r > 0, lora_alpha \
+                 ≥ 0, bias \"none\", no DoRA, rsLoRA, fan_in_fan_out or per-module rank and \
+                 alpha patterns)",
                 cfg_path.display()
             );
         }
@@ -147,7 +163,7 @@ impl AdapterDir {
             }
             factors.insert(weight, Factors { a, b });
         }
-        let speakers = read_speakers(&dir.join(SPEAKERS))?;
+        let speakers = super::speaker::read_table(&dir.join(SPEAKERS))?;
         let base_model = cfg.base_model_name_or_path.unwrap_or_default();
         Ok(Self {
             dir: dir.to_path_buf(),
@@ -168,61 +184,11 @@ impl AdapterDir {
 
 /// Writes `speakers` (name, x-vector) to `path` in the layout of [`SPEAKERS`].
 pub fn write_speakers(speakers: &[(String, Vec<f32>)], path: &Path) -> Result<()> {
-    let Some((_, first)) = speakers.first() else {
-        bail!("an adapter export needs at least one speaker");
-    };
-    let data: Vec<u8> = speakers
+    let rows: Vec<(&str, &[f32])> = speakers
         .iter()
-        .flat_map(|(_, x)| x.iter().flat_map(|v| v.to_le_bytes()))
+        .map(|(n, x)| (n.as_str(), x.as_slice()))
         .collect();
-    let view = safetensors::tensor::TensorView::new(
-        safetensors::Dtype::F32,
-        vec![speakers.len(), first.len()],
-        &data,
-    )
-    .map_err(|e| anyhow::anyhow!("cannot build the speaker table: {e}"))?;
-    let names: Vec<&str> = speakers.iter().map(|(n, _)| n.as_str()).collect();
-    let meta =
-        std::collections::HashMap::from([("speakers".to_string(), serde_json::to_string(&names)?)]);
-    let bytes = safetensors::serialize([(SPEAKER_TABLE, view)], Some(meta))
-        .map_err(|e| anyhow::anyhow!("cannot serialise the speaker table: {e}"))?;
+    let bytes = super::speaker::table_bytes(&rows)?;
     crate::fsutil::write_atomic(path, &bytes)
         .with_context(|| format!("cannot write {}", path.display()))
-}
-
-fn read_speakers(path: &Path) -> Result<Vec<(String, Vec<f32>)>> {
-    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes)
-        .with_context(|| format!("{} is not a safetensors file", path.display()))?;
-    let names: Vec<String> = meta
-        .metadata()
-        .as_ref()
-        .and_then(|m| m.get("speakers"))
-        .and_then(|j| serde_json::from_str(j).ok())
-        .with_context(|| format!("{} has no speaker names", path.display()))?;
-    let st = safetensors::SafeTensors::deserialize(&bytes)
-        .with_context(|| format!("{} is not a safetensors file", path.display()))?;
-    let t = st
-        .tensor(SPEAKER_TABLE)
-        .map_err(|_| anyhow::anyhow!("{} has no tensor {SPEAKER_TABLE}", path.display()))?;
-    if t.dtype() != safetensors::Dtype::F32 || t.shape().len() != 2 || t.shape()[0] != names.len() {
-        bail!(
-            "{}: {SPEAKER_TABLE} is {:?} {:?}, expected f32 ({}, H)",
-            path.display(),
-            t.dtype(),
-            t.shape(),
-            names.len()
-        );
-    }
-    let h = t.shape()[1].max(1);
-    let values: Vec<f32> = t
-        .data()
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect();
-    Ok(names
-        .into_iter()
-        .zip(values.chunks(h))
-        .map(|(n, x)| (n, x.to_vec()))
-        .collect())
 }

@@ -62,7 +62,13 @@ pub fn run(ws: &Workspace, config: &Config, args: &ExportArgs) -> Result<()> {
         .output
         .as_ref()
         .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.clone()))
-        .unwrap_or_else(|| ws.model_dir());
+        .unwrap_or_else(|| {
+            if args.adapter_only {
+                ws.adapter_dir()
+            } else {
+                ws.model_dir()
+            }
+        });
     if output.starts_with(&dir) {
         bail!("the output must not be inside the checkpoint");
     }

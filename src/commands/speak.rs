@@ -27,13 +27,21 @@ pub fn run(ws: &Workspace, config: &Config, args: &SpeakArgs) -> Result<()> {
     let adapter = args.adapter.as_deref().map(AdapterDir::read).transpose()?;
     let source = match &adapter {
         // The base model the adapter was trained on, unless --model names another.
-        Some(a) if s.model.is_empty() => ws.model_source(&a.base_model).with_context(|| {
-            format!(
-                "the adapter {} was trained on {}, which cannot be found; pass it with --model",
-                a.dir.display(),
-                a.base_model
-            )
-        })?,
+        Some(a) if args.model.is_none() => {
+            if a.base_model.is_empty() {
+                bail!(
+                    "the adapter {} does not say which base model it goes on; pass it with --model",
+                    a.dir.display()
+                );
+            }
+            ws.model_source(&a.base_model).with_context(|| {
+                format!(
+                    "the adapter {} was trained on {}, which cannot be found; pass it with --model",
+                    a.dir.display(),
+                    a.base_model
+                )
+            })?
+        }
         _ => speak_model(ws, config)?,
     };
     if adapter.is_none() {
@@ -43,6 +51,7 @@ pub fn run(ws: &Workspace, config: &Config, args: &SpeakArgs) -> Result<()> {
     let mut files = ModelFiles::resolve(&source)
         .with_context(|| format!("cannot load the model {}", source.describe()))?;
     if let Some(a) = &adapter {
+        check_adapter_base(a, &files)?;
         files = files.with_adapter(a)?;
     }
     let (device, precision, why) = compute_device(s.precision, &files)?;
@@ -164,10 +173,39 @@ pub(crate) fn speak_model(ws: &Workspace, config: &Config) -> Result<ModelSource
     for note in crate::train::export::recover(&exported)? {
         eprintln!("note: {note}");
     }
+    if crate::train::export::export_kind(&exported).as_deref() == Some("adapter") {
+        bail!(
+            "{} holds adapters exported alone, not a model: speak with `--adapter {}`",
+            ws.relative(&exported),
+            ws.relative(&exported)
+        );
+    }
     if exported.join("config.json").is_file() {
         return Ok(ModelSource::Local(exported));
     }
     ws.model_source(&config.model.base)
+}
+
+/// Refuses an adapter on another base model than the one it was trained on (the export's
+/// marker records the base's identity, docs/training.md §7.3).
+fn check_adapter_base(adapter: &AdapterDir, files: &ModelFiles) -> Result<()> {
+    let Some(want) = crate::train::export::base_identity(&adapter.dir) else {
+        return Ok(());
+    };
+    let have = crate::train::checkpoint::ModelIdentity::compute(
+        &want.base,
+        &files.config_path,
+        &files.checkpoint.shards,
+    )?;
+    if have != want {
+        bail!(
+            "the adapter {} was trained on another base model ({}) than {}",
+            adapter.dir.display(),
+            want.base,
+            files.source.describe()
+        );
+    }
+    Ok(())
 }
 
 /// A CUDA device when built with `cuda` and one is present, else the CPU, and the precision

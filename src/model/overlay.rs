@@ -3,8 +3,9 @@
 //! `W + α/r·B·A` in f32, the modules saved whole replaced, each speaker's x-vector in its
 //! codec-embedding row — and the CustomVoice `config.json` entries of the speakers. The
 //! inference loaders read a tensor through [`WeightOverlay::apply`] and then keep it in the
-//! dtype the checkpoint stores it in, so that speaking with the adapter beside its base model is
-//! speaking with the merged export, at the same speed.
+//! dtype the checkpoint stores it in: on a bf16-stored base (what the export stores, and what
+//! the released models store) speaking with the adapter beside its base model is speaking with
+//! the merged export, bit for bit and at the same speed.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

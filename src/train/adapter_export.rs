@@ -11,7 +11,8 @@
 //! speakers.safetensors       the speakers' x-vectors (S, H) f32, their names in the metadata
 //! voiceclone-export.json     the marker of every export, with "kind": "adapter"
 //! ```
-//! `--lora-scale S` is written into `B` (`S·B`), which PEFT then applies at its own scale α/r.
+//! `--lora-scale S` is written into α (`lora_alpha = S·α`): PEFT then applies the adapters at
+//! `S·α/r`, the merged export's scale computed the same way, so both give the same bits.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -27,11 +28,16 @@ use super::stwrite::{self, Entry};
 use crate::artifacts::adapter::{write_speakers, CONFIG, PEFT_PREFIX, SPEAKERS, WEIGHTS};
 use crate::model::weights::Weights;
 
+/// Whether tensor `name` is a parameter of `module` (`{module}.…`).
+pub fn in_module(name: &str, module: &str) -> bool {
+    name.strip_prefix(module)
+        .is_some_and(|r| r.starts_with('.'))
+}
+
 /// Writes the adapter directory's files into `dir` from a LoRA checkpoint's `trained` masters
 /// and `lora` identity, the base model's tensors of the modules to save (`base(modules)`, f32,
 /// for their untrained parameters), and the exported `speakers` (name, x-vector). Returns
 /// (tensors written, trained tensors).
-#[allow(clippy::too_many_arguments)]
 pub fn write(
     lora: &LoraIdentity,
     trained: &BTreeMap<String, Tensor>,
@@ -60,19 +66,11 @@ pub fn write(
     let base_weights = base(&full_modules.iter().cloned().collect::<Vec<_>>())?;
     let mut tensors: BTreeMap<String, Tensor> = BTreeMap::new();
     for (name, t) in trained {
-        let t = if name.ends_with(".lora_B.weight") && lora_scale != 1.0 {
-            (t.to_dtype(DType::F32)? * lora_scale)?
-        } else {
-            t.to_dtype(DType::F32)?
-        };
-        tensors.insert(format!("{PEFT_PREFIX}{name}"), t);
+        tensors.insert(format!("{PEFT_PREFIX}{name}"), t.to_dtype(DType::F32)?);
     }
     for name in base_weights.names_with_prefix("") {
-        let in_module = full_modules.iter().any(|m| {
-            name.strip_prefix(m.as_str())
-                .is_some_and(|r| r.starts_with('.'))
-        });
-        if in_module && !trained.contains_key(&name) {
+        let saved = full_modules.iter().any(|m| in_module(&name, m));
+        if saved && !trained.contains_key(&name) {
             tensors.insert(
                 format!("{PEFT_PREFIX}{name}"),
                 base_weights.get_any(&name)?.to_dtype(DType::F32)?,
@@ -103,7 +101,7 @@ pub fn write(
         "revision": null,
         "inference_mode": true,
         "r": lora.rank,
-        "lora_alpha": lora.alpha,
+        "lora_alpha": lora_scale * lora.alpha,
         "lora_dropout": 0.0,
         "bias": "none",
         "fan_in_fan_out": false,

@@ -46,14 +46,11 @@ pub fn speaker_file(dir: &Path) -> PathBuf {
     dir.join("speaker.safetensors")
 }
 
-/// The x-vectors of a checkpoint of named speakers (docs/training.md §7.1): tensor
-/// [`SPEAKER_TABLE`] `(S, H)` f32, the names (JSON list) in the metadata key `speakers`.
+/// The x-vectors of a checkpoint of named speakers (docs/training.md §7.1): a speaker table
+/// file ([`crate::artifacts::speaker::read_table`]).
 pub fn speakers_file(dir: &Path) -> PathBuf {
     dir.join("speakers.safetensors")
 }
-
-/// The tensor of [`speakers_file`].
-pub const SPEAKER_TABLE: &str = "speaker_embeddings";
 
 pub fn step_dir_name(step: usize) -> String {
     format!("step-{step:07}")
@@ -146,17 +143,13 @@ impl SpeakerSnapshot {
                 bytes: crate::artifacts::speaker::to_bytes(&values, None)?,
             });
         }
-        let data: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let shape = vec![speakers.len(), values.len() / speakers.len()];
-        let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape, &data)
-            .map_err(|e| anyhow::anyhow!("cannot build the speaker table: {e}"))?;
-        let names: Vec<&str> = speakers.iter().map(|s| s.name.as_str()).collect();
-        let meta = std::collections::HashMap::from([(
-            "speakers".to_string(),
-            serde_json::to_string(&names)?,
-        )]);
-        let bytes = safetensors::serialize([(SPEAKER_TABLE, view)], Some(meta))
-            .map_err(|e| anyhow::anyhow!("cannot serialise the speaker table: {e}"))?;
+        let width = values.len() / speakers.len();
+        let rows: Vec<(&str, &[f32])> = speakers
+            .iter()
+            .zip(values.chunks(width.max(1)))
+            .map(|(s, x)| (s.name.as_str(), x))
+            .collect();
+        let bytes = crate::artifacts::speaker::table_bytes(&rows)?;
         Ok(Self { named: true, bytes })
     }
 
@@ -181,47 +174,16 @@ pub fn read_speakers(dir: &Path, index: &Index) -> Result<Vec<(Option<String>, V
         )]);
     }
     let path = speakers_file(dir);
-    let bytes = fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
-    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes)
-        .with_context(|| format!("{} is not a safetensors file", path.display()))?;
-    let st = safetensors::SafeTensors::deserialize(&bytes)
-        .with_context(|| format!("{} is not a safetensors file", path.display()))?;
-    let names: Vec<String> = meta
-        .metadata()
-        .as_ref()
-        .and_then(|m| m.get("speakers"))
-        .and_then(|j| serde_json::from_str(j).ok())
-        .with_context(|| format!("{} has no speaker names", path.display()))?;
+    let table = crate::artifacts::speaker::read_table(&path)?;
+    let names: Vec<&String> = table.iter().map(|(n, _)| n).collect();
     let want: Vec<&String> = index.identity.speakers.iter().map(|s| &s.name).collect();
-    if names.iter().collect::<Vec<_>>() != want {
+    if names != want {
         bail!(
             "{} holds the speakers {names:?}, its index.json {want:?}",
             path.display()
         );
     }
-    let t = st
-        .tensor(SPEAKER_TABLE)
-        .map_err(|_| anyhow::anyhow!("{} has no tensor {SPEAKER_TABLE}", path.display()))?;
-    if t.dtype() != safetensors::Dtype::F32 || t.shape().len() != 2 || t.shape()[0] != names.len() {
-        bail!(
-            "{}: {SPEAKER_TABLE} is {:?} {:?}, expected f32 ({}, H)",
-            path.display(),
-            t.dtype(),
-            t.shape(),
-            names.len()
-        );
-    }
-    let values: Vec<f32> = t
-        .data()
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect();
-    let h = t.shape()[1];
-    Ok(names
-        .into_iter()
-        .zip(values.chunks(h.max(1)))
-        .map(|(n, x)| (Some(n), x.to_vec()))
-        .collect())
+    Ok(table.into_iter().map(|(n, x)| (Some(n), x)).collect())
 }
 
 impl Identity {

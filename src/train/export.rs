@@ -27,6 +27,7 @@ use serde_json::{json, Value};
 
 use super::adapter_export;
 use super::checkpoint::{self, ModelIdentity};
+use super::lora::LoraIdentity;
 use super::stwrite::{self, Entry};
 use crate::hub::ModelSource;
 use crate::model::files::{self as mf, ModelFiles};
@@ -166,6 +167,7 @@ pub fn recover(output: &Path) -> Result<Vec<String>> {
 }
 
 pub fn is_current(output: &Path, checkpoint: &Path, speaker_name: &str) -> bool {
+    // What the end of training exports: a merged model at the trained strength.
     let Ok(text) = fs::read_to_string(output.join(MARKER)) else {
         return false;
     };
@@ -183,6 +185,8 @@ pub fn is_current(output: &Path, checkpoint: &Path, speaker_name: &str) -> bool 
     marker["checkpoint"].as_str() == Some(&checkpoint.display().to_string())
         && marker["step"].as_u64() == Some(index.step as u64)
         && speakers_match
+        && marker["kind"].as_str().unwrap_or("model") == "model"
+        && marker["lora"]["scale"].as_f64().unwrap_or(1.0) == 1.0
         && output.join(mf::SINGLE_FILE).is_file()
 }
 
@@ -196,8 +200,33 @@ fn named_rows(speakers: &[checkpoint::SpeakerId]) -> impl Iterator<Item = (Strin
     })
 }
 
-/// Why an existing `output` may or may not be replaced.
-fn check_output(output: &Path) -> Result<bool> {
+/// The identity of the base model an export was made from, as its marker records it.
+pub fn base_identity(dir: &Path) -> Option<ModelIdentity> {
+    let text = fs::read_to_string(dir.join(MARKER)).ok()?;
+    let marker: Value = serde_json::from_str(&text).ok()?;
+    serde_json::from_value(marker.get("base_identity")?.clone()).ok()
+}
+
+/// What a directory holds, by its marker: `"model"` (a merged or full fine-tune export, also
+/// every marker written before adapters existed) or `"adapter"`; `None` without a marker.
+pub fn export_kind(dir: &Path) -> Option<String> {
+    let text = fs::read_to_string(dir.join(MARKER)).ok()?;
+    let marker: Value = serde_json::from_str(&text).ok()?;
+    Some(marker["kind"].as_str().unwrap_or("model").to_string())
+}
+
+/// Why an existing `output` may or may not be replaced by an export of `kind`: an export of
+/// another kind is refused (an adapter must not replace a merged model, nor the reverse).
+fn check_output(output: &Path, kind: &str) -> Result<bool> {
+    if let Some(found) = export_kind(output) {
+        if found != kind {
+            bail!(
+                "{} holds an exported {found}; refusing to replace it with an exported {kind}. \
+                 Choose another output (-o) or move it away",
+                output.display()
+            );
+        }
+    }
     if !output.exists() {
         return Ok(false);
     }
@@ -266,7 +295,12 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
     };
     crate::artifacts::speaker::check_unique(rows.iter().map(|(n, _)| n.as_str()))?;
     let recovered = recover(&opts.output)?;
-    let replaced = check_output(&opts.output)?;
+    let kind = if opts.adapter_only {
+        "adapter"
+    } else {
+        "model"
+    };
+    let replaced = check_output(&opts.output, kind)?;
     let hidden = opts.files.config.talker_config.hidden_size;
     for ((name, _), (_, x)) in rows.iter().zip(&vectors) {
         if x.len() != hidden {
@@ -319,10 +353,7 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
                 let base = |modules: &[String]| {
                     opts.files
                         .load_weights(candle_core::DType::F32, &Device::Cpu, |n| {
-                            modules.iter().any(|m| {
-                                n.strip_prefix(m.as_str())
-                                    .is_some_and(|r| r.starts_with('.'))
-                            })
+                            modules.iter().any(|m| adapter_export::in_module(n, m))
                         })
                         .context("cannot read the base model")
                 };
@@ -370,6 +401,15 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
             })
         };
         marker["kind"] = json!(kind);
+        if let Some(lora) = &index.identity.lora {
+            marker["lora"] = json!({
+                "rank": lora.rank,
+                "alpha": lora.alpha,
+                "scale": opts.lora_scale,
+            });
+        }
+        // The base model the adapters go on (`speak --adapter` checks it).
+        marker["base_identity"] = serde_json::to_value(&identity)?;
         fs::write(
             tmp.join(MARKER),
             serde_json::to_string_pretty(&marker)? + "\n",
@@ -563,7 +603,12 @@ fn write_weights(
     let entries: Vec<Entry> = order.iter().map(|&i| entries[i].clone()).collect();
     let origin: Vec<usize> = order.iter().map(|&i| origin[i]).collect();
     if let Some(lora) = &index.identity.lora {
-        let scale = opts.lora_scale * lora.alpha / lora.rank as f64;
+        // S·α/r as the adapter-only export's α' = S·α gives it (α'/r), so both merge alike.
+        let scale = LoraIdentity {
+            rank: lora.rank,
+            alpha: opts.lora_scale * lora.alpha,
+        }
+        .scale();
         let base = |name: &str| -> Result<Tensor> {
             let i = entries
                 .iter()

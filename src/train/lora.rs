@@ -1,7 +1,7 @@
 //! Low-rank adaptation (docs/training.md §13): which talker matrices carry adapters, the
 //! adapters' names, shapes and first values (as PEFT's `LoraConfig` makes them), and what a run
 //! with adapters trains: both factors of every adapter and the tensors of `train.lora_full`.
-//! Everything else stays frozen in its stored dtype.
+//! Everything else stays frozen in the backend's storage dtype (docs/training.md §5.5).
 
 use std::collections::BTreeMap;
 
@@ -71,6 +71,13 @@ pub struct LoraIdentity {
 
 // `train.lora_alpha` is validated finite, so equality is an equivalence.
 impl Eq for LoraIdentity {}
+
+impl LoraIdentity {
+    /// `α / r`.
+    pub fn scale(&self) -> f64 {
+        self.alpha / self.rank as f64
+    }
+}
 
 /// The adapters of a run.
 #[derive(Debug, Clone)]
@@ -169,7 +176,7 @@ impl Lora {
 
     /// `α / r`.
     pub fn scale(&self) -> f64 {
-        self.alpha / self.rank as f64
+        self.identity().scale()
     }
 
     /// What the model is built with.

@@ -273,12 +273,15 @@ impl Trainer {
         let setup = RunSetup::new(&opts)?;
         let cfg = setup.cfg.clone();
         let place = backend.placement(&opts);
+        // The trained tensors in f32 (the masters), the frozen ones straight in the storage
+        // dtype: a LoRA run never holds its frozen base in f32 (docs/training.md §13).
+        let trained: std::collections::BTreeSet<&str> =
+            setup.trained.iter().map(String::as_str).collect();
         let weights = opts
             .files
-            .load_weights(DType::F32, &place.state_device(), |n| {
-                n.starts_with(params::TRAINABLE_PREFIX)
-            })
+            .load_weights(DType::F32, &place.state_device(), |n| trained.contains(n))
             .context("cannot load the base model")?;
+        let device = place.device.clone();
         let mut params = ParamStore::new(
             &weights,
             &setup.trained,
@@ -288,6 +291,14 @@ impl Trainer {
             setup.lora.as_ref(),
         )?;
         drop(weights);
+        let frozen = opts
+            .files
+            .load_weights(backend.storage_dtype(), &device, |n| {
+                n.starts_with(params::TRAINABLE_PREFIX) && !trained.contains(n)
+            })
+            .context("cannot load the base model")?;
+        params.add_frozen(&frozen)?;
+        drop(frozen);
         let arith = backend.arith_dtype(&opts.device);
         let talker =
             Talker::from_source(&ArithSource::new(&params, arith), &cfg, backend.numerics())?;

@@ -401,6 +401,18 @@ impl ParamStore {
         self.params.iter().map(Param::elem_count).sum()
     }
 
+    /// Adds every talker tensor of `frozen` (in the compute dtype, on the training device) to
+    /// the frozen set; a name already trained or frozen is an error.
+    pub fn add_frozen(&mut self, frozen: &Weights) -> Result<()> {
+        for name in frozen.names_with_prefix(TRAINABLE_PREFIX) {
+            if self.index.contains_key(&name) || self.frozen.contains_key(&name) {
+                bail!("{name} is already part of the model");
+            }
+            self.frozen.insert(name.clone(), frozen.get_any(&name)?);
+        }
+        Ok(())
+    }
+
     /// The frozen tensor `name`, as the model reads it.
     pub fn frozen_tensor(&self, name: &str) -> Option<&Tensor> {
         self.frozen.get(name)

@@ -36,6 +36,16 @@ impl fmt::Display for Unit {
     }
 }
 
+impl Unit {
+    /// Every unit of a talker with `layers` decoder layers, in forward order.
+    pub fn all(layers: usize) -> Vec<Unit> {
+        std::iter::once(Unit::Embeddings)
+            .chain((0..layers).map(Unit::Layer))
+            .chain([Unit::Head, Unit::CodePredictor])
+            .collect()
+    }
+}
+
 /// The unit of a talker tensor name.
 pub fn unit_of(name: &str) -> Result<Unit> {
     if name.starts_with("talker.code_predictor.model.codec_embedding.") {

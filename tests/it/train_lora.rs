@@ -67,9 +67,9 @@ fn masters(t: &Trainer) -> BTreeMap<String, Vec<f32>> {
         .collect()
 }
 
-/// Acceptance 1 and 2: with B = 0 the loss is the base model's to the bit; over 30 steps at
-/// lr 1e-3 the loss falls, every adapter factor and the fully trained head move, and no frozen
-/// tensor changes. Both fixture models, stored in bf16 and in f32, both backends.
+/// With B = 0 the loss is the base model's to the bit; over 30 steps at lr 1e-3 the loss falls,
+/// every adapter factor and the fully trained head move, and every frozen tensor is the base
+/// model's in the storage dtype. Both fixture models, stored in bf16 and in f32, both backends.
 #[test]
 fn a_fresh_adapter_is_the_base_model_and_only_adapters_train() {
     for model in ["tiny-0b6", "tiny-1b7"] {
@@ -107,10 +107,20 @@ fn a_fresh_adapter_is_the_base_model_and_only_adapters_train() {
                     "{tag}: trains {names:?}"
                 );
                 let frozen: Vec<String> = lora.params.frozen_names().map(String::from).collect();
+                let file = candle_core::safetensors::load(
+                    model_dir(dir).join("model.safetensors"),
+                    &candle_core::Device::Cpu,
+                )
+                .unwrap();
+                let storage = match backend {
+                    Backend::CpuKernels => DType::F32,
+                    _ => DType::BF16,
+                };
                 let frozen_before: Vec<Vec<f32>> = frozen
                     .iter()
-                    .map(|n| values(lora.params.frozen_tensor(n).unwrap()))
+                    .map(|n| values(&file[n].to_dtype(storage).unwrap()))
                     .collect();
+                assert!(!frozen.is_empty(), "{tag}: nothing frozen");
                 let start = masters(&lora);
                 let mut losses = Vec::new();
                 for _ in 0..30 {
@@ -152,10 +162,10 @@ fn rank_file(ws: &std::path::Path, step: usize, rank: usize) -> Vec<u8> {
     .unwrap()
 }
 
-/// Acceptance 3: a resumed run ends bit for bit where an uninterrupted one does, on one device
-/// and on two ranks; a two-rank checkpoint continues on one device as the two-rank run does;
-/// two ranks train as one device does; a checkpoint holds the adapters and the fully trained
-/// tensors only.
+/// A resumed run ends bit for bit where an uninterrupted one does, on one device and on two
+/// ranks; a two-rank checkpoint continues on one device as the two-rank run does; two ranks train
+/// as one device does, also with no tensor trained fully (the embedding and head units then
+/// train nothing); a checkpoint holds the adapters and the fully trained tensors only.
 #[test]
 fn adapters_resume_exactly_at_any_world_size() {
     for backend in ["kernels", "autograd"] {
@@ -211,11 +221,24 @@ fn adapters_resume_exactly_at_any_world_size() {
             4,
             SHARDED_TOLERANCE,
         );
+        let only = ["--lora-rank", "4", "--max-steps", "2", "--backend", backend];
+        let (a, b) = (workspace("tiny-0b6"), workspace("tiny-0b6"));
+        ok(&train(a.path(), &only));
+        let mut sharded = only.to_vec();
+        sharded.extend(["--cpu-ranks", "2"]);
+        ok(&train(b.path(), &sharded));
+        assert_same_run(
+            &format!("{backend} adapters only at N = 2"),
+            b.path(),
+            a.path(),
+            2,
+            SHARDED_TOLERANCE,
+        );
     }
 }
 
 /// A checkpoint with adapters is not continued with another rank, α, target set or as a full
-/// fine-tune, and says why.
+/// fine-tune, and says why; adapter settings without a rank are refused.
 #[test]
 fn a_checkpoint_refuses_another_adapter_configuration() {
     let ws = workspace("tiny-0b6");
@@ -252,6 +275,19 @@ fn a_checkpoint_refuses_another_adapter_configuration() {
         assert!(said.contains("cannot be continued"), "{flags:?}: {said}");
         assert!(said.contains(says), "{flags:?}: {said}");
     }
+    for flags in [
+        ["--lora-full", "talker.codec_head.weight"],
+        ["--lora-alpha", "16"],
+        ["--lora-target", "talker.model.layers.*_proj.weight"],
+    ] {
+        let o = train(ws.path(), &flags);
+        assert!(!o.status.success(), "{flags:?} ran");
+        assert!(
+            text(&o).contains("train.lora_rank is 0"),
+            "{flags:?}: {}",
+            text(&o)
+        );
+    }
 }
 
 /// Reads `name` of a safetensors file as f32 values.
@@ -271,7 +307,7 @@ fn tensor_values(path: &std::path::Path, name: &str) -> Vec<f32> {
     }
 }
 
-/// Acceptance 4 (our side): `export` merges every adapter as bf16(W + s·α/r·B·A), computed in
+/// `export` merges every adapter as bf16(W + s·α/r·B·A), computed in
 /// f32 from the base matrix and the checkpoint's factors; `--lora-scale 0` gives the base
 /// matrices back; untouched tensors are the base model's; a full fine-tune refuses a scale.
 #[test]
@@ -360,11 +396,11 @@ fn export_merges_the_adapters_at_the_scale_asked() {
     assert!(text(&o).contains("full fine-tune"), "{}", text(&o));
 }
 
-/// Acceptance 4 (our side of the PEFT format): `export --adapter-only` writes PEFT's
-/// `adapter_config.json` (rank, α, every adapted module by its full name, the modules of
-/// `lora_full` to save) and `adapter_model.safetensors` with PEFT's names — the factors as
-/// trained (`B` times `--lora-scale`) and every parameter of a module to save — beside the
-/// speakers' x-vectors; a full fine-tune has nothing to export alone.
+/// `export --adapter-only` writes PEFT's `adapter_config.json` (rank, α times `--lora-scale`,
+/// every adapted module by its full name, the modules of `lora_full` to save) and
+/// `adapter_model.safetensors` with PEFT's names — the factors as trained and every parameter of
+/// a module to save — beside the speakers' x-vectors, by default to `adapter/`; it never
+/// replaces a merged model (nor the reverse); a full fine-tune has nothing to export alone.
 #[test]
 fn the_adapter_only_export_is_peft_format() {
     let ws = workspace("tiny-0b6");
@@ -399,7 +435,7 @@ fn the_adapter_only_export_is_peft_format() {
         .unwrap();
         assert_eq!(cfg["peft_type"], "LORA");
         assert_eq!(cfg["r"], 4);
-        assert_eq!(cfg["lora_alpha"], 8.0);
+        assert_eq!(cfg["lora_alpha"], 8.0 * scale.parse::<f64>().unwrap());
         let targets = cfg["target_modules"].as_array().unwrap();
         assert_eq!(targets.len(), (2 + 2) * 7, "{targets:?}");
         assert!(targets.contains(&"talker.model.layers.1.mlp.down_proj".into()));
@@ -409,19 +445,13 @@ fn the_adapter_only_export_is_peft_format() {
         );
         let file = out.join("adapter_model.safetensors");
         let raw = read_raw(&file);
-        let s: f32 = scale.parse().unwrap();
         for (key, (shape, want)) in &state {
             let Some(name) = key.strip_prefix("master.") else {
                 continue;
             };
             let got = tensor_values(&file, &format!("base_model.model.{name}"));
-            let want: Vec<f32> = if name.ends_with(".lora_B.weight") {
-                want.iter().map(|v| v * s).collect()
-            } else {
-                want.clone()
-            };
             assert_eq!(got.len(), shape.iter().product::<usize>(), "{name}");
-            assert!(got == want, "{name}: the exported values differ");
+            assert!(&got == want, "{name}: the exported values differ");
         }
         // The module to save is whole: its untrained weight is the base model's.
         let w = "talker.text_projection.linear_fc1.weight";
@@ -438,6 +468,40 @@ fn the_adapter_only_export_is_peft_format() {
         .unwrap();
         assert_eq!(marker["kind"], "adapter");
     }
+    // The default place, and no kind replaces the other.
+    ok(&voiceclone(ws.path(), &["export", "--adapter-only"]));
+    assert!(ws.path().join("adapter/adapter_config.json").is_file());
+    ok(&voiceclone(ws.path(), &["export"]));
+    let (model, adapter) = (ws.path().join("model"), ws.path().join("adapter"));
+    let o = voiceclone(
+        ws.path(),
+        &["export", "--adapter-only", "-o", model.to_str().unwrap()],
+    );
+    assert!(!o.status.success());
+    assert!(text(&o).contains("holds an exported model"), "{}", text(&o));
+    assert!(ws.path().join("model/model.safetensors").is_file());
+    let o = voiceclone(ws.path(), &["export", "-o", adapter.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("holds an exported adapter"),
+        "{}",
+        text(&o)
+    );
+    // Adapters exported into model/ are not a model: `speak` says how to use them.
+    let lone = workspace("tiny-0b6");
+    ok(&train(
+        lone.path(),
+        &["--lora-rank", "2", "--max-steps", "1"],
+    ));
+    let into = lone.path().join("model");
+    ok(&voiceclone(
+        lone.path(),
+        &["export", "--adapter-only", "-o", into.to_str().unwrap()],
+    ));
+    let wav = lone.path().join("out.wav");
+    let o = voiceclone(lone.path(), &["speak", "Hi.", "-o", wav.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("--adapter"), "{}", text(&o));
     let full = workspace("tiny-0b6");
     ok(&train(full.path(), &["--max-steps", "1"]));
     let o = voiceclone(full.path(), &["export", "--adapter-only"]);
@@ -445,9 +509,9 @@ fn the_adapter_only_export_is_peft_format() {
     assert!(text(&o).contains("no adapters"), "{}", text(&o));
 }
 
-/// Acceptance 5 (`speak`): `speak --adapter DIR` puts the adapter on its base model as the
-/// merged export would be, so it speaks exactly as `speak` on the merged export of the same
-/// checkpoint: the same greedy codes and the same WAV bytes, in f32, bf16-weights and q8 on a
+/// `speak --adapter DIR` puts the adapter on its base model as the merged export would be, so it
+/// speaks exactly as `speak` on the merged export of the same checkpoint (also both exported at
+/// `--lora-scale 0.35`): the same greedy codes and the same WAV bytes, in f32, bf16-weights and q8 on a
 /// bf16-stored base, and in bf16-weights on an f32-stored one (the one precision in which the
 /// export's bf16 rounding is the loader's too: f32 and q8 read the f32 base's merged matrices
 /// unrounded, as they would read an f32 export).
@@ -471,19 +535,24 @@ fn speaking_with_an_adapter_is_speaking_with_the_merged_export() {
                 "3",
             ],
         ));
-        let (merged, adapter) = (ws.path().join("merged"), ws.path().join("adapter"));
-        ok(&voiceclone(
-            ws.path(),
-            &["export", "-o", merged.to_str().unwrap()],
-        ));
-        ok(&voiceclone(
-            ws.path(),
-            &["export", "--adapter-only", "-o", adapter.to_str().unwrap()],
-        ));
-        for p in precisions {
+        for (scale, p) in precisions
+            .iter()
+            .map(|p| ("1", *p))
+            .chain([("0.35", "bf16-weights")])
+        {
+            let merged = ws.path().join(format!("merged-{scale}"));
+            let adapter = ws.path().join(format!("adapter-{scale}"));
+            for (out, extra) in [(&merged, None), (&adapter, Some("--adapter-only"))] {
+                if !out.exists() {
+                    let mut args =
+                        vec!["export", "--lora-scale", scale, "-o", out.to_str().unwrap()];
+                    args.extend(extra);
+                    ok(&voiceclone(ws.path(), &args));
+                }
+            }
             let speak = |tag: &str, with: [&str; 2]| {
-                let wav = ws.path().join(format!("{tag}-{p}.wav"));
-                let codes = ws.path().join(format!("{tag}-{p}.json"));
+                let wav = ws.path().join(format!("{tag}-{p}-{scale}.wav"));
+                let codes = ws.path().join(format!("{tag}-{p}-{scale}.json"));
                 let mut args = vec!["speak", "Hello there, adapter."];
                 args.extend(with);
                 args.extend([
@@ -510,8 +579,8 @@ fn speaking_with_an_adapter_is_speaking_with_the_merged_export() {
             let m = speak("merged", ["--model", merged.to_str().unwrap()]);
             let a = speak("adapter", ["--adapter", adapter.to_str().unwrap()]);
             assert!(a.2.contains("with the adapter"), "{}", a.2);
-            assert!(m.0 == a.0, "{base} {p}: the codes differ");
-            assert!(m.1 == a.1, "{base} {p}: the audio differs");
+            assert!(m.0 == a.0, "{base} {p} scale {scale}: the codes differ");
+            assert!(m.1 == a.1, "{base} {p} scale {scale}: the audio differs");
         }
     }
 }

@@ -455,8 +455,10 @@ fn lora_matches_peft_on_the_official_modules() {
         names.sort();
         let want: Vec<String> = serde_json::from_value(l.json["trained"].clone()).unwrap();
         assert_eq!(names, want, "{tag}: the trained set");
+        let mut first_values = 0;
         for p in &tr.params.params {
             if let Some(init) = l.t.get(&format!("init.{}", p.name)) {
+                first_values += 1;
                 let (a, b): (Vec<f32>, Vec<f32>) = (
                     p.master()
                         .unwrap()
@@ -475,6 +477,8 @@ fn lora_matches_peft_on_the_official_modules() {
                 );
             }
         }
+        let targets = l.json["targets"].as_array().unwrap().len();
+        assert_eq!(first_values, targets, "{tag}: first values compared");
         let (loss, _) = tr.batch_loss(&[0, 1]).unwrap();
         for (key, t) in [
             ("loss", &loss.total),

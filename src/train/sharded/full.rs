@@ -206,7 +206,9 @@ impl ShardedTrainer {
             self.reduce(u, acc, &mut grads)?;
         }
         let mut text_grad: Option<Tensor> = None;
-        {
+        // Nothing to learn below the layers when the embedding unit trains nothing and the text
+        // table is frozen (a LoRA run, docs/training.md §13).
+        if !self.units[emb_u].members.is_empty() || rows.is_some() {
             let (src, vars) = self.unit_weights(emb_u, true)?;
             let unit = EmbeddingUnit::load(&src, cfg, numerics)?;
             let mut acc = vec![None; vars.len()];

@@ -67,12 +67,8 @@ impl ShardedTrainer {
         )?;
         let frozen = load_frozen(&opts, &setup.trained, storage)?;
         let text = params.iter().position(|p| p.name == TEXT_EMBEDDING);
-        let all_units: Vec<Unit> = std::iter::once(Unit::Embeddings)
-            .chain((0..cfg.talker_config.num_hidden_layers).map(Unit::Layer))
-            .chain([Unit::Head, Unit::CodePredictor])
-            .collect();
         let units = group_units(
-            &all_units,
+            &Unit::all(cfg.talker_config.num_hidden_layers),
             params.iter().enumerate().map(|(i, p)| (i, p.unit)),
             text,
             &shapes,
@@ -113,7 +109,7 @@ impl ShardedTrainer {
             for (i, p) in params.iter_mut().enumerate() {
                 anyhow::ensure!(
                     reader.index.params.get(&p.name).map(|x| &x.shape) == Some(&shapes[i]),
-                    "checkpoint {}: {} has another shape than the base model's {:?}",
+                    "checkpoint {}: {} has another shape than this run's {:?}",
                     r.dir.display(),
                     p.name,
                     shapes[i]
