@@ -188,6 +188,73 @@ pub fn mean(vectors: &[Vec<f32>]) -> Result<Vec<f32>> {
     Ok(sum.into_iter().map(|s| (s / n) as f32).collect())
 }
 
+/// The tensor of a speaker table file: the x-vectors of named speakers `(S, H)` f32, their names
+/// (JSON list) in the metadata key `speakers` (a checkpoint's `speakers.safetensors`, an adapter
+/// directory's, docs/training.md §7.1).
+pub const TABLE: &str = "speaker_embeddings";
+
+/// The bytes of a speaker table file of `speakers` (name, x-vector; all of one length).
+pub fn table_bytes(speakers: &[(&str, &[f32])]) -> Result<Vec<u8>> {
+    let Some((_, first)) = speakers.first() else {
+        bail!("a speaker table needs at least one speaker");
+    };
+    if speakers.iter().any(|(_, x)| x.len() != first.len()) {
+        bail!("the x-vectors of a speaker table must have one length");
+    }
+    let data: Vec<u8> = speakers
+        .iter()
+        .flat_map(|(_, x)| x.iter().flat_map(|v| v.to_le_bytes()))
+        .collect();
+    let view = safetensors::tensor::TensorView::new(
+        safetensors::Dtype::F32,
+        vec![speakers.len(), first.len()],
+        &data,
+    )
+    .map_err(|e| anyhow::anyhow!("cannot build the speaker table: {e}"))?;
+    let names: Vec<&str> = speakers.iter().map(|(n, _)| *n).collect();
+    let meta = HashMap::from([("speakers".to_string(), serde_json::to_string(&names)?)]);
+    safetensors::serialize([(TABLE, view)], Some(meta))
+        .map_err(|e| anyhow::anyhow!("cannot serialise the speaker table: {e}"))
+}
+
+/// Reads a speaker table file: (name, x-vector) in table order.
+pub fn read_table(path: &Path) -> Result<Vec<(String, Vec<f32>)>> {
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes)
+        .with_context(|| format!("{} is not a safetensors file", path.display()))?;
+    let names: Vec<String> = meta
+        .metadata()
+        .as_ref()
+        .and_then(|m| m.get("speakers"))
+        .and_then(|j| serde_json::from_str(j).ok())
+        .with_context(|| format!("{} has no speaker names", path.display()))?;
+    let st = safetensors::SafeTensors::deserialize(&bytes)
+        .with_context(|| format!("{} is not a safetensors file", path.display()))?;
+    let t = st
+        .tensor(TABLE)
+        .map_err(|_| anyhow::anyhow!("{} has no tensor {TABLE}", path.display()))?;
+    if t.dtype() != safetensors::Dtype::F32 || t.shape().len() != 2 || t.shape()[0] != names.len() {
+        bail!(
+            "{}: {TABLE} is {:?} {:?}, expected f32 ({}, H)",
+            path.display(),
+            t.dtype(),
+            t.shape(),
+            names.len()
+        );
+    }
+    let h = t.shape()[1].max(1);
+    let values: Vec<f32> = t
+        .data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    Ok(names
+        .into_iter()
+        .zip(values.chunks(h))
+        .map(|(n, x)| (n, x.to_vec()))
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -261,71 +328,4 @@ mod tests {
             .to_string();
         assert!(e.contains("no x-vector for speaker \"cy\""), "{e}");
     }
-}
-
-/// The tensor of a speaker table file: the x-vectors of named speakers `(S, H)` f32, their names
-/// (JSON list) in the metadata key `speakers` (a checkpoint's `speakers.safetensors`, an adapter
-/// directory's, docs/training.md §7.1).
-pub const TABLE: &str = "speaker_embeddings";
-
-/// The bytes of a speaker table file of `speakers` (name, x-vector; all of one length).
-pub fn table_bytes(speakers: &[(&str, &[f32])]) -> Result<Vec<u8>> {
-    let Some((_, first)) = speakers.first() else {
-        bail!("a speaker table needs at least one speaker");
-    };
-    if speakers.iter().any(|(_, x)| x.len() != first.len()) {
-        bail!("the x-vectors of a speaker table must have one length");
-    }
-    let data: Vec<u8> = speakers
-        .iter()
-        .flat_map(|(_, x)| x.iter().flat_map(|v| v.to_le_bytes()))
-        .collect();
-    let view = safetensors::tensor::TensorView::new(
-        safetensors::Dtype::F32,
-        vec![speakers.len(), first.len()],
-        &data,
-    )
-    .map_err(|e| anyhow::anyhow!("cannot build the speaker table: {e}"))?;
-    let names: Vec<&str> = speakers.iter().map(|(n, _)| *n).collect();
-    let meta = HashMap::from([("speakers".to_string(), serde_json::to_string(&names)?)]);
-    safetensors::serialize([(TABLE, view)], Some(meta))
-        .map_err(|e| anyhow::anyhow!("cannot serialise the speaker table: {e}"))
-}
-
-/// Reads a speaker table file: (name, x-vector) in table order.
-pub fn read_table(path: &Path) -> Result<Vec<(String, Vec<f32>)>> {
-    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes)
-        .with_context(|| format!("{} is not a safetensors file", path.display()))?;
-    let names: Vec<String> = meta
-        .metadata()
-        .as_ref()
-        .and_then(|m| m.get("speakers"))
-        .and_then(|j| serde_json::from_str(j).ok())
-        .with_context(|| format!("{} has no speaker names", path.display()))?;
-    let st = safetensors::SafeTensors::deserialize(&bytes)
-        .with_context(|| format!("{} is not a safetensors file", path.display()))?;
-    let t = st
-        .tensor(TABLE)
-        .map_err(|_| anyhow::anyhow!("{} has no tensor {TABLE}", path.display()))?;
-    if t.dtype() != safetensors::Dtype::F32 || t.shape().len() != 2 || t.shape()[0] != names.len() {
-        bail!(
-            "{}: {TABLE} is {:?} {:?}, expected f32 ({}, H)",
-            path.display(),
-            t.dtype(),
-            t.shape(),
-            names.len()
-        );
-    }
-    let h = t.shape()[1].max(1);
-    let values: Vec<f32> = t
-        .data()
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect();
-    Ok(names
-        .into_iter()
-        .zip(values.chunks(h))
-        .map(|(n, x)| (n, x.to_vec()))
-        .collect())
 }
