@@ -7,7 +7,6 @@
 use std::collections::BTreeMap;
 
 use candle_core::{DType, Tensor};
-use voiceclone::train::optim::Schedule;
 use voiceclone::train::{Backend, Storage, Trainer};
 
 use crate::dist_support::{as_of, assert_same_run, ok, train, workspace, SHARDED_TOLERANCE};
@@ -15,38 +14,15 @@ use crate::train_support::*;
 
 const BACKENDS: [Backend; 2] = [Backend::CpuKernels, Backend::Autograd(Storage::Bf16)];
 
-/// A trainer on 6 synthetic utterances in batches of 3, at a constant `lr`.
+/// [`constant_lr_trainer`] at lr 1e-3, with adapters of rank `lora` (0: a full fine-tune) and
+/// the head trained fully beside them.
 fn trainer(model: &str, dir: &std::path::Path, backend: Backend, lora: usize) -> Trainer {
-    make_workspace(
-        dir,
-        model,
-        &synthetic_rows(6, 5),
-        &xvector(hidden(model), 3),
-        "",
-    );
-    let mut config = voiceclone::config::resolve_layers(vec![])
-        .unwrap()
-        .config
-        .train;
-    config.batch_size = 3;
-    config.grad_accum = 1;
-    config.shuffle = false;
-    config.epochs = 1000;
-    config.lr = 1e-3;
-    config.lora_rank = lora;
-    config.lora_full = if lora > 0 {
-        vec!["talker.codec_head.weight".into()]
-    } else {
-        Vec::new()
-    };
-    let opts = train_options(dir, model, config, backend);
-    let mut t = Trainer::new(opts, false).unwrap();
-    t.schedule = Schedule {
-        peak: 1e-3,
-        warmup: 0,
-        total: usize::MAX / 2,
-    };
-    t
+    constant_lr_trainer(model, dir, backend, 1e-3, |c| {
+        c.lora_rank = lora;
+        if lora > 0 {
+            c.lora_full = vec!["talker.codec_head.weight".into()];
+        }
+    })
 }
 
 fn values(t: &Tensor) -> Vec<f32> {

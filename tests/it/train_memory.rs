@@ -7,7 +7,6 @@
 
 use candle_core::{DType, Device, Tensor};
 use voiceclone::config::OptimizerState;
-use voiceclone::train::optim::Schedule;
 use voiceclone::train::{Backend, Storage, Trainer};
 
 use crate::train_support::*;
@@ -19,31 +18,7 @@ fn trainer(
     mode: OptimizerState,
     lr: f64,
 ) -> Trainer {
-    make_workspace(
-        dir,
-        model,
-        &synthetic_rows(6, 5),
-        &xvector(hidden(model), 3),
-        "",
-    );
-    let mut config = voiceclone::config::resolve_layers(vec![])
-        .unwrap()
-        .config
-        .train;
-    config.batch_size = 3;
-    config.grad_accum = 1;
-    config.shuffle = false;
-    config.epochs = 1000;
-    config.lr = lr;
-    config.optimizer_state = mode;
-    let opts = train_options(dir, model, config, backend);
-    let mut t = Trainer::new(opts, false).unwrap();
-    t.schedule = Schedule {
-        peak: lr,
-        warmup: 0,
-        total: usize::MAX / 2,
-    };
-    t
+    constant_lr_trainer(model, dir, backend, lr, |c| c.optimizer_state = mode)
 }
 
 /// Every trained tensor's master values, by name.

@@ -206,3 +206,40 @@ pub fn train_options(
         hooks: std::sync::Arc::new(voiceclone::train::hooks::NoHooks),
     }
 }
+
+/// A trainer on a fresh workspace in `dir` on fixture `model`: 6 synthetic utterances in
+/// unshuffled batches of 3, one micro-batch per step, at the constant learning rate `lr` (no
+/// warm-up or decay), with the configuration otherwise the defaults changed by `tweak`.
+pub fn constant_lr_trainer(
+    model: &str,
+    dir: &Path,
+    backend: voiceclone::train::Backend,
+    lr: f64,
+    tweak: impl FnOnce(&mut voiceclone::config::TrainConfig),
+) -> voiceclone::train::Trainer {
+    make_workspace(
+        dir,
+        model,
+        &synthetic_rows(6, 5),
+        &xvector(hidden(model), 3),
+        "",
+    );
+    let mut config = voiceclone::config::resolve_layers(vec![])
+        .unwrap()
+        .config
+        .train;
+    config.batch_size = 3;
+    config.grad_accum = 1;
+    config.shuffle = false;
+    config.epochs = 1000;
+    config.lr = lr;
+    tweak(&mut config);
+    let opts = train_options(dir, model, config, backend);
+    let mut t = voiceclone::train::Trainer::new(opts, false).unwrap();
+    t.schedule = voiceclone::train::optim::Schedule {
+        peak: lr,
+        warmup: 0,
+        total: usize::MAX / 2,
+    };
+    t
+}
