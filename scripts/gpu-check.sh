@@ -47,6 +47,30 @@ metric() { # metric WS STEP KEY
 rel() { python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); print(f'{abs(a-b)/abs(b):.2e}')" "$1" "$2"; }
 below() { python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) <= float(sys.argv[2]) else 1)" "$1" "$2"; }
 TRAIN=(train --batch-size 4 --grad-accum 2 --no-shuffle --no-export --backend autograd)
+planned() { # planned FLAGS...: the plan's device bytes (first mode) of a --gpus 1 run of $WORK/big
+  "$BIN" --workdir "$WORK/big" "${TRAIN[@]}" --gpus 1 --plan --json "$@" |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["modes"][0]["gpu_bytes"])'
+}
+peak_of() { # peak_of STEPS FLAGS...: STEPS steps of $WORK/big on --gpus 1 under nvidia-smi; prints
+  # the driver's peak device bytes of any process (0 if none was seen)
+  local steps=$1 smi
+  shift
+  rm -rf "$WORK/big/checkpoints"
+  nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits -lms 100 >"$WORK/mem.txt" &
+  smi=$!
+  "$BIN" --workdir "$WORK/big" "${TRAIN[@]}" --max-steps "$steps" --save-every 0 --gpus 1 \
+    --memory manual "$@" >/dev/null 2>&1 || true
+  kill "$smi" || true
+  python3 - "$WORK/mem.txt" <<'EOF2'
+import sys
+peak = 0
+for line in open(sys.argv[1]):
+    parts = [p.strip() for p in line.split(",")]
+    if len(parts) == 2 and parts[1].isdigit():
+        peak = max(peak, int(parts[1]) * 2**20)
+print(peak)
+EOF2
+}
 
 echo "== 1. forward/backward parity, GPU (bf16) against CPU (f32 arithmetic on bf16 storage)"
 for m in tiny-0b6 tiny-1b7; do
@@ -117,23 +141,12 @@ echo "== 7. the memory plan against the driver's peak, per mode (0.6B-shaped, tw
 for mode in "" "--optimizer-state int8" "--optimizer-state bf16-compensated" \
   "--offload optimizer" "--recompute layers" "--reduce-dtype bf16"; do
   # shellcheck disable=SC2086 # $mode is a list of flags
-  plan=$("$BIN" --workdir "$WORK/big" "${TRAIN[@]}" --gpus 1 --plan --json $mode |
-    python3 -c 'import json, sys; print(json.load(sys.stdin)["modes"][0]["gpu_bytes"])')
-  rm -rf "$WORK/big/checkpoints"
-  nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits -lms 100 >"$WORK/mem7.txt" &
-  SMI=$!
+  plan=$(planned $mode)
   # shellcheck disable=SC2086
-  "$BIN" --workdir "$WORK/big" "${TRAIN[@]}" --max-steps 2 --save-every 0 --gpus 1 --memory manual $mode \
-    >/dev/null 2>&1 || true
-  kill $SMI || true
-  python3 - "$WORK/mem7.txt" "$plan" "${mode:-fp32}" "$SUMMARY" <<'EOF2'
+  peak=$(peak_of 2 $mode)
+  python3 - "$plan" "$peak" "${mode:-fp32}" "$SUMMARY" <<'EOF2'
 import sys
-peak = 0
-for line in open(sys.argv[1]):
-    parts = [p.strip() for p in line.split(",")]
-    if len(parts) == 2 and parts[1].isdigit():
-        peak = max(peak, int(parts[1]) * 2**20)
-plan = int(sys.argv[2])
+plan, peak = int(sys.argv[1]), int(sys.argv[2])
 ratio = plan / peak if peak else float("nan")
 r = "PASS" if 0.9 <= ratio <= 1.1 else "FAIL"
 line = (f"CHECK 7 plan vs peak {sys.argv[3]}: {r} (plan {plan / 1e9:.2f} GB, driver peak "
@@ -152,22 +165,11 @@ lf=$(rel "$(metric "$WORK/lg" 3 loss)" "$(metric "$WORK/lc" 3 loss)")
 gf=$(rel "$(metric "$WORK/lg" 3 grad_norm)" "$(metric "$WORK/lc" 3 grad_norm)")
 if below "$lf" 3e-2 && below "$gf" 3e-2; then r=PASS; else r=FAIL; fi
 summary "CHECK 8 LoRA parity tiny-0b6, step 3: $r (loss rel $lf, grad norm rel $gf; limit 3e-2)"
-plan=$("$BIN" --workdir "$WORK/big" "${TRAIN[@]}" --gpus 1 --plan --json --lora-rank 16 |
-  python3 -c 'import json, sys; print(json.load(sys.stdin)["modes"][0]["gpu_bytes"])')
-rm -rf "$WORK/big/checkpoints"
-nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits -lms 100 >"$WORK/mem8.txt" &
-SMI=$!
-"$BIN" --workdir "$WORK/big" "${TRAIN[@]}" --max-steps 4 --save-every 0 --gpus 1 --memory manual \
-  --lora-rank 16 >/dev/null 2>&1 || true
-kill $SMI || true
-python3 - "$WORK/mem8.txt" "$plan" "$WORK/big/checkpoints/metrics.jsonl" "$SUMMARY" <<'EOF2'
+plan=$(planned --lora-rank 16)
+peak=$(peak_of 4 --lora-rank 16)
+python3 - "$plan" "$peak" "$WORK/big/checkpoints/metrics.jsonl" "$SUMMARY" <<'EOF2'
 import json, sys
-peak = 0
-for line in open(sys.argv[1]):
-    parts = [p.strip() for p in line.split(",")]
-    if len(parts) == 2 and parts[1].isdigit():
-        peak = max(peak, int(parts[1]) * 2**20)
-plan = int(sys.argv[2])
+plan, peak = int(sys.argv[1]), int(sys.argv[2])
 try:
     steps = [json.loads(l) for l in open(sys.argv[3])][1:]
     step = sum(s["seconds"] for s in steps) / len(steps)
