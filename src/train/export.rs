@@ -168,10 +168,7 @@ pub fn recover(output: &Path) -> Result<Vec<String>> {
 
 pub fn is_current(output: &Path, checkpoint: &Path, speaker_name: &str) -> bool {
     // What the end of training exports: a merged model at the trained strength.
-    let Ok(text) = fs::read_to_string(output.join(MARKER)) else {
-        return false;
-    };
-    let Ok(marker) = serde_json::from_str::<Value>(&text) else {
+    let Some(marker) = read_marker(output) else {
         return false;
     };
     let Ok(index) = checkpoint::read_index(checkpoint) else {
@@ -202,17 +199,23 @@ fn named_rows(speakers: &[checkpoint::SpeakerId]) -> impl Iterator<Item = (Strin
 
 /// The identity of the base model an export was made from, as its marker records it.
 pub fn base_identity(dir: &Path) -> Option<ModelIdentity> {
-    let text = fs::read_to_string(dir.join(MARKER)).ok()?;
-    let marker: Value = serde_json::from_str(&text).ok()?;
-    serde_json::from_value(marker.get("base_identity")?.clone()).ok()
+    serde_json::from_value(read_marker(dir)?.get("base_identity")?.clone()).ok()
+}
+
+/// The marker of the export in `dir`, if it has a readable one.
+fn read_marker(dir: &Path) -> Option<Value> {
+    serde_json::from_str(&fs::read_to_string(dir.join(MARKER)).ok()?).ok()
 }
 
 /// What a directory holds, by its marker: `"model"` (a merged or full fine-tune export, also
 /// every marker written before adapters existed) or `"adapter"`; `None` without a marker.
 pub fn export_kind(dir: &Path) -> Option<String> {
-    let text = fs::read_to_string(dir.join(MARKER)).ok()?;
-    let marker: Value = serde_json::from_str(&text).ok()?;
-    Some(marker["kind"].as_str().unwrap_or("model").to_string())
+    Some(
+        read_marker(dir)?["kind"]
+            .as_str()
+            .unwrap_or("model")
+            .to_string(),
+    )
 }
 
 /// Why an existing `output` may or may not be replaced by an export of `kind`: an export of
@@ -374,11 +377,6 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
                 write_config(&opts.files.config_path, &rows, &tmp.join(mf::CONFIG))?;
                 counts
             }
-        };
-        let kind = if opts.adapter_only {
-            "adapter"
-        } else {
-            "model"
         };
         let mut marker = if index.identity.speakers.is_empty() {
             json!({
