@@ -380,6 +380,13 @@ pub struct ServeArgs {
     /// Number format, as for speak [speak.precision].
     #[arg(long, value_name = "P")]
     pub precision: Option<String>,
+
+    /// An adapter directory (`voiceclone export --adapter-only`) served beside the model:
+    /// its speakers become voices, or NAME=DIR serves its one speaker as voice NAME;
+    /// repeatable, replaces the list [serve.adapters]. Without --model the base model is the
+    /// one the adapters were trained on.
+    #[arg(long = "adapter", value_name = "[NAME=]DIR")]
+    pub adapters: Vec<String>,
 }
 
 impl ServeArgs {
@@ -397,6 +404,23 @@ impl ServeArgs {
                 self.shutdown_seconds,
             )
             .set("speak.precision", "--precision", self.precision.clone())
+            .set(
+                "serve.adapters",
+                "--adapter",
+                (!self.adapters.is_empty()).then(|| {
+                    self.adapters
+                        .iter()
+                        .map(|e| {
+                            toml::Value::String(match crate::config::adapter_entry(e) {
+                                (Some(name), dir) => {
+                                    format!("{name}={}", absolutize_if_exists(dir))
+                                }
+                                (None, dir) => absolutize_if_exists(dir),
+                            })
+                        })
+                        .collect::<Vec<_>>()
+                }),
+            )
             .into()
     }
 }

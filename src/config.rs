@@ -317,6 +317,29 @@ pub struct ServeConfig {
     pub max_voice_seconds: f64,
     pub max_voices: usize,
     pub shutdown_seconds: f64,
+    /// Adapter directories (`voiceclone export --adapter-only`) served beside the model, each
+    /// `DIR` or `NAME=DIR` ([`adapter_entry`], docs/serving.md §9).
+    pub adapters: Vec<String>,
+}
+
+/// A `serve.adapters` entry: `NAME=DIR` (the adapter's one speaker served as voice NAME) or
+/// `DIR` (its speakers under their own names). An entry that is an existing path is a `DIR`
+/// even with an `=` in it.
+pub fn adapter_entry(entry: &str) -> (Option<&str>, &str) {
+    match entry.split_once('=') {
+        Some((name, dir)) if is_voice_name(name) && !std::path::Path::new(entry).exists() => {
+            (Some(name), dir)
+        }
+        _ => (None, entry),
+    }
+}
+
+/// A name a speech request can give as its `"voice"`: letters, digits, `-`, `_` and `.`.
+pub fn is_voice_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_alphanumeric() || matches!(c, '-' | '_' | '.'))
 }
 
 /// `speak.precision`: the number format of inference.
@@ -748,6 +771,16 @@ impl Resolved {
             return Err(bad(
                 "serve.shutdown_seconds",
                 format!("{} is not a non-negative number", s.shutdown_seconds),
+            ));
+        }
+        if let Some(e) = s
+            .adapters
+            .iter()
+            .find(|e| adapter_entry(e).1.trim().is_empty())
+        {
+            return Err(bad(
+                "serve.adapters",
+                format!("{e:?} names no adapter directory (DIR or NAME=DIR)"),
             ));
         }
         Ok(())

@@ -7,20 +7,34 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use candle_core::Device;
 
-use super::speak::{decode_options, resolve_voice, speak_model, VoiceSpec};
+use super::speak::{
+    adapter_base, check_adapter_base, decode_options, resolve_voice, speak_model, VoiceSpec,
+};
+use crate::artifacts::adapter::AdapterDir;
 use crate::config::{self, Config};
 use crate::generate::{Precision, Synthesizer};
 use crate::hub::ModelSource;
 use crate::model::files::ModelFiles;
-use crate::serve::{self, voices::Registry, ServeOptions, State};
+use crate::serve::{self, voices::Registry, AdapterVoice, ServeOptions, State};
 use crate::workspace::Workspace;
 
 pub fn run(ws: &Workspace, config: &Config) -> Result<()> {
     let s = &config.serve;
-    let source = if s.model.is_empty() {
-        speak_model(ws, config)?
-    } else {
-        ws.model_source(&s.model)?
+    let adapters = s
+        .adapters
+        .iter()
+        .map(|entry| {
+            let (name, dir) = config::adapter_entry(entry);
+            let a = AdapterDir::read(&ws.config_path(dir))
+                .with_context(|| format!("serve.adapters entry {entry:?}"))?;
+            Ok((name.map(String::from), a))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    // Without serve.model, adapters go on the base model they were trained on.
+    let source = match adapters.first() {
+        _ if !s.model.is_empty() => ws.model_source(&s.model)?,
+        Some((_, a)) => adapter_base(ws, a)?,
+        None => speak_model(ws, config)?,
     };
     let started = std::time::Instant::now();
     let files = ModelFiles::resolve(&source)
@@ -56,6 +70,7 @@ pub fn run(ws: &Workspace, config: &Config) -> Result<()> {
         started.elapsed().as_secs_f64(),
         synth.describe_backend()
     );
+    let adapter_voices = put_on_adapters(&mut synth, &adapters)?;
     let default_voice = match resolve_voice(ws, &mut synth, &VoiceSpec::default()) {
         Ok(v) => Some(v),
         Err(e) => {
@@ -70,6 +85,7 @@ pub fn run(ws: &Workspace, config: &Config) -> Result<()> {
         }
     };
     let speakers = synth.speakers();
+    refuse_duplicate_names(default_voice.is_some(), &speakers, &adapter_voices)?;
     let hidden = synth.config().talker_config.hidden_size;
     let model_id = match &synth.files.source {
         ModelSource::Local(p) => p
@@ -103,6 +119,7 @@ pub fn run(ws: &Workspace, config: &Config) -> Result<()> {
             v.push("default".to_string());
         }
         v.extend(speakers);
+        v.extend(adapter_voices.iter().map(|a| a.name.clone()));
         let n = voices.list().len();
         if n > 0 {
             v.push(format!("{n} registered"));
@@ -110,7 +127,7 @@ pub fn run(ws: &Workspace, config: &Config) -> Result<()> {
         v
     };
     let auth = opts.api_key.is_some();
-    let state = State::new(synth, opts, voices, default_voice)?;
+    let state = State::new(synth, opts, voices, default_voice, adapter_voices)?;
     serve::run(state, |addr| {
         println!(
             "voiceclone serve: listening on http://{addr} (voices: {}; {})",
@@ -127,4 +144,83 @@ pub fn run(ws: &Workspace, config: &Config) -> Result<()> {
         );
         let _ = std::io::stdout().flush();
     })
+}
+
+/// Keeps every adapter beside the loaded base model (docs/serving.md §9), after checking it was
+/// trained on this base, and returns their voices.
+fn put_on_adapters(
+    synth: &mut Synthesizer,
+    adapters: &[(Option<String>, AdapterDir)],
+) -> Result<Vec<AdapterVoice>> {
+    let mut out = Vec::new();
+    let held = |synth: &Synthesizer| synth.cpu_talker().map_or(0, |t| t.adapter_values());
+    for (name, a) in adapters {
+        check_adapter_base(a, &synth.files)?;
+        let before = held(synth);
+        let mut voices = synth.add_adapter(a)?;
+        if let Some(name) = name {
+            if voices.len() != 1 {
+                bail!(
+                    "serve.adapters: {name}={} names one voice, but the adapter holds {} \
+                     speakers ({}); give the directory alone to serve them under their names",
+                    a.dir.display(),
+                    voices.len(),
+                    voices
+                        .iter()
+                        .map(|(n, _)| n.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            }
+            voices[0].0 = name.clone();
+        }
+        let values = held(synth) - before;
+        eprintln!(
+            "adapter {} (rank {}, {} matrices, {:.1} MB beside the base): voice {}",
+            a.dir.display(),
+            a.rank,
+            a.factors.len(),
+            4.0 * values as f64 / 1e6,
+            voices
+                .iter()
+                .map(|(n, _)| n.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        out.extend(voices.into_iter().map(|(name, voice)| AdapterVoice {
+            name,
+            adapter: a.dir.display().to_string(),
+            voice,
+        }));
+    }
+    Ok(out)
+}
+
+/// Every voice a request can name must be one voice: the workspace's `default`, the model's
+/// speakers and the adapters' voices may not share a name (compared as requests are, ignoring
+/// case).
+fn refuse_duplicate_names(
+    default: bool,
+    speakers: &[String],
+    adapters: &[AdapterVoice],
+) -> Result<()> {
+    let mut seen: std::collections::BTreeMap<String, String> = Default::default();
+    if default {
+        seen.insert("default".into(), "the workspace's voice".into());
+    }
+    for s in speakers {
+        seen.insert(s.to_lowercase(), "a speaker of the model".into());
+    }
+    for a in adapters {
+        let what = format!("the adapter {}", a.adapter);
+        if let Some(other) = seen.insert(a.name.to_lowercase(), what.clone()) {
+            bail!(
+                "two voices are named {:?}: {other} and {what}; name one with \
+                 serve.adapters = [\"NAME=DIR\"] (--adapter NAME=DIR) or export it with \
+                 `voiceclone export --adapter-only --speaker-name NAME`",
+                a.name
+            );
+        }
+    }
+    Ok(())
 }

@@ -27,21 +27,7 @@ pub fn run(ws: &Workspace, config: &Config, args: &SpeakArgs) -> Result<()> {
     let adapter = args.adapter.as_deref().map(AdapterDir::read).transpose()?;
     let source = match &adapter {
         // The base model the adapter was trained on, unless --model names another.
-        Some(a) if args.model.is_none() => {
-            if a.base_model.is_empty() {
-                bail!(
-                    "the adapter {} does not say which base model it goes on; pass it with --model",
-                    a.dir.display()
-                );
-            }
-            ws.model_source(&a.base_model).with_context(|| {
-                format!(
-                    "the adapter {} was trained on {}, which cannot be found; pass it with --model",
-                    a.dir.display(),
-                    a.base_model
-                )
-            })?
-        }
+        Some(a) if args.model.is_none() => adapter_base(ws, a)?,
         _ => speak_model(ws, config)?,
     };
     if adapter.is_none() {
@@ -100,7 +86,7 @@ pub fn run(ws: &Workspace, config: &Config, args: &SpeakArgs) -> Result<()> {
             NonStreaming::False => false,
             // The official defaults: generate_custom_voice non-streaming,
             // generate_voice_clone streaming.
-            NonStreaming::Auto => matches!(voice, Voice::Speaker(_)),
+            NonStreaming::Auto => voice.custom_voice(),
         });
         requests.push(Request {
             text: job.text.clone(),
@@ -186,9 +172,26 @@ pub(crate) fn speak_model(ws: &Workspace, config: &Config) -> Result<ModelSource
     ws.model_source(&config.model.base)
 }
 
+/// The base model an adapter records it was trained on.
+pub(crate) fn adapter_base(ws: &Workspace, a: &AdapterDir) -> Result<ModelSource> {
+    if a.base_model.is_empty() {
+        bail!(
+            "the adapter {} does not say which base model it goes on; pass it with --model",
+            a.dir.display()
+        );
+    }
+    ws.model_source(&a.base_model).with_context(|| {
+        format!(
+            "the adapter {} was trained on {}, which cannot be found; pass it with --model",
+            a.dir.display(),
+            a.base_model
+        )
+    })
+}
+
 /// Refuses an adapter on another base model than the one it was trained on (the export's
 /// marker records the base's identity, docs/training.md §7.3).
-fn check_adapter_base(adapter: &AdapterDir, files: &ModelFiles) -> Result<()> {
+pub(crate) fn check_adapter_base(adapter: &AdapterDir, files: &ModelFiles) -> Result<()> {
     let Some(want) = crate::train::export::base_identity(&adapter.dir) else {
         return Ok(());
     };

@@ -32,6 +32,8 @@ pub struct Row {
     step: usize,
     opts: LoopOptions,
     rng: RowRng,
+    /// The adapter the row speaks with (docs/serving.md §9); `None`: the base model.
+    adapter: Option<infer::AdapterId>,
 }
 
 /// What one [`step`] did for a row.
@@ -46,13 +48,15 @@ pub enum Outcome {
 }
 
 impl Row {
-    /// Prefills `prompt` alone (as `talker_loop::generate` does for one row).
+    /// Prefills `prompt` alone (as `talker_loop::generate` does for one row), computing with
+    /// `adapter` (put on `talker` with `infer::Talker::add_adapter`) when one is given.
     pub fn start(
         talker: &infer::Talker,
         prompt: &TalkerPrompt,
         pad: &candle_core::Tensor,
         opts: LoopOptions,
         rng: RowRng,
+        adapter: Option<infer::AdapterId>,
     ) -> Result<Row> {
         ensure!(
             talker.code_predictor.num_code_groups() == 16,
@@ -66,6 +70,7 @@ impl Row {
             .flatten_all()?
             .to_vec1()?;
         let mut cache = talker.new_cache(l + opts.max_frames.min(4096) + 1);
+        cache.bind_adapters(&[adapter])?;
         let hidden = talker.forward(&x, 1, l, None, &mut cache)?;
         let trailing: Vec<f32> = prompt
             .trailing
@@ -86,6 +91,7 @@ impl Row {
             step: 0,
             opts,
             rng,
+            adapter,
         })
     }
 
@@ -162,6 +168,10 @@ impl Stepper {
                 rest = tail;
                 base = i + 1;
             }
+            // The code predictor's rows compute with their rows' adapters.
+            let adapters: Vec<_> = picked.iter().map(|r| r.adapter).collect();
+            self.cp_cache.reset();
+            self.cp_cache.bind_adapters(&adapters)?;
             let mut pick = |_j: usize, logits: Vec<Vec<f32>>| -> Result<Vec<u32>> {
                 Ok(logits
                     .into_iter()

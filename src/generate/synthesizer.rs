@@ -9,6 +9,7 @@ use super::prompt::{self, Embed, IclBranch, IclReference, PromptSpec, SpeakerSlo
 use super::sampling::{Code0Processors, RowRng, Sampling};
 use super::talker_loop::{self, Generated, LoopOptions};
 use super::text_split;
+use crate::artifacts::adapter::AdapterDir;
 use crate::artifacts::codes::{frames_from_rows, CodeFrame};
 use crate::hub::ModelSource;
 use crate::model::codec::Codec;
@@ -34,6 +35,22 @@ pub enum Voice {
     },
     /// A named speaker of a CustomVoice / fine-tuned model (`spk_id`).
     Speaker(String),
+    /// A speaker of a low-rank adapter kept beside the base model (docs/serving.md §9): its
+    /// x-vector rounded to bf16, as the merged export stores it in the speaker's codec row, and
+    /// the adapter its rows compute with ([`Synthesizer::add_adapter`]).
+    Adapter {
+        adapter: infer::AdapterId,
+        xvector: Vec<f32>,
+    },
+}
+
+impl Voice {
+    /// Whether the official default for this voice is `non_streaming_mode` (the
+    /// `generate_custom_voice` pipeline: named speakers, and adapter speakers, which are named
+    /// speakers of their merged export).
+    pub fn custom_voice(&self) -> bool {
+        matches!(self, Voice::Speaker(_) | Voice::Adapter { .. })
+    }
 }
 
 /// One utterance to synthesise.
@@ -110,6 +127,8 @@ pub struct RowPlan {
     pub ref_codes: Option<Vec<CodeFrame>>,
     /// Tokens of the text's assistant prompt (usage reporting).
     pub text_tokens: usize,
+    /// The adapter the row computes with ([`Voice::Adapter`]).
+    pub adapter: Option<infer::AdapterId>,
 }
 
 /// Number formats of inference (`speak.precision`, docs/performance.md §2).
@@ -356,6 +375,59 @@ impl Synthesizer {
         self.config().talker_config.spk_id.keys().cloned().collect()
     }
 
+    /// Keeps `adapter` beside the base model on the CPU inference path, factored
+    /// (docs/serving.md §9), and returns its speakers as voices, in row order. The base must be
+    /// the Base model the adapter was trained on (the caller checks its identity); adapters
+    /// that also replace whole modules (`train.lora_full`) would need a copy of each such module
+    /// per adapter and are refused.
+    pub fn add_adapter(&mut self, adapter: &AdapterDir) -> Result<Vec<(String, Voice)>> {
+        let what = format!("the adapter {}", adapter.dir.display());
+        ensure!(
+            self.config().tts_model_type == "base",
+            "{what} goes on a Base model, but {} is a {} model",
+            self.files.source.describe(),
+            self.config().tts_model_type
+        );
+        if !adapter.saved.is_empty() {
+            bail!(
+                "{what} also replaces whole modules ({}, train.lora_full): kept beside a shared                  base, only adapters of decoder-layer matrices are served; serve its merged                  export (`voiceclone export`) or speak with `voiceclone speak --adapter`",
+                adapter.saved.keys().cloned().collect::<Vec<_>>().join(", ")
+            );
+        }
+        let h = self.config().talker_config.hidden_size;
+        let Backend::Cpu(talker) = &mut self.backend else {
+            bail!(
+                "{what}: adapters kept beside the base model run on the CPU inference path                  (precision f32, bf16-weights or q8), not {}",
+                self.precision
+            );
+        };
+        let id = talker
+            .add_adapter(&adapter.factors, adapter.scale())
+            .with_context(|| what.clone())?;
+        adapter
+            .speakers
+            .iter()
+            .map(|(name, x)| {
+                ensure!(
+                    x.len() == h,
+                    "{what}: the x-vector of {name:?} has {} values, the model needs {h}",
+                    x.len()
+                );
+                let xvector = x
+                    .iter()
+                    .map(|v| half::bf16::from_f32(*v).to_f32())
+                    .collect();
+                Ok((
+                    name.clone(),
+                    Voice::Adapter {
+                        adapter: id,
+                        xvector,
+                    },
+                ))
+            })
+            .collect()
+    }
+
     /// The x-vector of a 24 kHz reference waveform (loads the speaker encoder on first use).
     pub fn xvector(&mut self, wav24: &[f32]) -> Result<Vec<f32>> {
         if self.speaker_encoder.is_none() {
@@ -398,6 +470,12 @@ impl Synthesizer {
     ) -> Result<Vec<Speech>> {
         ensure!(opts.max_frames > 0, "the frame limit must be at least 1");
         ensure!(opts.batch_size > 0, "the batch size must be at least 1");
+        ensure!(
+            !requests
+                .iter()
+                .any(|r| matches!(r.voice, Voice::Adapter { .. })),
+            "adapter voices kept beside the base model are spoken by `voiceclone serve`;              `voiceclone speak --adapter DIR` puts one adapter on at load"
+        );
         // (request, chunk, spec, icl reference codes)
         let mut rows = Vec::new();
         for (i, req) in requests.iter().enumerate() {
@@ -508,6 +586,10 @@ impl Synthesizer {
             Voice::Icl { ref_codes, .. } => Some(ref_codes.clone()),
             _ => None,
         };
+        let adapter = match &req.voice {
+            Voice::Adapter { adapter, .. } => Some(*adapter),
+            _ => None,
+        };
         text_split::split(text, opts.max_chunk_chars)
             .into_iter()
             .map(|chunk| {
@@ -522,6 +604,7 @@ impl Synthesizer {
                     prompt,
                     ref_codes: ref_codes.clone(),
                     text_tokens: spec.text.ids.len(),
+                    adapter,
                 })
             })
             .collect()
@@ -563,7 +646,9 @@ impl Synthesizer {
         };
         let language_id = prompt::language_id(cfg, &req.language, speaker_name)?;
         let (speaker, icl) = match &req.voice {
-            Voice::XVector(x) => (SpeakerSlot::XVector(self.xvector_tensor(x)?), None),
+            Voice::XVector(x) | Voice::Adapter { xvector: x, .. } => {
+                (SpeakerSlot::XVector(self.xvector_tensor(x)?), None)
+            }
             Voice::Icl {
                 xvector,
                 ref_codes,

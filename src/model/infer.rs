@@ -9,8 +9,11 @@
 //! floats, so a frame costs little beyond reading the weights (docs/performance.md §2).
 //! Training and the CUDA path keep the candle modules.
 
-use anyhow::{bail, ensure, Result};
+use std::collections::BTreeMap;
 
+use anyhow::{bail, ensure, Context, Result};
+
+use crate::artifacts::adapter::Factors;
 use crate::kernels::{libm, team};
 
 use super::config::Qwen3TtsConfig;
@@ -18,7 +21,11 @@ use super::layers::DecoderConfig;
 use super::linear::{Input, LinearWeight, Table, WeightFormat};
 use super::weights::MappedWeights;
 
+mod adapters;
 mod rows;
+
+pub use adapters::AdapterId;
+use adapters::Projection;
 
 /// One decoder layer's weights.
 struct Layer {
@@ -26,13 +33,40 @@ struct Layer {
     post_norm: Vec<f32>,
     q_norm: Vec<f32>,
     k_norm: Vec<f32>,
-    q: LinearWeight,
-    k: LinearWeight,
-    v: LinearWeight,
-    o: LinearWeight,
-    gate: LinearWeight,
-    up: LinearWeight,
-    down: LinearWeight,
+    q: Projection,
+    k: Projection,
+    v: Projection,
+    o: Projection,
+    gate: Projection,
+    up: Projection,
+    down: Projection,
+}
+
+impl Layer {
+    /// The projections, named as in the checkpoint after `layers.N.`.
+    fn projections(&self) -> [(&'static str, &Projection); 7] {
+        [
+            ("self_attn.q_proj", &self.q),
+            ("self_attn.k_proj", &self.k),
+            ("self_attn.v_proj", &self.v),
+            ("self_attn.o_proj", &self.o),
+            ("mlp.gate_proj", &self.gate),
+            ("mlp.up_proj", &self.up),
+            ("mlp.down_proj", &self.down),
+        ]
+    }
+
+    fn projections_mut(&mut self) -> [(&'static str, &mut Projection); 7] {
+        [
+            ("self_attn.q_proj", &mut self.q),
+            ("self_attn.k_proj", &mut self.k),
+            ("self_attn.v_proj", &mut self.v),
+            ("self_attn.o_proj", &mut self.o),
+            ("mlp.gate_proj", &mut self.gate),
+            ("mlp.up_proj", &mut self.up),
+            ("mlp.down_proj", &mut self.down),
+        ]
+    }
 }
 
 /// A Qwen3 decoder stack (layers, final norm, RoPE frequencies).
@@ -55,9 +89,32 @@ pub struct Cache {
     key_valid: Option<Vec<Vec<bool>>>,
     next_pos: Vec<usize>,
     head_dim: usize,
+    /// The adapter each row computes with (docs/serving.md §9); empty: every row with the base.
+    adapters: Vec<Option<AdapterId>>,
 }
 
 impl Cache {
+    /// Binds the rows of this (empty) cache to adapters, one entry per row (`None`: the base
+    /// model). The binding outlives [`Self::reset`]: keys and values are only ever computed
+    /// with the adapter of their row.
+    pub fn bind_adapters(&mut self, rows: &[Option<AdapterId>]) -> Result<()> {
+        ensure!(
+            self.is_empty(),
+            "a cache holding positions cannot change the adapters of its rows"
+        );
+        self.adapters = if rows.iter().all(Option::is_none) {
+            Vec::new()
+        } else {
+            rows.to_vec()
+        };
+        Ok(())
+    }
+
+    /// The adapter of each row, as bound (empty: none).
+    pub fn adapters(&self) -> &[Option<AdapterId>] {
+        &self.adapters
+    }
+
     pub fn len(&self) -> usize {
         self.len
     }
@@ -66,7 +123,7 @@ impl Cache {
         self.len == 0
     }
 
-    /// Empties the cache, keeping its buffers.
+    /// Empties the cache, keeping its buffers and its rows' adapters.
     pub fn reset(&mut self) {
         self.len = 0;
         self.key_valid = None;
@@ -137,6 +194,7 @@ impl Decoder {
                 let p = format!("{prefix}.layers.{l}");
                 let lin = |name: &str, n: usize, k: usize| {
                     LinearWeight::load(src, &format!("{p}.{name}"), n, k, format)
+                        .map(Projection::new)
                 };
                 let vec = |name: &str, n: usize| src.f32(&format!("{p}.{name}"), &[n]);
                 Ok(Layer {
@@ -175,29 +233,39 @@ impl Decoder {
     pub fn weight_bytes(&self) -> usize {
         self.layers
             .iter()
-            .map(|l| {
-                [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down]
-                    .iter()
-                    .map(|w| w.bytes())
-                    .sum::<usize>()
-            })
+            .flat_map(|l| l.projections())
+            .map(|(_, p)| p.weight.bytes())
             .sum()
+    }
+
+    /// f32 values the adapters put on this stack hold.
+    pub fn adapter_values(&self) -> usize {
+        self.layers
+            .iter()
+            .flat_map(|l| l.projections())
+            .map(|(_, p)| p.adapter_values())
+            .sum()
+    }
+
+    /// The projection named `{prefix}.layers.N.NAME.weight`, for putting an adapter on it.
+    fn projection_mut(&mut self, prefix: &str, name: &str) -> Option<&mut Projection> {
+        let rest = name.strip_prefix(prefix)?.strip_prefix(".layers.")?;
+        let (layer, rest) = rest.split_once('.')?;
+        let which = rest.strip_suffix(".weight")?;
+        let layer = self.layers.get_mut(layer.parse::<usize>().ok()?)?;
+        layer
+            .projections_mut()
+            .into_iter()
+            .find(|(n, _)| *n == which)
+            .map(|(_, p)| p)
     }
 
     /// The matrices, named as in the checkpoint under `prefix`.
     pub fn matrices(&self, prefix: &str) -> Vec<(String, &LinearWeight)> {
         let mut out = Vec::new();
         for (i, l) in self.layers.iter().enumerate() {
-            for (name, w) in [
-                ("self_attn.q_proj", &l.q),
-                ("self_attn.k_proj", &l.k),
-                ("self_attn.v_proj", &l.v),
-                ("self_attn.o_proj", &l.o),
-                ("mlp.gate_proj", &l.gate),
-                ("mlp.up_proj", &l.up),
-                ("mlp.down_proj", &l.down),
-            ] {
-                out.push((format!("{prefix}.layers.{i}.{name}.weight"), w));
+            for (name, p) in l.projections() {
+                out.push((format!("{prefix}.layers.{i}.{name}.weight"), &p.weight));
             }
         }
         out
@@ -215,12 +283,13 @@ impl Decoder {
             key_valid: None,
             next_pos: Vec::new(),
             head_dim: self.cfg.head_dim,
+            adapters: Vec::new(),
         }
     }
 
     /// `x` `(b, s, H)` row-major → final-norm hidden states `(b, s, H)`. `valid[r][i]` marks the
     /// real (1) and left-padding (0) tokens among the new ones (`None` = all real); the new
-    /// tokens are appended to `cache`.
+    /// tokens are appended to `cache`, and row `r` computes with the adapter `cache` binds it to.
     pub fn forward(
         &self,
         x: &[f32],
@@ -236,6 +305,15 @@ impl Decoder {
             "decoder input has {} values, expected ({b}, {s}, {h})",
             x.len()
         );
+        ensure!(
+            cache.adapters.is_empty() || cache.adapters.len() == b,
+            "the cache binds {} rows to adapters, the batch has {b}",
+            cache.adapters.len()
+        );
+        let tokens: Vec<Option<AdapterId>> = match cache.adapters.is_empty() {
+            true => Vec::new(),
+            false => (0..b * s).map(|t| cache.adapters[t / s]).collect(),
+        };
         let positions = plan(b, s, valid, cache)?;
         let past = cache.len;
         let kv_width = c.num_kv_heads * c.head_dim;
@@ -258,7 +336,7 @@ impl Decoder {
         };
         let mut x = x.to_vec();
         for (li, layer) in self.layers.iter().enumerate() {
-            self.layer(layer, li, &mut x, b, s, &rope, cache, past);
+            self.layer(layer, li, &mut x, b, s, &rope, cache, past, &tokens);
         }
         cache.len = past + s;
         rms_norm_rows(&mut x, &self.norm, c.rms_norm_eps);
@@ -276,6 +354,7 @@ impl Decoder {
         rope: &RopeRows<'_>,
         cache: &mut Cache,
         past: usize,
+        adapters: &[Option<AdapterId>],
     ) {
         let c = &self.cfg;
         let hd = c.head_dim;
@@ -283,7 +362,7 @@ impl Decoder {
         let rows = b * s;
 
         // Attention block.
-        let (q, k, v) = self.qkv(l, x, rows, rope);
+        let (q, k, v) = self.qkv(l, x, rows, rope, adapters);
         let cap = cache.capacity;
         {
             let (kc, vc) = &mut cache.kv[li];
@@ -332,17 +411,19 @@ impl Decoder {
                 att[dst..dst + hd].copy_from_slice(&out[i * hd..(i + 1) * hd]);
             }
         }
-        self.finish_layer(l, x, &att, rows);
+        self.finish_layer(l, x, &att, rows, adapters);
     }
 
     /// The attention inputs of `rows` token rows: input RMSNorm, q/k/v projections, the per-head
-    /// q/k norms and RoPE (token t of the rope tables for row t).
+    /// q/k norms and RoPE (token t of the rope tables for row t). Token row `t` computes with
+    /// adapter `adapters[t]` (empty: none).
     fn qkv(
         &self,
         l: &Layer,
         x: &[f32],
         rows: usize,
         rope: &RopeRows<'_>,
+        adapters: &[Option<AdapterId>],
     ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
         let c = &self.cfg;
         let (h, hd) = (c.hidden_size, c.head_dim);
@@ -351,9 +432,9 @@ impl Decoder {
         let mut hn = x.to_vec();
         rms_norm_rows(&mut hn, &l.input_norm, eps);
         let inp = Input::new(&hn, rows, h);
-        let mut q = l.q.forward(&inp);
-        let mut k = l.k.forward(&inp);
-        let v = l.v.forward(&inp);
+        let mut q = l.q.forward(&inp, &hn, adapters);
+        let mut k = l.k.forward(&inp, &hn, adapters);
+        let v = l.v.forward(&inp, &hn, adapters);
         drop(inp);
         for (t, row) in q.chunks_exact_mut(nh * hd).enumerate() {
             for head in row.chunks_exact_mut(hd) {
@@ -372,24 +453,36 @@ impl Decoder {
 
     /// The rest of a layer once the attention output `att` `(rows, heads · head_dim)` is known:
     /// `o_proj` and the residual, then the MLP block.
-    fn finish_layer(&self, l: &Layer, x: &mut [f32], att: &[f32], rows: usize) {
+    fn finish_layer(
+        &self,
+        l: &Layer,
+        x: &mut [f32],
+        att: &[f32],
+        rows: usize,
+        adapters: &[Option<AdapterId>],
+    ) {
         let c = &self.cfg;
         let h = c.hidden_size;
-        let o =
-            l.o.forward(&Input::new(att, rows, c.num_heads * c.head_dim));
+        let o = l.o.forward(
+            &Input::new(att, rows, c.num_heads * c.head_dim),
+            att,
+            adapters,
+        );
         x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
 
         // MLP block.
         let mut hn = x.to_vec();
         rms_norm_rows(&mut hn, &l.post_norm, c.rms_norm_eps);
         let inp = Input::new(&hn, rows, h);
-        let gate = l.gate.forward(&inp);
-        let mut up = l.up.forward(&inp);
+        let gate = l.gate.forward(&inp, &hn, adapters);
+        let mut up = l.up.forward(&inp, &hn, adapters);
         drop(inp);
         up.iter_mut()
             .zip(&gate)
             .for_each(|(u, &g)| *u *= g / (1.0 + libm::exp(-g)));
-        let down = l.down.forward(&Input::new(&up, rows, c.intermediate_size));
+        let down = l
+            .down
+            .forward(&Input::new(&up, rows, c.intermediate_size), &up, adapters);
         x.iter_mut().zip(&down).for_each(|(a, b)| *a += b);
     }
 }
@@ -728,6 +821,8 @@ pub struct Talker {
     codec_head: LinearWeight,
     pub code_predictor: CodePredictor,
     format: WeightFormat,
+    /// Adapters put on with [`Self::add_adapter`].
+    adapters: usize,
 }
 
 impl Talker {
@@ -779,7 +874,44 @@ impl Talker {
             )?,
             code_predictor: CodePredictor::load(src, cfg, format)?,
             format,
+            adapters: 0,
         })
+    }
+
+    /// Puts a low-rank adapter on the decoder-layer matrices its factors name (`….weight`,
+    /// `a` `(r, in)`, `b` `(out, r)`), kept factored with `scale` (α/r and any strength): the
+    /// rows a cache binds to the returned id compute with it, the others with the base
+    /// (docs/serving.md §9). Every other tensor stays the base model's.
+    pub fn add_adapter(
+        &mut self,
+        factors: &BTreeMap<String, Factors>,
+        scale: f64,
+    ) -> Result<AdapterId> {
+        ensure!(!factors.is_empty(), "the adapter changes no matrix");
+        let id = AdapterId(self.adapters);
+        const TALKER: &str = "talker.model";
+        const CP: &str = "talker.code_predictor.model";
+        for (name, f) in factors {
+            let projection = if name.starts_with(CP) {
+                self.code_predictor.decoder.projection_mut(CP, name)
+            } else {
+                self.decoder.projection_mut(TALKER, name)
+            };
+            let Some(p) = projection else {
+                bail!(
+                    "the adapter changes {name}, which is not a decoder-layer projection of                      this model"
+                );
+            };
+            p.add(id, f.a.shape[0], f.a.data.clone(), f.b.data.clone(), scale)
+                .with_context(|| format!("the adapter of {name}"))?;
+        }
+        self.adapters += 1;
+        Ok(id)
+    }
+
+    /// f32 values the adapters put on this talker hold.
+    pub fn adapter_values(&self) -> usize {
+        self.decoder.adapter_values() + self.code_predictor.decoder.adapter_values()
     }
 
     pub fn format(&self) -> WeightFormat {
@@ -890,6 +1022,7 @@ mod tests {
             key_valid: None,
             next_pos: Vec::new(),
             head_dim: 2,
+            adapters: Vec::new(),
         };
         // 1 row, 2 kv heads of width 2.
         c.reserve(1, 2, 4);

@@ -134,6 +134,7 @@ fn voice_names(state: &State) -> Vec<String> {
         names.push("default".to_string());
     }
     names.extend(state.synth.speakers());
+    names.extend(state.adapter_voices.iter().map(|a| a.name.clone()));
     names
 }
 
@@ -147,6 +148,12 @@ fn list_voices(state: &State) -> Response<RespBody> {
     }
     for s in state.synth.speakers() {
         data.push(json!({"id": s, "object": "voice", "name": s, "mode": "speaker"}));
+    }
+    for a in &state.adapter_voices {
+        data.push(
+            json!({"id": a.name, "object": "voice", "name": a.name, "mode": "adapter",
+                         "adapter": a.adapter}),
+        );
     }
     data.extend(state.voices.list().iter().map(|e| e.to_json()));
     http::json(StatusCode::OK, &json!({"object": "list", "data": data}))
@@ -190,6 +197,13 @@ fn resolve_voice(state: &State, name: &str) -> Result<Voice, ApiError> {
         .find(|s| s.eq_ignore_ascii_case(name))
     {
         return Ok(Voice::Speaker(s));
+    }
+    if let Some(a) = state
+        .adapter_voices
+        .iter()
+        .find(|a| a.name.eq_ignore_ascii_case(name))
+    {
+        return Ok(a.voice.clone());
     }
     let names = voice_names(state);
     Err(ApiError::invalid(
@@ -494,7 +508,7 @@ async fn speech(
         crate::config::NonStreaming::True => true,
         crate::config::NonStreaming::False => false,
         // The official defaults: non-streaming text for named speakers, streaming for cloning.
-        crate::config::NonStreaming::Auto => matches!(p.voice, Voice::Speaker(_)),
+        crate::config::NonStreaming::Auto => p.voice.custom_voice(),
     });
     let job_req = SpeechJob {
         text: p.input,

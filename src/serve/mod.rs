@@ -50,6 +50,16 @@ pub struct ServeOptions {
     pub model_id: String,
 }
 
+/// A speaker of an adapter kept beside the base model (`serve.adapters`, docs/serving.md §9).
+#[derive(Debug, Clone)]
+pub struct AdapterVoice {
+    /// The `"voice"` a request names it by (matched case-insensitively).
+    pub name: String,
+    /// The adapter directory, for `GET /v1/voices`.
+    pub adapter: String,
+    pub voice: Voice,
+}
+
 /// What the handlers share.
 pub struct State {
     pub synth: Arc<Synthesizer>,
@@ -58,6 +68,7 @@ pub struct State {
     pub voices: voices::Registry,
     /// The workspace's voice (`"default"`), as `voiceclone speak` finds it without flags.
     pub default_voice: Option<Voice>,
+    pub adapter_voices: Vec<AdapterVoice>,
     speaker_encoder: Mutex<Option<SpeakerEncoder>>,
     pub inflight: Arc<http::InFlight>,
     pub closing: AtomicBool,
@@ -69,6 +80,7 @@ impl State {
         opts: ServeOptions,
         voices: voices::Registry,
         default_voice: Option<Voice>,
+        adapter_voices: Vec<AdapterVoice>,
     ) -> Result<Self> {
         let synth = Arc::new(synth);
         let scheduler = scheduler::Scheduler::start(synth.clone(), opts.max_batch, opts.max_queue)?;
@@ -78,6 +90,7 @@ impl State {
             scheduler,
             voices,
             default_voice,
+            adapter_voices,
             speaker_encoder: Mutex::new(None),
             inflight: Arc::new(http::InFlight::default()),
             closing: AtomicBool::new(false),

@@ -224,6 +224,7 @@ fn start_chunk(synth: &Synthesizer, job: &Job, chunk: usize) -> Result<Row> {
             synth.pad_embed(),
             job.opts.clone(),
             RowRng::new(job.seed, 0, chunk as u64),
+            plan.adapter,
         )
     })
 }

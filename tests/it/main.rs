@@ -22,6 +22,7 @@ mod model_tokenizer_parity;
 mod prep_real_speech;
 mod prep_rerun_and_bad_input;
 mod serve;
+mod serve_adapters;
 mod serve_stream;
 mod speak_cli;
 mod speak_parity;

@@ -64,14 +64,14 @@ fn speak(ws: &Path, args: &[&str]) -> Vec<i16> {
 }
 
 /// A running `voiceclone serve` (killed when dropped).
-struct Server {
+pub(crate) struct Server {
     child: Child,
-    addr: String,
-    log: PathBuf,
+    pub(crate) addr: String,
+    pub(crate) log: PathBuf,
 }
 
 impl Server {
-    fn start(ws: &Path, args: &[&str], env: &[(&str, &str)]) -> Server {
+    pub(crate) fn start(ws: &Path, args: &[&str], env: &[(&str, &str)]) -> Server {
         let log = ws.join(format!("serve-{}.log", rand_suffix()));
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_voiceclone"));
         cmd.current_dir(ws)
@@ -106,6 +106,11 @@ impl Server {
             }
         };
         Server { child, addr, log }
+    }
+
+    /// The server's process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     fn url(&self) -> String {
@@ -168,10 +173,10 @@ fn rand_suffix() -> String {
 
 /// A response as it came: the body chunk by chunk with the time each arrived.
 #[derive(Debug)]
-struct Resp {
-    status: u16,
+pub(crate) struct Resp {
+    pub(crate) status: u16,
     headers: Vec<(String, String)>,
-    body: Vec<u8>,
+    pub(crate) body: Vec<u8>,
     /// (time since the request was sent, bytes) of every chunk of a chunked body.
     chunks: Vec<(Duration, usize)>,
     /// The body ended as HTTP says it ends (the last chunk, or all of Content-Length).
@@ -186,13 +191,13 @@ impl Resp {
             .map(|(_, v)| v.as_str())
     }
 
-    fn json(&self) -> Value {
+    pub(crate) fn json(&self) -> Value {
         serde_json::from_slice(&self.body)
             .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
     }
 
     /// The OpenAI-style error: (status, error.code, error.message).
-    fn error(&self) -> (u16, String, String) {
+    pub(crate) fn error(&self) -> (u16, String, String) {
         let v = self.json();
         let e = &v["error"];
         assert!(e["type"].is_string(), "no error.type in {v}");
@@ -327,11 +332,17 @@ impl Conn {
     }
 }
 
-fn request(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Resp {
+pub(crate) fn request(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Resp {
     Conn::open(addr, method, path, headers, body).finish()
 }
 
-fn speech(addr: &str, body: &Value) -> Resp {
+pub(crate) fn speech(addr: &str, body: &Value) -> Resp {
     let b = body.to_string();
     request(
         addr,
@@ -342,7 +353,7 @@ fn speech(addr: &str, body: &Value) -> Resp {
     )
 }
 
-fn pcm_samples(bytes: &[u8]) -> Vec<i16> {
+pub(crate) fn pcm_samples(bytes: &[u8]) -> Vec<i16> {
     assert!(bytes.len().is_multiple_of(2));
     bytes
         .chunks_exact(2)
@@ -387,7 +398,7 @@ fn sse_audio(body: &[u8]) -> (Vec<u8>, Value) {
 /// Asserts two 16-bit sample sequences are identical, naming the first difference. The stream
 /// decoder gives the offline decoder's samples bit for bit (`serve_stream.rs`), so a served
 /// response is `speak`'s WAV exactly.
-fn assert_same_samples(got: &[i16], want: &[i16], what: &str) {
+pub(crate) fn assert_same_samples(got: &[i16], want: &[i16], what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: sample counts differ");
     if let Some(i) = got.iter().zip(want).position(|(a, b)| a != b) {
         let differing = got.iter().zip(want).filter(|(a, b)| a != b).count();
@@ -402,11 +413,11 @@ fn assert_same_samples(got: &[i16], want: &[i16], what: &str) {
 
 /// The frame delay the `test-hooks` build can add to every generation step (so the tests
 /// can watch audio arrive while the request is still being generated).
-fn slow_frames(ms: u64) -> Vec<(&'static str, String)> {
+pub(crate) fn slow_frames(ms: u64) -> Vec<(&'static str, String)> {
     vec![("VOICECLONE_TEST_SERVE_FRAME_DELAY_MS", ms.to_string())]
 }
 
-fn env_refs<'a>(v: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
+pub(crate) fn env_refs<'a>(v: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
     v.iter().map(|(k, v)| (*k, v.as_str())).collect()
 }
 

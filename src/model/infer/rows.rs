@@ -12,12 +12,13 @@ use anyhow::{ensure, Result};
 
 use crate::kernels::{libm, team};
 
-use super::{attend, plan, rms_norm_rows, Cache, Decoder, Layer, RopeRows};
+use super::{attend, plan, rms_norm_rows, AdapterId, Cache, Decoder, Layer, RopeRows};
 
 impl Decoder {
     /// `x` `(n, H)`: one new token for each of `n` rows, row `i` with its own one-row cache
-    /// `caches[i]` (prefilled by [`Decoder::forward`] with `b = 1`). Returns the final-norm
-    /// hidden states `(n, H)` and appends each token to its row's cache.
+    /// `caches[i]` (prefilled by [`Decoder::forward`] with `b = 1`) and the adapter that cache
+    /// binds it to. Returns the final-norm hidden states `(n, H)` and appends each token to its
+    /// row's cache.
     pub fn step_rows(&self, x: &[f32], caches: &mut [&mut Cache]) -> Result<Vec<f32>> {
         let c = &self.cfg;
         let h = c.hidden_size;
@@ -34,7 +35,7 @@ impl Decoder {
         let mut past = Vec::with_capacity(n);
         for (r, cache) in caches.iter_mut().enumerate() {
             ensure!(
-                cache.len > 0 && cache.next_pos.len() == 1,
+                cache.len > 0 && cache.next_pos.len() == 1 && cache.adapters.len() <= 1,
                 "row {r}: a stepped row's cache must hold its own prefilled prompt"
             );
             let pos = plan(1, 1, None, cache)?;
@@ -51,9 +52,16 @@ impl Decoder {
             sin: &sin,
             half,
         };
+        let mut adapters: Vec<Option<AdapterId>> = caches
+            .iter()
+            .map(|c| c.adapters.first().copied().flatten())
+            .collect();
+        if adapters.iter().all(Option::is_none) {
+            adapters.clear();
+        }
         let mut x = x.to_vec();
         for (li, layer) in self.layers.iter().enumerate() {
-            self.layer_rows(layer, li, &mut x, &rope, caches, &past);
+            self.layer_rows(layer, li, &mut x, &rope, caches, &past, &adapters);
         }
         for (cache, p) in caches.iter_mut().zip(&past) {
             cache.len = p + 1;
@@ -63,6 +71,7 @@ impl Decoder {
     }
 
     /// [`Decoder::layer`] for one token per row, each row attending to its own cache.
+    #[allow(clippy::too_many_arguments)]
     fn layer_rows(
         &self,
         l: &Layer,
@@ -71,12 +80,13 @@ impl Decoder {
         rope: &RopeRows<'_>,
         caches: &mut [&mut Cache],
         past: &[usize],
+        adapters: &[Option<AdapterId>],
     ) {
         let c = &self.cfg;
         let hd = c.head_dim;
         let (nh, nkv) = (c.num_heads, c.num_kv_heads);
         let n = caches.len();
-        let (q, k, v) = self.qkv(l, x, n, rope);
+        let (q, k, v) = self.qkv(l, x, n, rope, adapters);
         for (r, cache) in caches.iter_mut().enumerate() {
             let cap = cache.capacity;
             let (kc, vc) = &mut cache.kv[li];
@@ -110,6 +120,6 @@ impl Decoder {
                 out,
             );
         });
-        self.finish_layer(l, x, &att, n);
+        self.finish_layer(l, x, &att, n, adapters);
     }
 }

@@ -1,0 +1,200 @@
+//! Low-rank adapters kept factored on the CPU inference path (docs/serving.md §9): one base
+//! model in memory, several adapters beside it, and each batch row computing with its own. A
+//! decoder-layer matrix becomes a [`Projection`]: the base matrix in the precision's format and,
+//! per adapter that changes it, `scale · B·A` as its two f32 factors.
+//!
+//! A row with adapter `a` gets `x·Wᵀ + scale·(x·Aᵀ)·Bᵀ` — what training computes
+//! (docs/training.md §13) — where `speak --adapter` computes `x·(W + scale·B·A)ᵀ` with the
+//! product merged at load: the two differ by float rounding only. Each row's correction is
+//! computed on its own, so a row's result does not depend on the other rows of the batch
+//! (docs/serving.md §3).
+
+use anyhow::{ensure, Result};
+
+use super::dot;
+use crate::kernels::team;
+use crate::model::linear::{Input, LinearWeight};
+
+/// An adapter put on a [`super::Talker`], numbered in the order they were added.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct AdapterId(pub(super) usize);
+
+impl AdapterId {
+    /// 0 for the first adapter added, 1 for the next, ….
+    pub fn index(self) -> usize {
+        self.0
+    }
+}
+
+/// `scale · B·A` of one `(out, in)` matrix, factored: `a` `(r, in)`, `b` `(out, r)`, row-major.
+pub(super) struct LowRank {
+    a: Vec<f32>,
+    b: Vec<f32>,
+    rank: usize,
+    scale: f32,
+}
+
+impl LowRank {
+    /// Adds `scale·B·(A·x)` to `y` for one input row `x`.
+    fn add_row(&self, x: &[f32], y: &mut [f32]) {
+        let k = x.len();
+        let u: Vec<f32> = self
+            .a
+            .chunks_exact(k)
+            .map(|row| dot(row, x) * self.scale)
+            .collect();
+        for (yo, brow) in y.iter_mut().zip(self.b.chunks_exact(self.rank)) {
+            *yo += dot(brow, &u);
+        }
+    }
+
+    /// Values held.
+    fn len(&self) -> usize {
+        self.a.len() + self.b.len()
+    }
+}
+
+/// A decoder-layer matrix with the adapters that change it.
+pub(super) struct Projection {
+    pub weight: LinearWeight,
+    /// By [`AdapterId`]; `None` where that adapter leaves this matrix alone.
+    deltas: Vec<Option<LowRank>>,
+}
+
+impl Projection {
+    pub fn new(weight: LinearWeight) -> Self {
+        Projection {
+            weight,
+            deltas: Vec::new(),
+        }
+    }
+
+    /// Puts adapter `id`'s factors on this matrix: `a` `(r, in)`, `b` `(out, r)`.
+    pub fn add(
+        &mut self,
+        id: AdapterId,
+        rank: usize,
+        a: Vec<f32>,
+        b: Vec<f32>,
+        scale: f64,
+    ) -> Result<()> {
+        let (n, k) = self.weight.dims();
+        ensure!(
+            rank > 0 && a.len() == rank * k && b.len() == n * rank,
+            "factors of {} and {} values at rank {rank} do not make a ({n}, {k}) update",
+            a.len(),
+            b.len()
+        );
+        if self.deltas.len() <= id.0 {
+            self.deltas.resize_with(id.0 + 1, || None);
+        }
+        ensure!(
+            self.deltas[id.0].is_none(),
+            "adapter {} changes this matrix twice",
+            id.0
+        );
+        self.deltas[id.0] = Some(LowRank {
+            a,
+            b,
+            rank,
+            scale: scale as f32,
+        });
+        Ok(())
+    }
+
+    /// f32 values the adapters hold on this matrix.
+    pub fn adapter_values(&self) -> usize {
+        self.deltas.iter().flatten().map(LowRank::len).sum()
+    }
+
+    /// `x (m, k) · Wᵀ`, plus each row's adapter correction: row `t` of `x` (its raw f32
+    /// values, also behind `inp`) speaks with `rows[t]` (`rows` empty: every row with the base).
+    pub fn forward(&self, inp: &Input<'_>, x: &[f32], rows: &[Option<AdapterId>]) -> Vec<f32> {
+        let mut y = self.weight.forward(inp);
+        let delta = |t: usize| {
+            rows.get(t)
+                .copied()
+                .flatten()
+                .and_then(|id| self.deltas.get(id.0))
+                .and_then(Option::as_ref)
+        };
+        if rows.is_empty() || !(0..rows.len()).any(|t| delta(t).is_some()) {
+            return y;
+        }
+        let (n, k) = self.weight.dims();
+        debug_assert_eq!(rows.len() * k, x.len(), "one adapter per input row");
+        team::for_each_chunk(&mut y, n, |t, out| {
+            if let Some(d) = delta(t) {
+                d.add_row(&x[t * k..(t + 1) * k], out);
+            }
+        });
+        y
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut r = crate::rng::SplitMix64::new(seed);
+        (0..n).map(|_| r.next_f64() as f32 - 0.5).collect()
+    }
+
+    /// Each row gets `x·(W + s·B·A)ᵀ` of its own adapter (within f32 rounding), the base
+    /// rows `x·Wᵀ` exactly; factors that do not fit the matrix are refused.
+    #[test]
+    fn rows_compute_with_their_own_adapter() {
+        let (n, k, r) = (5, 7, 3);
+        let w = values(n * k, 1);
+        let mut p = Projection::new(LinearWeight::F32 { w: w.clone(), n, k });
+        let factors = [
+            (values(r * k, 2), values(n * r, 3), 2.0),
+            (values(r * k, 4), values(n * r, 5), 0.5),
+        ];
+        for (i, (a, b, s)) in factors.iter().enumerate() {
+            p.add(AdapterId(i), r, a.clone(), b.clone(), *s).unwrap();
+        }
+        assert!(p
+            .add(AdapterId(2), r, values(r * k, 6), values(n, 7), 1.0)
+            .is_err());
+        assert!(p
+            .add(AdapterId(0), r, values(r * k, 6), values(n * r, 7), 1.0)
+            .is_err());
+        assert_eq!(p.adapter_values(), 2 * (r * k + n * r));
+        let rows = [
+            Some(AdapterId(1)),
+            None,
+            Some(AdapterId(0)),
+            Some(AdapterId(1)),
+        ];
+        let x = values(rows.len() * k, 8);
+        let y = p.forward(&Input::new(&x, rows.len(), k), &x, &rows);
+        let plain = p.forward(&Input::new(&x, rows.len(), k), &x, &[]);
+        for (t, slot) in rows.iter().enumerate() {
+            let xr = &x[t * k..(t + 1) * k];
+            for o in 0..n {
+                let mut want = 0f64;
+                for j in 0..k {
+                    let mut wv = w[o * k + j] as f64;
+                    if let Some(id) = slot {
+                        let (a, b, s) = &factors[id.0];
+                        wv += s
+                            * (0..r)
+                                .map(|q| b[o * r + q] as f64 * a[q * k + j] as f64)
+                                .sum::<f64>();
+                    }
+                    want += wv * xr[j] as f64;
+                }
+                let got = y[t * n + o] as f64;
+                assert!(
+                    (got - want).abs() < 1e-5,
+                    "row {t} out {o}: {got} vs {want}"
+                );
+            }
+            if slot.is_none() {
+                assert_eq!(&y[t * n..(t + 1) * n], &plain[t * n..(t + 1) * n]);
+            }
+        }
+    }
+}
