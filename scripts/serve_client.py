@@ -16,6 +16,12 @@
       PID) idle before, at its peak during, and idle again after each pass (the first pass also
       pays first-use growth: caches, allocator arenas; a leak shows as growth in later passes). Exits 1 when a
       well-formed request was not answered or a malformed one got anything but 400.
+
+  serve_client.py voices --frames 50 [--rounds 3] LABEL,URL,PID,VOICE ...
+      One greedy request of exactly FRAMES frames at a time to each (server, voice) target in
+      turn, ROUNDS rounds after one warm-up each (rounds alternate the targets). Prints per
+      target the best real-time factor (request time / audio seconds) and its ratio to the
+      first target's, and the resident memory (VmRSS of PID) of every server after the runs.
 """
 
 import argparse
@@ -251,6 +257,31 @@ def load_pass(a, kinds, number, idle_before):
     return not failures and idle
 
 
+def voices(a):
+    targets = []
+    for t in a.targets:
+        label, url, pid, voice = t.split(",")
+        targets.append({"label": label, "url": url, "pid": int(pid), "voice": voice, "best": None})
+    for t in targets:
+        w = speech(t["url"], dict(bench_body(a.frames, 0, a.text), voice=t["voice"]))
+        if w["status"] != 200:
+            sys.exit(f"warm-up of {t['label']} failed: {w}")
+    for _ in range(a.rounds):
+        for t in targets:
+            r = speech(t["url"], dict(bench_body(a.frames, 0, a.text), voice=t["voice"]))
+            if r["status"] != 200 or not r["complete"]:
+                sys.exit(f"{t['label']}: request failed: {r}")
+            rtf = r["total"] / (r["bytes"] / 2 / RATE)
+            t["best"] = rtf if t["best"] is None else min(t["best"], rtf)
+    first = targets[0]["best"]
+    for t in targets:
+        print(f"{t['label']} (voice {t['voice']}): best RTF {t['best']:.3f}, "
+              f"{t['best'] / first:.3f}x {targets[0]['label']}", flush=True)
+    for pid in dict.fromkeys(t["pid"] for t in targets):
+        labels = ", ".join(t["label"] for t in targets if t["pid"] == pid)
+        print(f"server {pid} ({labels}): {rss_mb(pid):.0f} MB resident")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -271,8 +302,13 @@ def main():
     l.add_argument("--passes", type=int, default=2,
                    help="repeat the load; growth after the first pass is what a leak would show")
     l.add_argument("--text", default=text)
+    v = sub.add_parser("voices")
+    v.add_argument("targets", nargs="+", help="LABEL,URL,PID,VOICE")
+    v.add_argument("--frames", type=int, default=50)
+    v.add_argument("--rounds", type=int, default=3)
+    v.add_argument("--text", default=text)
     a = p.parse_args()
-    bench(a) if a.cmd == "bench" else load(a)
+    {"bench": bench, "load": load, "voices": voices}[a.cmd](a)
 
 
 if __name__ == "__main__":

@@ -318,7 +318,7 @@ pub struct ServeConfig {
     pub max_voices: usize,
     pub shutdown_seconds: f64,
     /// Adapter directories (`voiceclone export --adapter-only`) served beside the model, each
-    /// `DIR` or `NAME=DIR` ([`adapter_entry`], docs/serving.md §9).
+    /// `DIR` or `NAME=DIR` ([`adapter_entry`], docs/serving.md §7).
     pub adapters: Vec<String>,
 }
 

@@ -146,7 +146,7 @@ pub fn run(ws: &Workspace, config: &Config) -> Result<()> {
     })
 }
 
-/// Keeps every adapter beside the loaded base model (docs/serving.md §9), after checking it was
+/// Keeps every adapter beside the loaded base model (docs/serving.md §7), after checking it was
 /// trained on this base, and returns their voices.
 fn put_on_adapters(
     synth: &mut Synthesizer,

@@ -32,7 +32,7 @@ pub struct Row {
     step: usize,
     opts: LoopOptions,
     rng: RowRng,
-    /// The adapter the row speaks with (docs/serving.md §9); `None`: the base model.
+    /// The adapter the row speaks with (docs/serving.md §7); `None`: the base model.
     adapter: Option<infer::AdapterId>,
 }
 

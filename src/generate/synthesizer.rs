@@ -35,7 +35,7 @@ pub enum Voice {
     },
     /// A named speaker of a CustomVoice / fine-tuned model (`spk_id`).
     Speaker(String),
-    /// A speaker of a low-rank adapter kept beside the base model (docs/serving.md §9): its
+    /// A speaker of a low-rank adapter kept beside the base model (docs/serving.md §7): its
     /// x-vector rounded to bf16, as the merged export stores it in the speaker's codec row, and
     /// the adapter its rows compute with ([`Synthesizer::add_adapter`]).
     Adapter {
@@ -376,7 +376,7 @@ impl Synthesizer {
     }
 
     /// Keeps `adapter` beside the base model on the CPU inference path, factored
-    /// (docs/serving.md §9), and returns its speakers as voices, in row order. The base must be
+    /// (docs/serving.md §7), and returns its speakers as voices, in row order. The base must be
     /// the Base model the adapter was trained on (the caller checks its identity); adapters
     /// that also replace whole modules (`train.lora_full`) would need a copy of each such module
     /// per adapter and are refused.

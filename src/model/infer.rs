@@ -89,7 +89,7 @@ pub struct Cache {
     key_valid: Option<Vec<Vec<bool>>>,
     next_pos: Vec<usize>,
     head_dim: usize,
-    /// The adapter each row computes with (docs/serving.md §9); empty: every row with the base.
+    /// The adapter each row computes with (docs/serving.md §7); empty: every row with the base.
     adapters: Vec<Option<AdapterId>>,
 }
 
@@ -881,7 +881,7 @@ impl Talker {
     /// Puts a low-rank adapter on the decoder-layer matrices its factors name (`….weight`,
     /// `a` `(r, in)`, `b` `(out, r)`), kept factored with `scale` (α/r and any strength): the
     /// rows a cache binds to the returned id compute with it, the others with the base
-    /// (docs/serving.md §9). Every other tensor stays the base model's.
+    /// (docs/serving.md §7). Every other tensor stays the base model's.
     pub fn add_adapter(
         &mut self,
         factors: &BTreeMap<String, Factors>,

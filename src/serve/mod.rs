@@ -50,7 +50,7 @@ pub struct ServeOptions {
     pub model_id: String,
 }
 
-/// A speaker of an adapter kept beside the base model (`serve.adapters`, docs/serving.md §9).
+/// A speaker of an adapter kept beside the base model (`serve.adapters`, docs/serving.md §7).
 #[derive(Debug, Clone)]
 pub struct AdapterVoice {
     /// The `"voice"` a request names it by (matched case-insensitively).

@@ -1,4 +1,4 @@
-//! `voiceclone serve` with adapter voices on one shared base model (docs/serving.md §9): two
+//! `voiceclone serve` with adapter voices on one shared base model (docs/serving.md §7): two
 //! adapters, trained apart, served together beside one base, each answer exactly as `speak
 //! --adapter` speaks with that adapter merged at load, also while they share the running batch;
 //! names are checked at start-up, and adapters that replace whole modules are refused.
@@ -213,7 +213,7 @@ fn two_adapter_voices_on_one_base_each_speak_as_speak_adapter() {
 /// On a bf16-stored base, in bf16-weights and in q8, an adapter row's samples do not depend on
 /// what else is in the batch (each row's correction is its own), and the two adapters differ.
 /// (`speak --adapter` merges into the stored bf16, so there the served voice differs from it by
-/// that rounding, docs/serving.md §9.)
+/// that rounding, docs/serving.md §7.)
 #[test]
 fn adapter_voices_on_a_bf16_base_do_not_depend_on_the_batch() {
     let ws_a = workspace("tiny-0b6");

@@ -1,4 +1,4 @@
-//! Low-rank adapters kept factored on the CPU inference path (docs/serving.md §9): one base
+//! Low-rank adapters kept factored on the CPU inference path (docs/serving.md §7): one base
 //! model in memory, several adapters beside it, and each batch row computing with its own. A
 //! decoder-layer matrix becomes a [`Projection`]: the base matrix in the precision's format and,
 //! per adapter that changes it, `scale · B·A` as its two f32 factors.
