@@ -446,7 +446,8 @@ pub struct SpeakArgs {
     #[arg(long, value_name = "FILE")]
     pub input: Option<PathBuf>,
 
-    /// Output WAV file (a directory with --input).
+    /// Output WAV file (a directory with --input); `-` streams the WAV to standard output as it
+    /// is generated (its header gives the sizes of a stream of unknown length).
     #[arg(short, long, value_name = "PATH")]
     pub output: PathBuf,
 

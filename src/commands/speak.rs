@@ -22,6 +22,11 @@ pub fn run(ws: &Workspace, config: &Config, args: &SpeakArgs) -> Result<()> {
     let s = &config.speak;
     let jobs = read_jobs(args)?;
     let batch_mode = args.input.is_some();
+    let to_stdout = is_stdout(&args.output);
+    ensure!(
+        !(to_stdout && batch_mode),
+        "-o - streams one text to standard output; with --input, -o names a directory"
+    );
     let outputs = plan_outputs(&jobs, args, batch_mode)?;
 
     let adapter = args.adapter.as_deref().map(AdapterDir::read).transpose()?;
@@ -96,6 +101,15 @@ pub fn run(ws: &Workspace, config: &Config, args: &SpeakArgs) -> Result<()> {
         });
     }
 
+    if to_stdout {
+        return stream_to_stdout(
+            &synth,
+            &requests[0],
+            &opts,
+            outputs[0].codes.as_deref(),
+            started,
+        );
+    }
     let bar = crate::progress::Progress::new(requests.len() as u64, "texts", "speak");
     let (mut shown, mut frames_total) = (0, 0usize);
     // On a pool worker: the ~750 parallel loops of each frame then start inside the pool.
@@ -145,6 +159,56 @@ pub fn run(ws: &Workspace, config: &Config, args: &SpeakArgs) -> Result<()> {
             seconds / audio
         );
     }
+    Ok(())
+}
+
+/// `-o -`: the WAV goes to standard output.
+fn is_stdout(path: &Path) -> bool {
+    path.as_os_str() == "-"
+}
+
+/// `-o -`: a WAV on standard output written as it is generated — the header of a stream of
+/// unknown length (RIFF and data sizes 0xFFFFFFFF, as `serve` streams a WAV), then each frame's
+/// samples as soon as they are decoded (`Synthesizer::stream`).
+fn stream_to_stdout(
+    synth: &Synthesizer,
+    req: &Request,
+    opts: &DecodeOptions,
+    codes: Option<&Path>,
+    started: std::time::Instant,
+) -> Result<()> {
+    use std::io::Write;
+    let rate = synth.codec.output_sample_rate();
+    let write = |bytes: &[u8]| -> Result<()> {
+        let mut out = std::io::stdout().lock();
+        out.write_all(bytes)
+            .and_then(|()| out.flush())
+            .context("cannot write to standard output")
+    };
+    write(&crate::serve::audio_out::wav_header(rate))?;
+    let mut first_audio = None;
+    let streamed = crate::kernels::pool::on_pool(|| {
+        synth.stream(req, opts, |samples| {
+            first_audio.get_or_insert_with(|| started.elapsed());
+            write(&crate::serve::audio_out::pcm16(samples))
+        })
+    })?;
+    if let Some(path) = codes {
+        write_codes_file(path, &streamed.frames)?;
+    }
+    let audio = streamed.samples as f64 / rate as f64;
+    let stopped = if streamed.eos_steps.iter().all(Option::is_some) {
+        ""
+    } else {
+        " (stopped by the frame limit)"
+    };
+    eprintln!(
+        "streamed to standard output: {audio:.2} s, {} frames{stopped}; first audio after {:.0} \
+         ms, done in {:.2} s",
+        streamed.frames.len(),
+        first_audio.map_or(f64::NAN, |d| d.as_secs_f64() * 1e3),
+        started.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 
@@ -467,7 +531,8 @@ fn plan_outputs(jobs: &[Job], args: &SpeakArgs, batch: bool) -> Result<Vec<Outpu
     }
     if !args.overwrite {
         for o in &outputs {
-            for p in std::iter::once(&o.wav).chain(o.codes.as_ref()) {
+            let wav = Some(&o.wav).filter(|w| !is_stdout(w));
+            for p in wav.into_iter().chain(o.codes.as_ref()) {
                 ensure!(
                     !p.exists(),
                     "{} already exists; pass --overwrite to replace it",

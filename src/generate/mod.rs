@@ -5,6 +5,7 @@
 pub mod prompt;
 pub mod rows;
 pub mod sampling;
+pub mod streaming;
 pub mod synthesizer;
 pub mod talker_loop;
 pub mod text_split;

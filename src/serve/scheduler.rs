@@ -81,22 +81,6 @@ pub struct Scheduler {
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
-/// A test seam (`test-hooks`): `VOICECLONE_TEST_SERVE_FRAME_DELAY_MS` slows every frame step,
-/// so tests can watch audio arrive while generation goes on.
-fn frame_delay() -> Option<std::time::Duration> {
-    #[cfg(feature = "test-hooks")]
-    {
-        std::env::var("VOICECLONE_TEST_SERVE_FRAME_DELAY_MS")
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok())
-            .map(std::time::Duration::from_millis)
-    }
-    #[cfg(not(feature = "test-hooks"))]
-    {
-        None
-    }
-}
-
 impl Scheduler {
     /// Starts the generation thread over `synth`'s CPU inference path.
     pub fn start(synth: Arc<Synthesizer>, max_batch: usize, max_queue: usize) -> Result<Self> {
@@ -117,7 +101,7 @@ impl Scheduler {
             alive: AtomicBool::new(true),
         });
         let s = shared.clone();
-        let delay = frame_delay();
+        let delay = crate::generate::streaming::test_frame_delay();
         let thread = std::thread::Builder::new()
             .name("voiceclone-generate".into())
             .spawn(move || {

@@ -414,7 +414,7 @@ pub(crate) fn assert_same_samples(got: &[i16], want: &[i16], what: &str) {
 /// The frame delay the `test-hooks` build can add to every generation step (so the tests
 /// can watch audio arrive while the request is still being generated).
 pub(crate) fn slow_frames(ms: u64) -> Vec<(&'static str, String)> {
-    vec![("VOICECLONE_TEST_SERVE_FRAME_DELAY_MS", ms.to_string())]
+    vec![("VOICECLONE_TEST_FRAME_DELAY_MS", ms.to_string())]
 }
 
 pub(crate) fn env_refs<'a>(v: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {

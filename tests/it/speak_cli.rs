@@ -473,3 +473,108 @@ fn auto_keeps_an_f32_checkpoint_in_f32() {
     assert_eq!(auto_codes, f32_codes, "auto is exactly f32 here");
     assert!(!auto_codes.is_empty());
 }
+
+/// `speak -o -` writes a WAV to standard output as it is generated: the 44-byte header of a
+/// stream of unknown length, then exactly the samples `speak -o FILE` writes for the same seed —
+/// also for a split text (its pauses) and with the codes saved beside it. In the `test-hooks`
+/// build, with every frame slowed, the first samples are read while the process still runs.
+#[test]
+fn speak_to_standard_output_streams_the_wav_of_speak() {
+    use std::io::Read;
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(ws.path().join("data")).unwrap();
+    std::fs::copy(ref_wav(), ws.path().join("data/ref.wav")).unwrap();
+    std::fs::write(
+        ws.path().join("voiceclone.toml"),
+        format!(
+            "[model]\nbase = {:?}\n\n[speak]\nmax_frames = 8\nmax_chunk_chars = 25\n",
+            model("tiny-0b6")
+        ),
+    )
+    .unwrap();
+    let text = "First sentence here. Second sentence follows.";
+    ok(&speak(
+        ws.path(),
+        &[
+            text,
+            "--seed",
+            "5",
+            "-o",
+            "file.wav",
+            "--save-codes",
+            "file.json",
+        ],
+    ));
+    let want = wav_samples(&ws.path().join("file.wav"));
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_voiceclone"))
+        .current_dir(ws.path())
+        .args(["speak", text, "--seed", "5", "-o", "-"])
+        .args(["--save-codes", "stdout.json"])
+        .env_remove("RUST_LOG")
+        .env("VOICECLONE_TEST_FRAME_DELAY_MS", "150")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut header = [0u8; 44];
+    stdout.read_exact(&mut header).unwrap();
+    assert_eq!(&header[0..4], b"RIFF");
+    assert_eq!(&header[8..16], b"WAVEfmt ");
+    assert_eq!(&header[36..40], b"data");
+    assert_eq!(
+        u32::from_le_bytes(header[4..8].try_into().unwrap()),
+        u32::MAX
+    );
+    assert_eq!(
+        u32::from_le_bytes(header[24..28].try_into().unwrap()),
+        24_000
+    );
+    let mut first = [0u8; 2 * 1920];
+    stdout.read_exact(&mut first).unwrap();
+    if cfg!(feature = "test-hooks") {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the first frame's samples came only once speak was done"
+        );
+    }
+    let mut rest = Vec::new();
+    stdout.read_to_end(&mut rest).unwrap();
+    let o = child.wait_with_output().unwrap();
+    ok(&o);
+    assert!(
+        stderr(&o).contains("streamed to standard output"),
+        "{}",
+        stderr(&o)
+    );
+    let got: Vec<i16> = first
+        .iter()
+        .chain(&rest)
+        .copied()
+        .collect::<Vec<u8>>()
+        .chunks_exact(2)
+        .map(|b| i16::from_le_bytes([b[0], b[1]]))
+        .collect();
+    assert!(
+        got == want,
+        "{} samples streamed, {} in the file",
+        got.len(),
+        want.len()
+    );
+    // Two chunks, one 0.12 s pause between them.
+    let frames = codes(&ws.path().join("file.json")).len();
+    assert_eq!(want.len(), frames * 1920 + 2880, "the text was not split");
+    assert_eq!(
+        codes(&ws.path().join("stdout.json")),
+        codes(&ws.path().join("file.json"))
+    );
+    let list = ws.path().join("texts.txt");
+    std::fs::write(&list, "One.\nTwo.\n").unwrap();
+    let o = speak(ws.path(), &["--input", list.to_str().unwrap(), "-o", "-"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("-o - streams one text"),
+        "{}",
+        stderr(&o)
+    );
+}

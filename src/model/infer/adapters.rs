@@ -13,6 +13,7 @@ use anyhow::{ensure, Result};
 
 use super::dot;
 use crate::kernels::team;
+
 use crate::model::linear::{Input, LinearWeight};
 
 /// An adapter put on a [`super::Talker`], numbered in the order they were added.
@@ -26,31 +27,54 @@ impl AdapterId {
     }
 }
 
-/// `scale · B·A` of one `(out, in)` matrix, factored: `a` `(r, in)`, `b` `(out, r)`, row-major.
+/// `scale · B·A` of one `(out, in)` matrix, factored: `a` `(r, in)` and `b` transposed,
+/// `bt` `(r, out)`, so that both products of a row run over contiguous rows.
 pub(super) struct LowRank {
     a: Vec<f32>,
-    b: Vec<f32>,
+    bt: Vec<f32>,
     rank: usize,
     scale: f32,
 }
 
 impl LowRank {
-    /// Adds `scale·B·(A·x)` to `y` for one input row `x`.
-    fn add_row(&self, x: &[f32], y: &mut [f32]) {
-        let k = x.len();
-        let u: Vec<f32> = self
-            .a
-            .chunks_exact(k)
-            .map(|row| dot(row, x) * self.scale)
-            .collect();
-        for (yo, brow) in y.iter_mut().zip(self.b.chunks_exact(self.rank)) {
-            *yo += dot(brow, &u);
+    /// Adds `scale·B·(A·x)` to `y` for one input row `x`: `r` dot products of the input width,
+    /// then `r` scaled row additions of the output width, each output value summed over `q` in
+    /// order. `split` spreads both over the team (one row alone); the values are the same.
+    fn add_row(&self, x: &[f32], y: &mut [f32], split: bool) {
+        let (k, n, r) = (x.len(), y.len(), self.rank);
+        let parts = if split {
+            rayon::current_num_threads().max(1)
+        } else {
+            1
+        };
+        let mut u = vec![0f32; r];
+        let dots = |i: usize, chunk: &mut [f32], per: usize| {
+            for (j, uq) in chunk.iter_mut().enumerate() {
+                let q = i * per + j;
+                *uq = dot(&self.a[q * k..(q + 1) * k], x) * self.scale;
+            }
+        };
+        let per_u = r.div_ceil(parts);
+        let per_y = n.div_ceil(parts).next_multiple_of(16);
+        let adds = |i: usize, ys: &mut [f32], u: &[f32]| {
+            let o0 = i * per_y;
+            for (q, &uq) in u.iter().enumerate() {
+                let b = &self.bt[q * n + o0..q * n + o0 + ys.len()];
+                ys.iter_mut().zip(b).for_each(|(yo, bo)| *yo += uq * bo);
+            }
+        };
+        if parts > 1 {
+            team::for_each_chunk(&mut u, per_u, |i, c| dots(i, c, per_u));
+            team::for_each_chunk(y, per_y, |i, ys| adds(i, ys, &u));
+        } else {
+            dots(0, &mut u, r);
+            adds(0, y, &u);
         }
     }
 
     /// Values held.
     fn len(&self) -> usize {
-        self.a.len() + self.b.len()
+        self.a.len() + self.bt.len()
     }
 }
 
@@ -93,9 +117,15 @@ impl Projection {
             "adapter {} changes this matrix twice",
             id.0
         );
+        let mut bt = vec![0f32; n * rank];
+        for (o, row) in b.chunks_exact(rank).enumerate() {
+            for (q, v) in row.iter().enumerate() {
+                bt[q * n + o] = *v;
+            }
+        }
         self.deltas[id.0] = Some(LowRank {
             a,
-            b,
+            bt,
             rank,
             scale: scale as f32,
         });
@@ -109,6 +139,7 @@ impl Projection {
 
     /// `x (m, k) · Wᵀ`, plus each row's adapter correction: row `t` of `x` (its raw f32
     /// values, also behind `inp`) speaks with `rows[t]` (`rows` empty: every row with the base).
+    /// Each row's correction is computed on its own (rows in parallel on the team).
     pub fn forward(&self, inp: &Input<'_>, x: &[f32], rows: &[Option<AdapterId>]) -> Vec<f32> {
         let mut y = self.weight.forward(inp);
         let delta = |t: usize| {
@@ -118,16 +149,23 @@ impl Projection {
                 .and_then(|id| self.deltas.get(id.0))
                 .and_then(Option::as_ref)
         };
-        if rows.is_empty() || !(0..rows.len()).any(|t| delta(t).is_some()) {
+        if !(0..rows.len()).any(|t| delta(t).is_some()) {
             return y;
         }
         let (n, k) = self.weight.dims();
         debug_assert_eq!(rows.len() * k, x.len(), "one adapter per input row");
-        team::for_each_chunk(&mut y, n, |t, out| {
-            if let Some(d) = delta(t) {
-                d.add_row(&x[t * k..(t + 1) * k], out);
-            }
-        });
+        let adapted: Vec<usize> = (0..rows.len()).filter(|&t| delta(t).is_some()).collect();
+        if let [t] = adapted[..] {
+            // One row (a stream's step): its products spread over the team.
+            let d = delta(t).expect("adapted");
+            d.add_row(&x[t * k..(t + 1) * k], &mut y[t * n..(t + 1) * n], true);
+        } else {
+            team::for_each_chunk(&mut y, n, |t, out| {
+                if let Some(d) = delta(t) {
+                    d.add_row(&x[t * k..(t + 1) * k], out, false);
+                }
+            });
+        }
         y
     }
 }
@@ -196,5 +234,10 @@ mod tests {
                 assert_eq!(&y[t * n..(t + 1) * n], &plain[t * n..(t + 1) * n]);
             }
         }
+        // A row adapted alone (its products spread over the team) gets the same bits.
+        let solo = [None, Some(AdapterId(0))];
+        let x2 = &x[k..3 * k];
+        let y2 = p.forward(&Input::new(x2, 2, k), x2, &solo);
+        assert_eq!(&y2[n..], &y[2 * n..3 * n]);
     }
 }
