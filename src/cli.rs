@@ -411,7 +411,8 @@ impl ServeArgs {
                     self.adapters
                         .iter()
                         .map(|e| {
-                            toml::Value::String(match crate::config::adapter_entry(e) {
+                            let exists = |p: &str| std::path::Path::new(p).exists();
+                            toml::Value::String(match crate::config::adapter_entry(e, exists) {
                                 (Some(name), dir) => {
                                     format!("{name}={}", absolutize_if_exists(dir))
                                 }

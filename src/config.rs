@@ -323,13 +323,12 @@ pub struct ServeConfig {
 }
 
 /// A `serve.adapters` entry: `NAME=DIR` (the adapter's one speaker served as voice NAME) or
-/// `DIR` (its speakers under their own names). An entry that is an existing path is a `DIR`
-/// even with an `=` in it.
-pub fn adapter_entry(entry: &str) -> (Option<&str>, &str) {
+/// `DIR` (its speakers under their own names). An entry that `exists` (resolved as the caller
+/// resolves paths: the current directory for flags, the workspace for the config file) is a
+/// `DIR` even with an `=` in it.
+pub fn adapter_entry(entry: &str, exists: impl Fn(&str) -> bool) -> (Option<&str>, &str) {
     match entry.split_once('=') {
-        Some((name, dir)) if is_voice_name(name) && !std::path::Path::new(entry).exists() => {
-            (Some(name), dir)
-        }
+        Some((name, dir)) if is_voice_name(name) && !exists(entry) => (Some(name), dir),
         _ => (None, entry),
     }
 }
@@ -776,7 +775,7 @@ impl Resolved {
         if let Some(e) = s
             .adapters
             .iter()
-            .find(|e| adapter_entry(e).1.trim().is_empty())
+            .find(|e| adapter_entry(e, |_| false).1.trim().is_empty())
         {
             return Err(bad(
                 "serve.adapters",

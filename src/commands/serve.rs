@@ -24,7 +24,7 @@ pub fn run(ws: &Workspace, config: &Config) -> Result<()> {
         .adapters
         .iter()
         .map(|entry| {
-            let (name, dir) = config::adapter_entry(entry);
+            let (name, dir) = config::adapter_entry(entry, |p| ws.config_path(p).exists());
             let a = AdapterDir::read(&ws.config_path(dir))
                 .with_context(|| format!("serve.adapters entry {entry:?}"))?;
             Ok((name.map(String::from), a))
@@ -70,7 +70,7 @@ pub fn run(ws: &Workspace, config: &Config) -> Result<()> {
         started.elapsed().as_secs_f64(),
         synth.describe_backend()
     );
-    let adapter_voices = put_on_adapters(&mut synth, &adapters)?;
+    let adapter_voices = put_on_adapters(&mut synth, adapters)?;
     let default_voice = match resolve_voice(ws, &mut synth, &VoiceSpec::default()) {
         Ok(v) => Some(v),
         Err(e) => {
@@ -150,20 +150,21 @@ pub fn run(ws: &Workspace, config: &Config) -> Result<()> {
 /// trained on this base, and returns their voices.
 fn put_on_adapters(
     synth: &mut Synthesizer,
-    adapters: &[(Option<String>, AdapterDir)],
+    adapters: Vec<(Option<String>, AdapterDir)>,
 ) -> Result<Vec<AdapterVoice>> {
     let mut out = Vec::new();
     let held = |synth: &Synthesizer| synth.cpu_talker().map_or(0, |t| t.adapter_values());
     for (name, a) in adapters {
-        check_adapter_base(a, &synth.files)?;
+        check_adapter_base(&a, &synth.files)?;
         let before = held(synth);
+        let (dir, rank, matrices) = (a.dir.clone(), a.rank, a.factors.len());
         let mut voices = synth.add_adapter(a)?;
         if let Some(name) = name {
             if voices.len() != 1 {
                 bail!(
                     "serve.adapters: {name}={} names one voice, but the adapter holds {} \
                      speakers ({}); give the directory alone to serve them under their names",
-                    a.dir.display(),
+                    dir.display(),
                     voices.len(),
                     voices
                         .iter()
@@ -172,14 +173,12 @@ fn put_on_adapters(
                         .join(", ")
                 );
             }
-            voices[0].0 = name.clone();
+            voices[0].0 = name;
         }
         let values = held(synth) - before;
         eprintln!(
-            "adapter {} (rank {}, {} matrices, {:.1} MB beside the base): voice {}",
-            a.dir.display(),
-            a.rank,
-            a.factors.len(),
+            "adapter {} (rank {rank}, {matrices} matrices, {:.1} MB beside the base): voice {}",
+            dir.display(),
             4.0 * values as f64 / 1e6,
             voices
                 .iter()
@@ -189,7 +188,7 @@ fn put_on_adapters(
         );
         out.extend(voices.into_iter().map(|(name, voice)| AdapterVoice {
             name,
-            adapter: a.dir.display().to_string(),
+            adapter: dir.display().to_string(),
             voice,
         }));
     }

@@ -185,14 +185,22 @@ fn stream_to_stdout(
             .and_then(|()| out.flush())
             .context("cannot write to standard output")
     };
-    write(&crate::serve::audio_out::wav_header(rate))?;
+    // The header goes out with the first samples: a request that fails before them (its
+    // prompt, the model) leaves standard output empty.
+    let header = crate::serve::audio_out::wav_header(rate);
     let mut first_audio = None;
     let streamed = crate::kernels::pool::on_pool(|| {
         synth.stream(req, opts, |samples| {
-            first_audio.get_or_insert_with(|| started.elapsed());
+            if first_audio.is_none() {
+                write(&header)?;
+                first_audio = Some(started.elapsed());
+            }
             write(&crate::serve::audio_out::pcm16(samples))
         })
     })?;
+    if first_audio.is_none() {
+        write(&header)?;
+    }
     if let Some(path) = codes {
         write_codes_file(path, &streamed.frames)?;
     }

@@ -380,7 +380,8 @@ impl Synthesizer {
     /// the Base model the adapter was trained on (the caller checks its identity); adapters
     /// that also replace whole modules (`train.lora_full`) would need a copy of each such module
     /// per adapter and are refused.
-    pub fn add_adapter(&mut self, adapter: &AdapterDir) -> Result<Vec<(String, Voice)>> {
+    /// The factors move into the talker: the adapter is held once.
+    pub fn add_adapter(&mut self, adapter: AdapterDir) -> Result<Vec<(String, Voice)>> {
         let what = format!("the adapter {}", adapter.dir.display());
         ensure!(
             self.config().tts_model_type == "base",
@@ -390,23 +391,31 @@ impl Synthesizer {
         );
         if !adapter.saved.is_empty() {
             bail!(
-                "{what} also replaces whole modules ({}, train.lora_full): kept beside a shared                  base, only adapters of decoder-layer matrices are served; serve its merged                  export (`voiceclone export`) or speak with `voiceclone speak --adapter`",
+                "{what} also replaces whole modules ({}, train.lora_full): kept beside a shared \
+                 base, only adapters of decoder-layer matrices are served; serve its merged \
+                 export (`voiceclone export`) or speak with `voiceclone speak --adapter`",
                 adapter.saved.keys().cloned().collect::<Vec<_>>().join(", ")
             );
         }
+        ensure!(
+            !adapter.speakers.is_empty(),
+            "{what} holds no speaker (its speakers.safetensors is empty)"
+        );
         let h = self.config().talker_config.hidden_size;
         let Backend::Cpu(talker) = &mut self.backend else {
             bail!(
-                "{what}: adapters kept beside the base model run on the CPU inference path                  (precision f32, bf16-weights or q8), not {}",
+                "{what}: adapters kept beside the base model run on the CPU inference path \
+                 (precision f32, bf16-weights or q8), not {}",
                 self.precision
             );
         };
+        let scale = adapter.scale();
         let id = talker
-            .add_adapter(&adapter.factors, adapter.scale())
+            .add_adapter(adapter.factors, scale)
             .with_context(|| what.clone())?;
         adapter
             .speakers
-            .iter()
+            .into_iter()
             .map(|(name, x)| {
                 ensure!(
                     x.len() == h,
@@ -474,7 +483,8 @@ impl Synthesizer {
             !requests
                 .iter()
                 .any(|r| matches!(r.voice, Voice::Adapter { .. })),
-            "adapter voices kept beside the base model are spoken by `voiceclone serve`;              `voiceclone speak --adapter DIR` puts one adapter on at load"
+            "adapter voices kept beside the base model are spoken by `voiceclone serve`; \
+             `voiceclone speak --adapter DIR` puts one adapter on at load"
         );
         // (request, chunk, spec, icl reference codes)
         let mut rows = Vec::new();

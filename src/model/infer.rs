@@ -884,7 +884,7 @@ impl Talker {
     /// (docs/serving.md §7). Every other tensor stays the base model's.
     pub fn add_adapter(
         &mut self,
-        factors: &BTreeMap<String, Factors>,
+        factors: BTreeMap<String, Factors>,
         scale: f64,
     ) -> Result<AdapterId> {
         ensure!(!factors.is_empty(), "the adapter changes no matrix");
@@ -893,16 +893,17 @@ impl Talker {
         const CP: &str = "talker.code_predictor.model";
         for (name, f) in factors {
             let projection = if name.starts_with(CP) {
-                self.code_predictor.decoder.projection_mut(CP, name)
+                self.code_predictor.decoder.projection_mut(CP, &name)
             } else {
-                self.decoder.projection_mut(TALKER, name)
+                self.decoder.projection_mut(TALKER, &name)
             };
             let Some(p) = projection else {
                 bail!(
-                    "the adapter changes {name}, which is not a decoder-layer projection of                      this model"
+                    "the adapter changes {name}, which is not a decoder-layer projection of \
+                     this model"
                 );
             };
-            p.add(id, f.a.shape[0], f.a.data.clone(), f.b.data.clone(), scale)
+            p.add(id, f.a.shape[0], f.a.data, f.b.data, scale)
                 .with_context(|| format!("the adapter of {name}"))?;
         }
         self.adapters += 1;

@@ -194,16 +194,17 @@ fn two_adapter_voices_on_one_base_each_speak_as_speak_adapter() {
         .collect();
     assert_same_samples(&alone[0], &want_a, "alice vs speak --adapter");
     assert_same_samples(&alone[1], &want_b, "bob vs speak --adapter");
+    let default_body =
+        json!({"model": "m", "input": texts[0].1, "voice": "default", "response_format": "pcm"});
+    let default_alone = pcm_samples(&speech(&server.addr, &default_body).body);
     // Together, with the base model's own voice between them in the batch.
     let mut bodies: Vec<Value> = (0..2).map(body).collect();
-    bodies.insert(
-        1,
-        json!({"model": "m", "input": texts[0].1, "voice": "default", "response_format": "pcm"}),
-    );
+    bodies.insert(1, default_body);
     let together = together(&server, bodies);
     assert_same_samples(&together[0], &want_a, "alice in the batch");
     assert_same_samples(&together[2], &want_b, "bob in the batch");
-    assert_ne!(together[1], want_a, "the base voice spoke as the adapter");
+    // The base model's own row between them computes with no adapter.
+    assert_same_samples(&together[1], &default_alone, "the base voice in the batch");
     eprintln!(
         "serve with two adapter voices: {:.0} MB resident (tiny fixture)",
         rss_mb(server.pid())
@@ -243,7 +244,13 @@ fn adapter_voices_on_a_bf16_base_do_not_depend_on_the_batch() {
             .map(|v| pcm_samples(&speech(&server.addr, &body(v)).body))
             .collect();
         assert_ne!(alone[0], alone[1], "{precision}: the adapters speak alike");
+        let base = pcm_samples(&speech(&server.addr, &body("default")).body);
         let both = together(&server, vec![body("bob"), body("default"), body("alice")]);
+        assert_same_samples(
+            &both[1],
+            &base,
+            &format!("{precision}: the base voice in the batch"),
+        );
         assert_same_samples(
             &both[2],
             &alone[0],

@@ -183,7 +183,7 @@ mod tests {
     /// rows `x·Wᵀ` exactly; factors that do not fit the matrix are refused.
     #[test]
     fn rows_compute_with_their_own_adapter() {
-        let (n, k, r) = (5, 7, 3);
+        let (n, k, r) = (50, 7, 3);
         let w = values(n * k, 1);
         let mut p = Projection::new(LinearWeight::F32 { w: w.clone(), n, k });
         let factors = [
