@@ -153,11 +153,22 @@ fn put_on_adapters(
     adapters: Vec<(Option<String>, AdapterDir)>,
 ) -> Result<Vec<AdapterVoice>> {
     let mut out = Vec::new();
-    let held = |synth: &Synthesizer| synth.cpu_talker().map_or(0, |t| t.adapter_values());
+    let names = |voices: &[(String, _)]| {
+        voices
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     for (name, a) in adapters {
         check_adapter_base(&a, &synth.files)?;
-        let before = held(synth);
         let (dir, rank, matrices) = (a.dir.clone(), a.rank, a.factors.len());
+        // What the talker will hold: the factors move into it (f32).
+        let values: usize = a
+            .factors
+            .values()
+            .map(|f| f.a.data.len() + f.b.data.len())
+            .sum();
         let mut voices = synth.add_adapter(a)?;
         if let Some(name) = name {
             if voices.len() != 1 {
@@ -166,25 +177,16 @@ fn put_on_adapters(
                      speakers ({}); give the directory alone to serve them under their names",
                     dir.display(),
                     voices.len(),
-                    voices
-                        .iter()
-                        .map(|(n, _)| n.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    names(&voices)
                 );
             }
             voices[0].0 = name;
         }
-        let values = held(synth) - before;
         eprintln!(
             "adapter {} (rank {rank}, {matrices} matrices, {:.1} MB beside the base): voice {}",
             dir.display(),
             4.0 * values as f64 / 1e6,
-            voices
-                .iter()
-                .map(|(n, _)| n.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
+            names(&voices)
         );
         out.extend(voices.into_iter().map(|(name, voice)| AdapterVoice {
             name,

@@ -427,7 +427,7 @@ impl Synthesizer {
                     .map(|v| half::bf16::from_f32(*v).to_f32())
                     .collect();
                 Ok((
-                    name.clone(),
+                    name,
                     Voice::Adapter {
                         adapter: id,
                         xvector,

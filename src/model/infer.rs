@@ -42,30 +42,38 @@ struct Layer {
     down: Projection,
 }
 
+/// The projections of a layer, named as in the checkpoint after `layers.N.`, in the order
+/// [`Layer::projections`] gives them.
+const PROJECTIONS: [&str; 7] = [
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+];
+
 impl Layer {
-    /// The projections, named as in the checkpoint after `layers.N.`.
-    fn projections(&self) -> [(&'static str, &Projection); 7] {
-        [
-            ("self_attn.q_proj", &self.q),
-            ("self_attn.k_proj", &self.k),
-            ("self_attn.v_proj", &self.v),
-            ("self_attn.o_proj", &self.o),
-            ("mlp.gate_proj", &self.gate),
-            ("mlp.up_proj", &self.up),
-            ("mlp.down_proj", &self.down),
-        ]
+    /// The projections with their names ([`PROJECTIONS`]).
+    fn projections(&self) -> impl Iterator<Item = (&'static str, &Projection)> {
+        let all = [
+            &self.q, &self.k, &self.v, &self.o, &self.gate, &self.up, &self.down,
+        ];
+        PROJECTIONS.into_iter().zip(all)
     }
 
-    fn projections_mut(&mut self) -> [(&'static str, &mut Projection); 7] {
-        [
-            ("self_attn.q_proj", &mut self.q),
-            ("self_attn.k_proj", &mut self.k),
-            ("self_attn.v_proj", &mut self.v),
-            ("self_attn.o_proj", &mut self.o),
-            ("mlp.gate_proj", &mut self.gate),
-            ("mlp.up_proj", &mut self.up),
-            ("mlp.down_proj", &mut self.down),
-        ]
+    fn projections_mut(&mut self) -> impl Iterator<Item = (&'static str, &mut Projection)> {
+        let all = [
+            &mut self.q,
+            &mut self.k,
+            &mut self.v,
+            &mut self.o,
+            &mut self.gate,
+            &mut self.up,
+            &mut self.down,
+        ];
+        PROJECTIONS.into_iter().zip(all)
     }
 }
 
@@ -108,11 +116,6 @@ impl Cache {
             rows.to_vec()
         };
         Ok(())
-    }
-
-    /// The adapter of each row, as bound (empty: none).
-    pub fn adapters(&self) -> &[Option<AdapterId>] {
-        &self.adapters
     }
 
     pub fn len(&self) -> usize {
@@ -238,15 +241,6 @@ impl Decoder {
             .sum()
     }
 
-    /// f32 values the adapters put on this stack hold.
-    pub fn adapter_values(&self) -> usize {
-        self.layers
-            .iter()
-            .flat_map(|l| l.projections())
-            .map(|(_, p)| p.adapter_values())
-            .sum()
-    }
-
     /// The projection named `{prefix}.layers.N.NAME.weight`, for putting an adapter on it.
     fn projection_mut(&mut self, prefix: &str, name: &str) -> Option<&mut Projection> {
         let rest = name.strip_prefix(prefix)?.strip_prefix(".layers.")?;
@@ -255,7 +249,6 @@ impl Decoder {
         let layer = self.layers.get_mut(layer.parse::<usize>().ok()?)?;
         layer
             .projections_mut()
-            .into_iter()
             .find(|(n, _)| *n == which)
             .map(|(_, p)| p)
     }
@@ -908,11 +901,6 @@ impl Talker {
         }
         self.adapters += 1;
         Ok(id)
-    }
-
-    /// f32 values the adapters put on this talker hold.
-    pub fn adapter_values(&self) -> usize {
-        self.decoder.adapter_values() + self.code_predictor.decoder.adapter_values()
     }
 
     pub fn format(&self) -> WeightFormat {

@@ -34,18 +34,7 @@ fn ref_wav() -> PathBuf {
 /// A workspace whose voice is `data/ref.wav` (x-vector cloning) on the tiny Base model, with
 /// `extra` appended to its `voiceclone.toml`.
 fn workspace(extra: &str) -> tempfile::TempDir {
-    let ws = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(ws.path().join("data")).unwrap();
-    std::fs::copy(ref_wav(), ws.path().join("data/ref.wav")).unwrap();
-    std::fs::write(
-        ws.path().join("voiceclone.toml"),
-        format!(
-            "[model]\nbase = {:?}\n\n[speak]\nmax_frames = {FRAMES}\n{extra}\n",
-            model("tiny-0b6")
-        ),
-    )
-    .unwrap();
-    ws
+    crate::speak_cli::reference_workspace(&format!("\n[speak]\nmax_frames = {FRAMES}\n{extra}\n"))
 }
 
 /// `voiceclone speak` in `ws`: the 16-bit samples it writes.

@@ -47,6 +47,20 @@ fn wav_samples(path: &Path) -> Vec<i16> {
     r.samples::<i16>().map(|s| s.unwrap()).collect()
 }
 
+/// A workspace on the tiny Base model whose voice is `data/ref.wav`, with `extra` appended to
+/// its `voiceclone.toml`.
+pub(crate) fn reference_workspace(extra: &str) -> tempfile::TempDir {
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(ws.path().join("data")).unwrap();
+    std::fs::copy(ref_wav(), ws.path().join("data/ref.wav")).unwrap();
+    std::fs::write(
+        ws.path().join("voiceclone.toml"),
+        format!("[model]\nbase = {:?}\n{extra}", model("tiny-0b6")),
+    )
+    .unwrap();
+    ws
+}
+
 #[test]
 fn seeded_sampling_repeats_and_seeds_differ() {
     let ws = tempfile::tempdir().unwrap();
@@ -164,14 +178,7 @@ fn batch_file_gives_the_codes_of_single_runs() {
 
 #[test]
 fn workspace_reference_voice_is_used_and_long_texts_are_split() {
-    let ws = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(ws.path().join("data")).unwrap();
-    std::fs::copy(ref_wav(), ws.path().join("data/ref.wav")).unwrap();
-    std::fs::write(
-        ws.path().join("voiceclone.toml"),
-        format!("[model]\nbase = {:?}\n", model("tiny-0b6")),
-    )
-    .unwrap();
+    let ws = reference_workspace("");
     let text = "First sentence here. Second sentence follows. Third one ends it.";
     let o = speak(
         ws.path(),
@@ -481,17 +488,7 @@ fn auto_keeps_an_f32_checkpoint_in_f32() {
 #[test]
 fn speak_to_standard_output_streams_the_wav_of_speak() {
     use std::io::Read;
-    let ws = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(ws.path().join("data")).unwrap();
-    std::fs::copy(ref_wav(), ws.path().join("data/ref.wav")).unwrap();
-    std::fs::write(
-        ws.path().join("voiceclone.toml"),
-        format!(
-            "[model]\nbase = {:?}\n\n[speak]\nmax_frames = 8\nmax_chunk_chars = 25\n",
-            model("tiny-0b6")
-        ),
-    )
-    .unwrap();
+    let ws = reference_workspace("[speak]\nmax_frames = 8\nmax_chunk_chars = 25\n");
     let text = "First sentence here. Second sentence follows.";
     ok(&speak(
         ws.path(),

@@ -20,13 +20,6 @@ use crate::model::linear::{Input, LinearWeight};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct AdapterId(pub(super) usize);
 
-impl AdapterId {
-    /// 0 for the first adapter added, 1 for the next, ….
-    pub fn index(self) -> usize {
-        self.0
-    }
-}
-
 /// `scale · B·A` of one `(out, in)` matrix, factored: `a` `(r, in)` and `b` transposed,
 /// `bt` `(r, out)`, so that both products of a row run over contiguous rows.
 pub(super) struct LowRank {
@@ -73,6 +66,7 @@ impl LowRank {
     }
 
     /// Values held.
+    #[cfg(test)]
     fn len(&self) -> usize {
         self.a.len() + self.bt.len()
     }
@@ -133,6 +127,7 @@ impl Projection {
     }
 
     /// f32 values the adapters hold on this matrix.
+    #[cfg(test)]
     pub fn adapter_values(&self) -> usize {
         self.deltas.iter().flatten().map(LowRank::len).sum()
     }
@@ -149,22 +144,23 @@ impl Projection {
                 .and_then(|id| self.deltas.get(id.0))
                 .and_then(Option::as_ref)
         };
-        if !(0..rows.len()).any(|t| delta(t).is_some()) {
-            return y;
-        }
         let (n, k) = self.weight.dims();
-        debug_assert_eq!(rows.len() * k, x.len(), "one adapter per input row");
-        let adapted: Vec<usize> = (0..rows.len()).filter(|&t| delta(t).is_some()).collect();
-        if let [t] = adapted[..] {
+        debug_assert!(
+            rows.is_empty() || rows.len() * k == x.len(),
+            "one adapter per row"
+        );
+        let adapted: Vec<(usize, &LowRank)> = (0..rows.len())
+            .filter_map(|t| delta(t).map(|d| (t, d)))
+            .collect();
+        match adapted[..] {
+            [] => {}
             // One row (a stream's step): its products spread over the team.
-            let d = delta(t).expect("adapted");
-            d.add_row(&x[t * k..(t + 1) * k], &mut y[t * n..(t + 1) * n], true);
-        } else {
-            team::for_each_chunk(&mut y, n, |t, out| {
+            [(t, d)] => d.add_row(&x[t * k..(t + 1) * k], &mut y[t * n..(t + 1) * n], true),
+            _ => team::for_each_chunk(&mut y, n, |t, out| {
                 if let Some(d) = delta(t) {
                     d.add_row(&x[t * k..(t + 1) * k], out, false);
                 }
-            });
+            }),
         }
         y
     }
