@@ -2,14 +2,14 @@
 //! (same inputs, same protocol, same JSON line). Run through `scripts/bench_codec.sh`.
 //!
 //! ```text
-//! cargo run --release --example bench_codec -- --codec DIR --audio WAV [--seconds 60] [--stream]
+//! cargo run --release --example bench_codec -- --codec DIR --audio WAV [--seconds 60] [--stream [--push N]]
 //! ```
 //! Loads the codec in DIR (a `speech_tokenizer/` directory or a model directory; not timed),
 //! reads WAV at 24 kHz, loops it to `--seconds`, warms up with an encode + decode of the first
 //! 2 s, then times `encode` of the whole input and `decode` of its codes (chunked, 300 + 25
 //! frames), and with `--stream` the same codes through `serve`'s streaming decoder one frame at a
-//! time (several times the decode's time, so not by default), checking that its samples equal
-//! the decode's bit for bit. Prints `{"encode_seconds",
+//! time (`--push N`: N frames per push; several times the decode's time, so not by default),
+//! checking that its samples equal the decode's bit for bit. Prints `{"encode_seconds",
 //! "decode_seconds", "audio_seconds", "frames"}` (and `"stream_decode_seconds"`) on stdout;
 //! diagnostics go to stderr. `RAYON_NUM_THREADS` sets the threads (default: every core).
 //!
@@ -46,6 +46,7 @@ fn main() -> Result<()> {
     let mut seconds = 60.0f64;
     let mut parity = None;
     let mut stream_too = false;
+    let mut push = 1usize;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut value = || args.next().with_context(|| format!("{a} needs a value"));
@@ -55,12 +56,16 @@ fn main() -> Result<()> {
             "--seconds" => seconds = value()?.parse().context("--seconds")?,
             "--parity" => parity = Some(PathBuf::from(value()?)),
             "--stream" => stream_too = true,
+            "--push" => push = value()?.parse().context("--push")?,
             other => {
-                bail!("unknown argument {other} (expected --codec DIR --audio WAV [--seconds S] [--stream])")
+                bail!("unknown argument {other} (expected --codec DIR --audio WAV [--seconds S] [--stream [--push N]])")
             }
         }
     }
     let codec_dir = codec_dir.context("--codec DIR is required")?;
+    if push == 0 {
+        bail!("--push needs at least 1 frame");
+    }
     // The crate's memory-reuse policy, as the `voiceclone` binary applies it.
     voiceclone::kernels::alloc::keep_freed_memory();
     let audio = audio.context("--audio WAV is required")?;
@@ -90,13 +95,14 @@ fn main() -> Result<()> {
     let out = codec.decode(&codes)?;
     let t2 = Instant::now();
     let c2 = cpu_seconds();
-    // The streaming decoder of `serve`, one frame at a time as its decode workers push them.
+    // The streaming decoder of `serve`, one frame at a time as its decode workers push them
+    // while generation keeps up with them (`--push N`: N at a time).
     let stream_dec = if stream_too {
         let t = Instant::now();
         let mut stream = voiceclone::model::codec::StreamDecoder::new(codec.decoder());
         let mut streamed = Vec::with_capacity(out.len());
-        for f in &codes {
-            streamed.extend(stream.push(std::slice::from_ref(f))?);
+        for group in codes.chunks(push) {
+            streamed.extend(stream.push(group)?);
         }
         // The streaming decoder gives the offline samples bit for bit (docs/model.md §9.3).
         if streamed.len() != out.len() {
@@ -137,7 +143,7 @@ fn main() -> Result<()> {
         audio_s / enc,
         audio_s / dec,
         stream_dec.map_or(String::new(), |t| format!(
-            ", streamed decode (one frame at a time) {:.2}x real time",
+            ", streamed decode ({push} frame(s) per push) {:.2}x real time",
             audio_s / t
         )),
         c1 - c0,

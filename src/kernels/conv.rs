@@ -20,6 +20,7 @@ use anyhow::{bail, ensure, Result};
 
 use super::act::Act;
 use super::buf::{par_new_vec, Init, Uninit};
+use super::few_rows::FEW_ROWS;
 use super::gemm::{gemm, Acc, Par};
 use super::mat::{MatMut, MatRef};
 use super::winograd::WinogradConv;
@@ -107,14 +108,28 @@ pub fn num_threads() -> usize {
 /// Output rows per tile for `t` rows of a GEMM with inner size `k` and `n` outputs. The GEMM
 /// packs the whole weight matrix (`k × n`) once per call, so tiles need a few hundred rows to
 /// amortise that; beyond that, smaller tiles keep their activations in cache, and there must be
-/// at least one tile per thread.
+/// at least one tile per thread. A few rows are one tile.
 pub fn tile_rows(t: usize, k: usize, n: usize) -> usize {
     /// Floats of the wider GEMM operand a tile aims at (~1 MB).
     const CACHE_FLOATS: usize = 1 << 18;
     /// Rows below which packing the weights once per tile starts to dominate.
     const MIN_ROWS: usize = 512;
+    if t <= FEW_ROWS {
+        // One tile whose product spreads its columns over the threads (`tile_par`).
+        return t.max(1);
+    }
     let want = (CACHE_FLOATS / k.max(n).max(1)).max(MIN_ROWS);
     t.div_ceil(num_threads()).clamp(1, want)
+}
+
+/// How a tile of `rows` output rows runs its products: a few rows on every thread (the weights
+/// read once, split by columns, [`super::few_rows`]), more serially (the tiles are parallel).
+fn tile_par(rows: usize) -> Par {
+    if rows <= FEW_ROWS {
+        Par::Rayon
+    } else {
+        Par::Seq
+    }
 }
 
 /// A causal `Conv1d` (`MimiConv1d` / `Qwen3TTSTokenizerV2CausalConvNet`), groups = 1.
@@ -206,14 +221,14 @@ impl CausalConv1d {
         if self.dilation == 1 || self.kernel == 1 {
             let lhs = MatRef::strided(padded, rows, self.kernel * self.cin, lhs_rs, 1);
             let rhs = MatRef::new(&self.w, self.kernel * self.cin, self.cout);
-            gemm(out, lhs, rhs, Acc::Add, 1.0, Par::Seq);
+            gemm(out, lhs, rhs, Acc::Add, 1.0, tile_par(rows));
         } else {
             let taps = self.w.chunks_exact(self.cin * self.cout);
             for (k, wk) in taps.enumerate() {
                 let at = k * self.dilation * self.cin;
                 let lhs = MatRef::strided(&padded[at..], rows, self.cin, lhs_rs, 1);
                 let rhs = MatRef::new(wk, self.cin, self.cout);
-                gemm(out.rb_mut(), lhs, rhs, Acc::Add, 1.0, Par::Seq);
+                gemm(out.rb_mut(), lhs, rhs, Acc::Add, 1.0, tile_par(rows));
             }
         }
     }
@@ -698,7 +713,7 @@ impl Linear {
                     rhs,
                     Acc::Add,
                     1.0,
-                    Par::Seq,
+                    tile_par(rows),
                 );
                 o
             },

@@ -13,6 +13,7 @@
 //! staging buffer that takes the general kernel instead.
 
 use super::buf::{Init, Uninit};
+use super::few_rows;
 use super::mat::{MatMut, MatRef};
 
 /// Whether a product may use several threads.
@@ -66,6 +67,10 @@ fn check_dims(m: usize, n: usize, lhs: &MatRef<'_>, rhs: &MatRef<'_>) -> usize {
 pub fn gemm(mut dst: MatMut<'_>, lhs: MatRef<'_>, rhs: MatRef<'_>, acc: Acc, beta: f32, par: Par) {
     let (m, n, rs) = (dst.rows(), dst.cols(), dst.row_stride());
     let k = check_dims(m, n, &lhs, &rhs);
+    if few_rows::applies(m, n, k, beta, &rhs) {
+        // The same bits as the crate's kernel, reading `rhs` once (its module docs).
+        return few_rows::product(dst, lhs, rhs, acc, beta, par);
+    }
     let out = dst.data_mut();
     // SAFETY: `MatMut` guarantees that its `m` rows of `n` values at stride `rs` lie in `out`
     // and do not overlap, `MatRef` that every element it addresses lies in its slice; the

@@ -5,6 +5,7 @@
 //! |---|---|
 //! | [`mat`] | bounds-checked matrix views with a lifetime (`MatRef`, `MatMut`) |
 //! | [`gemm`] | the one GEMM wrapper over them (the `gemm` crate), serial or on the rayon pool |
+//! | [`few_rows`] | its products of a few rows, the weights read once (same bits as the crate's) |
 //! | [`buf`] | new output buffers written once, without a zero-filling pass, in parallel tiles |
 //! | [`simd`] | run-time choice of the AVX2 + FMA build of a loop |
 //! | [`math`] | the polynomial `exp` family every vectorised loop uses |
@@ -51,6 +52,7 @@ pub mod alloc;
 pub mod bf16_dot;
 pub mod buf;
 pub mod conv;
+pub mod few_rows;
 pub mod gemm;
 pub mod grad;
 pub mod isa;

@@ -1,8 +1,11 @@
-//! Streaming codec decoding (issue 14, acceptance 2; docs/serving.md §4): the samples
-//! [`StreamDecoder`] gives frame by frame, in any grouping of the frames, equal the offline
-//! `Codec::decode` of the whole sequence (the official chunked decoder: 300-frame chunks with
-//! 25 frames of left context) bit for bit, across the chunk boundary, and with in-context
-//! reference frames primed in front (docs/model.md §9.5 says why they can).
+//! Streaming codec decoding (docs/serving.md §4): the samples [`StreamDecoder`] gives frame by
+//! frame, in any grouping of the frames, equal the offline `Codec::decode` of the whole
+//! sequence (the official chunked decoder: 300-frame chunks with 25 frames of left context) bit
+//! for bit, across the chunk boundary, and with in-context reference frames primed in front
+//! (docs/model.md §9.5 says why they can). Pushes of one to a few frames give the decoder's
+//! layers a few rows, which take the GEMM's few-row kernel (`kernels::few_rows`), larger pushes
+//! the `gemm` crate's: the bits must not tell them apart. The fixture models share one codec;
+//! `examples/bench_codec --stream --push N` checks the same on the full-size one.
 
 use crate::common::fixtures;
 
@@ -73,7 +76,15 @@ fn streamed_decoding_equals_the_offline_decoder_across_the_chunk_boundary() {
     let codes = long_codes();
     assert_eq!(codes.len(), 330);
     let offline = codec().decode(&codes).unwrap();
-    for groups in [&[1][..], &[3, 1, 7], &[64], &[299, 2, 29]] {
+    for groups in [
+        &[1][..],
+        &[2],
+        &[7],
+        &[300],
+        &[3, 1, 7],
+        &[64],
+        &[299, 2, 29],
+    ] {
         let (count, err) = differences(&streamed(&codes, groups, &[]), &offline);
         assert_eq!(
             count, 0,
