@@ -21,9 +21,10 @@
 # runs anyway and says so). `load` checks behaviour, not speed, and runs on a busy machine too.
 #
 # CODEC=DIR serves MODEL with the speech tokenizer in DIR instead of its own (the model's files
-# linked into a temporary directory, removed at exit): `CODEC=.big-fixtures/codec-full` measures the
-# codec of the real size (`scripts/bench_codec_official.py --make-full-size` writes it), whose
-# streaming decode the small codec of the default model leaves out (docs/performance.md §10.2).
+# linked into a temporary directory, removed at exit). For `bench` the default is
+# `.big-fixtures/codec-full`, the codec of the real size (`scripts/bench_codec_official.py
+# --make-full-size` writes it): the small random codec of the default model leaves out the
+# decoding that limits a CPU server (docs/performance.md §10.2). CODEC=own (the default of `load`) serves the model's own.
 #
 # Environment: MODEL, CODEC, STREAMS ("1 2 4 8"), FRAMES (50; load: 20), ROUNDS (2), PRECISION (auto:
 # bf16-weights for the bf16 checkpoint; or f32, q8), THREADS (RAYON_NUM_THREADS of the server;
@@ -40,8 +41,8 @@ PRECISION=${PRECISION:-auto}
 MAX_BATCH=${MAX_BATCH:-8}
 REF=tests/fixtures/audio/ref24k.wav
 case $MODE in
-bench) FRAMES=${FRAMES:-50} ;;
-load) FRAMES=${FRAMES:-20} ;;
+bench) FRAMES=${FRAMES:-50} CODEC=${CODEC:-.big-fixtures/codec-full} ;;
+load) FRAMES=${FRAMES:-20} CODEC=${CODEC:-own} ;;
 *)
     echo "usage: scripts/bench_serve.sh [bench|load]" >&2
     exit 2
@@ -75,9 +76,11 @@ cleanup() {
     if [[ -n ${WITH_CODEC:-} ]]; then rm -rf "$WITH_CODEC"; fi
 }
 trap cleanup EXIT
-if [[ -n ${CODEC:-} ]]; then
+if [[ $CODEC != own ]]; then
     if [[ ! -f $CODEC/model.safetensors || ! -f $CODEC/config.json ]]; then
-        echo "error: no speech tokenizer at $CODEC (model.safetensors and config.json)" >&2
+        echo "error: no speech tokenizer at $CODEC (model.safetensors and config.json;" \
+            "scripts/bench_codec_official.py --make-full-size $CODEC writes the full-size one," \
+            "CODEC=own serves the model's own)" >&2
         exit 1
     fi
     WITH_CODEC=$(mktemp -d)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Training throughput, voiceclone vs a PyTorch loop over the official modules, side by side in one
-# run (docs/performance.md §1, issue 6 acceptance 5).
+# run (docs/performance.md §1).
 #
 #   scripts/bench_train.sh                    # medium random model, batch 2, 2 warm-up + 10 timed steps
 #   ROUNDS=3 STEPS=20 scripts/bench_train.sh

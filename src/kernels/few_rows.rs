@@ -234,20 +234,22 @@ mod tests {
             return;
         }
         let big = 3 * FEW_ROWS;
-        for (case, &(k, n)) in [
-            (1, 1),
-            (2, 1),
-            (1, 16),
-            (3, 40),
-            (7, 300),
-            (511, 64),
-            (512, 260),
-            (513, 33),
-            (1100, 520),
-        ]
-        .iter()
-        .enumerate()
-        {
+        let shapes: &[(usize, usize)] = if cfg!(miri) {
+            &[(1, 1), (3, 40), (513, 3)]
+        } else {
+            &[
+                (1, 1),
+                (2, 1),
+                (1, 16),
+                (3, 40),
+                (7, 300),
+                (511, 64),
+                (512, 260),
+                (513, 33),
+                (1100, 520),
+            ]
+        };
+        for (case, &(k, n)) in shapes.iter().enumerate() {
             let w = rand_vec(k * (n + 3), 10 + case as u64);
             // Weights with a row stride wider than the view (a sub-matrix of columns).
             let rhs = MatRef::strided(&w, k, n, n + 3, 1);

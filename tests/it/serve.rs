@@ -1,4 +1,4 @@
-//! `voiceclone serve` end to end on the tiny fixture model (issue 14; docs/serving.md): the
+//! `voiceclone serve` end to end on the tiny fixture model (docs/serving.md): the
 //! speech endpoint returns what `voiceclone speak` writes for the same seed and voice, in every
 //! format, streamed while it is generated; concurrent requests give what each gives alone;
 //! registered voices persist; every error case answers OpenAI-style JSON; SIGTERM during a

@@ -1,4 +1,4 @@
-//! `voiceclone speak` end to end on the fixture models (issue 5): seeded sampling is
+//! `voiceclone speak` end to end on the fixture models: seeded sampling is
 //! reproducible, batches give the codes of single runs, the workspace's voice is found,
 //! long texts are split, and bad requests are clear errors that write nothing.
 

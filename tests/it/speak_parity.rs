@@ -1,5 +1,5 @@
 //! Greedy generation parity with the official `generate_voice_clone` / `generate_custom_voice`
-//! (issue 5, acceptance 1 and 3): every case recorded by `scripts/make_fixtures.py` in
+//! (docs/model.md §14): every case recorded by `scripts/make_fixtures.py` in
 //! `tests/fixtures/refs/<model>.speak.{json,safetensors}` is replayed through the library the
 //! way `voiceclone speak` runs it — model loaded from its directory like a download, voice made
 //! from the reference clip, prompts, left-padded batch, frame loop, codec decode, ICL cut —

@@ -1,4 +1,4 @@
-//! Several voices in one workspace and one fine-tune (issue 15, docs/training.md §3.3):
+//! Several voices in one workspace and one fine-tune (docs/training.md §3.3):
 //! - on the fixture model with synthetic codes: every batch row carries its own speaker's
 //!   x-vector at position 6 (against a batch built by hand), checkpoints record the speaker
 //!   set and refuse a changed one, `--speaker-balance` reaches the sampler, the export holds one

@@ -1,5 +1,4 @@
-//! `voiceclone train` / `voiceclone export` end to end on the tiny fixture models (issue 6,
-//! acceptance 2-4): the loss falls below half its start, frozen tensors stay bit-identical and
+//! `voiceclone train` / `voiceclone export` end to end on the tiny fixture models: the loss falls below half its start, frozen tensors stay bit-identical and
 //! every trained one changes, runs stopped by SIGTERM or killed by SIGKILL in the middle of a
 //! checkpoint write resume to bit-identical weights, incompatible checkpoints are refused, bad
 //! data is reported by line, and the export has the official CustomVoice layout and loads.

@@ -3,7 +3,6 @@
 //! generation, one module per weight format.
 //!
 //! Each format streams its weight rows once per call, output rows split across threads in
-//! fixed tasks, and accumulates in f32. Planned next to [`bf16`]: `q8` (8-bit blocks) and
-//! AVX-512 variants (issue 13), with the same signature.
+//! fixed tasks, and accumulates in f32.
 
 pub mod bf16;
