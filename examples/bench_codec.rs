@@ -2,14 +2,16 @@
 //! (same inputs, same protocol, same JSON line). Run through `scripts/bench_codec.sh`.
 //!
 //! ```text
-//! cargo run --release --example bench_codec -- --codec DIR --audio WAV [--seconds 60] [--stream [--push N]]
+//! cargo run --release --example bench_codec -- --codec DIR --audio WAV [--seconds 60] [--stream [--push N] [--streams S]]
 //! ```
 //! Loads the codec in DIR (a `speech_tokenizer/` directory or a model directory; not timed),
 //! reads WAV at 24 kHz, loops it to `--seconds`, warms up with an encode + decode of the first
 //! 2 s, then times `encode` of the whole input and `decode` of its codes (chunked, 300 + 25
 //! frames), and with `--stream` the same codes through `serve`'s streaming decoder one frame at a
-//! time (`--push N`: N frames per push; several times the decode's time, so not by default),
-//! checking that its samples equal the decode's bit for bit. Prints `{"encode_seconds",
+//! time (`--push N`: N frames per push; `--streams S`: S streams of the same codes decoded
+//! together, one push of each per step, as `serve` decodes its open streams; several times the
+//! decode's time, so not by default), checking that every stream's samples equal the decode's
+//! bit for bit. Prints `{"encode_seconds",
 //! "decode_seconds", "audio_seconds", "frames"}` (and `"stream_decode_seconds"`) on stdout;
 //! diagnostics go to stderr. `RAYON_NUM_THREADS` sets the threads (default: every core).
 //!
@@ -47,6 +49,7 @@ fn main() -> Result<()> {
     let mut parity = None;
     let mut stream_too = false;
     let mut push = 1usize;
+    let mut streams = 1usize;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut value = || args.next().with_context(|| format!("{a} needs a value"));
@@ -57,14 +60,15 @@ fn main() -> Result<()> {
             "--parity" => parity = Some(PathBuf::from(value()?)),
             "--stream" => stream_too = true,
             "--push" => push = value()?.parse().context("--push")?,
+            "--streams" => streams = value()?.parse().context("--streams")?,
             other => {
-                bail!("unknown argument {other} (expected --codec DIR --audio WAV [--seconds S] [--stream [--push N]])")
+                bail!("unknown argument {other} (expected --codec DIR --audio WAV [--seconds S] [--stream [--push N] [--streams S]])")
             }
         }
     }
     let codec_dir = codec_dir.context("--codec DIR is required")?;
-    if push == 0 {
-        bail!("--push needs at least 1 frame");
+    if push == 0 || streams == 0 {
+        bail!("--push and --streams need at least 1");
     }
     // The crate's memory-reuse policy, as the `voiceclone` binary applies it.
     voiceclone::kernels::alloc::keep_freed_memory();
@@ -99,26 +103,38 @@ fn main() -> Result<()> {
     // while generation keeps up with them (`--push N`: N at a time).
     let stream_dec = if stream_too {
         let t = Instant::now();
-        let mut stream = voiceclone::model::codec::StreamDecoder::new(codec.decoder());
-        let mut streamed = Vec::with_capacity(out.len());
+        use voiceclone::model::codec::StreamDecoder;
+        let mut decoders: Vec<StreamDecoder<'_>> = (0..streams)
+            .map(|_| StreamDecoder::new(codec.decoder()))
+            .collect();
+        let mut streamed = vec![Vec::with_capacity(out.len()); streams];
         for group in codes.chunks(push) {
-            streamed.extend(stream.push(group)?);
+            let mut jobs: Vec<(&mut StreamDecoder<'_>, &[Vec<u32>])> =
+                decoders.iter_mut().map(|d| (d, group)).collect();
+            for (s, w) in streamed
+                .iter_mut()
+                .zip(StreamDecoder::push_many(&mut jobs)?)
+            {
+                s.extend(w);
+            }
         }
-        // The streaming decoder gives the offline samples bit for bit (docs/model.md §9.3).
-        if streamed.len() != out.len() {
-            bail!(
-                "the streaming decoder gave {} samples, the decoder {}",
-                streamed.len(),
-                out.len()
-            );
-        }
-        let differing = streamed
-            .iter()
-            .zip(&out)
-            .filter(|(a, b)| a.to_bits() != b.to_bits())
-            .count();
-        if differing > 0 {
-            bail!("{differing} streamed samples differ from the offline decode");
+        // The streaming decoder gives the offline samples bit for bit (docs/model.md §9.5).
+        for s in &streamed {
+            if s.len() != out.len() {
+                bail!(
+                    "the streaming decoder gave {} samples, the decoder {}",
+                    s.len(),
+                    out.len()
+                );
+            }
+            let differing = s
+                .iter()
+                .zip(&out)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            if differing > 0 {
+                bail!("{differing} streamed samples differ from the offline decode");
+            }
         }
         Some(t.elapsed().as_secs_f64())
     } else {
@@ -143,7 +159,8 @@ fn main() -> Result<()> {
         audio_s / enc,
         audio_s / dec,
         stream_dec.map_or(String::new(), |t| format!(
-            ", streamed decode ({push} frame(s) per push) {:.2}x real time",
+            ", streamed decode ({streams} stream(s), {push} frame(s) per push) {:.2}x real time \
+             per stream",
             audio_s / t
         )),
         c1 - c0,

@@ -56,6 +56,30 @@ impl Seq {
         )
     }
 
+    /// The rows of several sequences of `c` channels, one after the other.
+    pub fn stack(parts: &[Seq], c: usize) -> Seq {
+        let t = parts.iter().map(|p| p.t).sum();
+        let mut data = Vec::with_capacity(t * c);
+        for p in parts {
+            assert_eq!(p.c, c, "stacked sequences differ in channels");
+            data.extend_from_slice(&p.data);
+        }
+        Seq::new(data, t, c)
+    }
+
+    /// The inverse of [`Self::stack`]: consecutive pieces of `rows[i]` rows.
+    pub fn split(&self, rows: &[usize]) -> Vec<Seq> {
+        assert_eq!(rows.iter().sum::<usize>(), self.t, "split rows");
+        let mut at = 0;
+        rows.iter()
+            .map(|&r| {
+                let piece = self.rows(at, at + r);
+                at += r;
+                piece
+            })
+            .collect()
+    }
+
     /// `(C, T)` channels-first copy (the official layout), for tests and debugging.
     pub fn to_channels_first(&self) -> Vec<f32> {
         let mut out = vec![0.0; self.data.len()];
@@ -387,6 +411,110 @@ impl CausalConv1d {
     }
 }
 
+/// One stream's part of a batched streaming step ([`CausalConv1d::forward_ranges`]): output rows
+/// `range` of an input of `total` rows of which `x` holds rows `offset..`, as
+/// [`CausalConv1d::forward_range`] takes them.
+#[derive(Debug, Clone, Copy)]
+pub struct ConvWindow<'a> {
+    pub x: &'a Seq,
+    pub offset: usize,
+    pub total: usize,
+    pub range: (usize, usize),
+}
+
+/// Rows up to which [`CausalConv1d::forward_ranges`] gathers the windows of several streams into
+/// one product (above, the weights are read by each stream's tiles anyway).
+const GATHER_ROWS: usize = 64;
+
+impl CausalConv1d {
+    /// [`Self::forward_range`] for several independent inputs (the streams of a batched decoding
+    /// step, docs/serving.md §4): their output rows go through one product per tap, so the
+    /// weights are read once for all of them. Each output is the one `forward_range` gives for
+    /// its window alone, to the bit: the products are row-invariant and the taps are summed in
+    /// the same order (one product over `kernel·cin` for dilation 1, one per tap otherwise).
+    pub fn forward_ranges(&self, parts: &[ConvWindow<'_>], act: Option<&Act>) -> Vec<Seq> {
+        let rows: Vec<usize> = parts
+            .iter()
+            .map(|p| p.range.1.saturating_sub(p.range.0))
+            .collect();
+        let total_rows: usize = rows.iter().sum();
+        if parts.len() < 2 || total_rows > GATHER_ROWS || total_rows == 0 {
+            return parts
+                .iter()
+                .map(|p| self.forward_range(p.x, p.offset, p.total, act, p.range))
+                .collect();
+        }
+        let (cin, n, k_eff) = (self.cin, self.cout, self.k_eff());
+        let one_product = self.dilation == 1 || self.kernel == 1;
+        // Gathered left operands: one matrix of `kernel·cin` columns, or one of `cin` per tap.
+        let (width, mats) = if one_product {
+            (self.kernel * cin, 1)
+        } else {
+            (cin, self.kernel)
+        };
+        let mut lhs = vec![Vec::with_capacity(total_rows * width); mats];
+        let mut buf = Vec::new();
+        for (p, &r) in parts.iter().zip(&rows) {
+            if r == 0 {
+                continue;
+            }
+            assert_eq!(p.x.c, cin, "conv input channels");
+            let (a, b) = p.range;
+            let p0 = a * self.stride;
+            self.build_input(
+                p.x,
+                p.offset,
+                p.total,
+                act,
+                p0,
+                (b - 1) * self.stride + k_eff,
+                &mut buf,
+            );
+            for t in 0..r {
+                let at = t * self.stride * cin;
+                if one_product {
+                    lhs[0].extend_from_slice(&buf[at..at + width]);
+                } else {
+                    for (j, m) in lhs.iter_mut().enumerate() {
+                        let tap = at + j * self.dilation * cin;
+                        m.extend_from_slice(&buf[tap..tap + cin]);
+                    }
+                }
+            }
+        }
+        let tile = tile_rows(total_rows, self.kernel * cin, n);
+        let out = par_new_vec(
+            total_rows * n,
+            tile * n,
+            || (),
+            |i, part, _| {
+                let (r0, tr) = (i * tile, part.len() / n);
+                let mut o = self.init_rows(part);
+                for (j, m) in lhs.iter().enumerate() {
+                    let a = MatRef::new(&m[r0 * width..(r0 + tr) * width], tr, width);
+                    let w = &self.w[j * width * n..(j + 1) * width * n];
+                    gemm(
+                        MatMut::new(&mut o, tr, n),
+                        a,
+                        MatRef::new(w, width, n),
+                        Acc::Add,
+                        1.0,
+                        tile_par(tr),
+                    );
+                }
+                o
+            },
+        );
+        let mut outs = Vec::with_capacity(parts.len());
+        let mut at = 0;
+        for &r in &rows {
+            outs.push(Seq::new(out[at * n..(at + r) * n].to_vec(), r, n));
+            at += r;
+        }
+        outs
+    }
+}
+
 impl CausalConv1d {
     /// One input channel (the waveform conv): a GEMM with inner size `kernel` would waste most
     /// of its time packing, so this runs directly, vectorised over the output channels.
@@ -497,6 +625,16 @@ impl CausalConvTranspose1d {
     ) -> Seq {
         let y = self.conv.forward_range(x, offset, total, act, range);
         Seq::new(y.data, y.t * self.stride, self.cout)
+    }
+
+    /// [`Self::forward_range`] for several independent inputs, as
+    /// [`CausalConv1d::forward_ranges`] (output blocks `range` of each).
+    pub fn forward_ranges(&self, parts: &[ConvWindow<'_>], act: Option<&Act>) -> Vec<Seq> {
+        self.conv
+            .forward_ranges(parts, act)
+            .into_iter()
+            .map(|y| Seq::new(y.data, y.t * self.stride, self.cout))
+            .collect()
     }
 
     /// Input samples each output block reads (`ceil(kernel / stride)`).

@@ -13,10 +13,10 @@ use super::audio_out::{Encoder, Format, Framing};
 use super::http::{self, ApiError, ChannelBody, RespBody, StreamError};
 use super::multipart;
 use super::scheduler::{GenEvent, Job, Refused};
+use super::stream_decoding::{OpenStream, StreamDecoding};
 use super::State;
 use crate::generate::sampling::Sampling;
 use crate::generate::{DecodeOptions, Request as SpeechJob, Voice};
-use crate::model::codec::StreamDecoder;
 
 /// Every request: authentication (all but `GET /health`), then the route.
 pub async fn handle(req: Request<Incoming>, state: Arc<State>) -> Response<RespBody> {
@@ -111,6 +111,11 @@ fn health(state: &State) -> Response<RespBody> {
             "running": running,
             "queued": waiting,
             "streams": state.inflight.count(),
+            "decoding": {
+                "passes": state.decoding.stats.passes.load(Ordering::Relaxed),
+                "shared_passes": state.decoding.stats.shared_passes.load(Ordering::Relaxed),
+                "most_streams": state.decoding.stats.most_streams.load(Ordering::Relaxed),
+            },
         }),
     )
 }
@@ -567,10 +572,12 @@ async fn speech(
     let content_type = encoder.content_type();
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, StreamError>>(64);
     let synth = state.synth.clone();
+    let decoding = state.decoding.clone();
     let worker_cancel = cancel.clone();
     tokio::task::spawn_blocking(move || {
         decode_worker(
             &synth,
+            &decoding,
             events_rx,
             tx,
             encoder,
@@ -623,10 +630,12 @@ fn shutting_down() -> ApiError {
 }
 
 /// Turns a request's generated frames into response chunks as they come (docs/serving.md §4):
-/// one [`StreamDecoder`] per row, the pause between the chunks of a split text, the response
-/// framing. Ends when the request is done, failed, or the client is gone.
+/// one open stream of the decoding thread per row, the pause between the chunks of a split
+/// text, the response framing. Ends when the request is done, failed, or the client is gone.
+#[allow(clippy::too_many_arguments)]
 fn decode_worker(
     synth: &crate::generate::Synthesizer,
+    decoding: &StreamDecoding,
     events: mpsc::Receiver<GenEvent>,
     out: tokio::sync::mpsc::Sender<Result<Bytes, StreamError>>,
     encoder: Encoder,
@@ -645,8 +654,7 @@ fn decode_worker(
             return gone(cancel);
         }
     }
-    let decoder = synth.codec.decoder();
-    let mut stream: Option<StreamDecoder<'_>> = None;
+    let mut stream: Option<OpenStream> = None;
     let mut pending: Vec<[u32; 16]> = Vec::new();
     loop {
         let ev = match events.recv() {
@@ -660,18 +668,19 @@ fn decode_worker(
         };
         // Frames that are already waiting are decoded together and go out as one chunk: the
         // stream decoder's samples do not depend on how the frames are grouped
-        // (docs/serving.md §4), and one pass over its weights for several frames is cheaper.
+        // (docs/serving.md §4), and one pass over its weights for several frames is cheaper;
+        // the decoding thread adds the other streams' frames to the same pass.
         let mut next = Some(ev);
         while let Some(GenEvent::Frame(f)) = next {
             pending.push(f.0);
             next = events.try_recv().ok();
         }
         if !pending.is_empty() {
-            let Some(s) = stream.as_mut() else {
+            let Some(s) = stream.as_ref() else {
                 let _ = out.blocking_send(Err(StreamError("a frame before its row".into())));
                 return;
             };
-            let decoded = crate::kernels::pool::on_pool(|| s.push(&pending));
+            let decoded = s.push(std::mem::take(&mut pending));
             match decoded {
                 Ok(samples) => {
                     first_audio.get_or_insert_with(|| received.elapsed());
@@ -692,13 +701,13 @@ fn decode_worker(
                 if chunk > 0 && !send(encoder.samples(&vec![0.0; synth.chunk_pause_samples()])) {
                     return gone(cancel);
                 }
-                let mut s = StreamDecoder::new(decoder);
-                if let Some(r) = ref_codes {
-                    if let Err(e) = s.prime(&r) {
-                        return fail(&out, &encoder, format!("decoding failed: {e:#}"));
-                    }
+                // The previous chunk's stream is closed first (no pass waits for it).
+                drop(stream.take());
+                let prime = ref_codes.map(|r| r.into_iter().map(|f| f.0).collect());
+                match decoding.open(prime) {
+                    Ok(s) => stream = Some(s),
+                    Err(e) => return fail(&out, &encoder, format!("decoding failed: {e:#}")),
                 }
-                stream = Some(s);
             }
             Some(GenEvent::ChunkEnd { .. }) => stream = None,
             Some(GenEvent::Done { frames }) => {

@@ -1,13 +1,15 @@
 //! `voiceclone serve`: the loaded voice behind an OpenAI-compatible, streaming speech API
 //! (docs/serving.md). HTTP/1.1 (hyper) on a small tokio runtime; the model work runs off the
-//! async threads — one generation thread with the running batch ([`scheduler`]), one blocking
-//! decode worker per streamed response ([`api`]).
+//! async threads — one generation thread with the running batch ([`scheduler`]), one thread
+//! decoding the frames of every open stream together ([`stream_decoding`]), and one blocking
+//! worker per streamed response that carries its frames there and its audio out ([`api`]).
 
 pub mod api;
 pub mod audio_out;
 pub mod http;
 pub mod multipart;
 pub mod scheduler;
+pub mod stream_decoding;
 pub mod voices;
 
 use std::net::SocketAddr;
@@ -65,6 +67,7 @@ pub struct State {
     pub synth: Arc<Synthesizer>,
     pub opts: ServeOptions,
     pub scheduler: scheduler::Scheduler,
+    pub decoding: Arc<stream_decoding::StreamDecoding>,
     pub voices: voices::Registry,
     /// The workspace's voice (`"default"`), as `voiceclone speak` finds it without flags.
     pub default_voice: Option<Voice>,
@@ -84,10 +87,12 @@ impl State {
     ) -> Result<Self> {
         let synth = Arc::new(synth);
         let scheduler = scheduler::Scheduler::start(synth.clone(), opts.max_batch, opts.max_queue)?;
+        let decoding = Arc::new(stream_decoding::StreamDecoding::start(synth.clone())?);
         Ok(State {
             synth,
             opts,
             scheduler,
+            decoding,
             voices,
             default_voice,
             adapter_voices,

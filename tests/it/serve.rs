@@ -527,6 +527,13 @@ fn concurrent_equals_alone(precision: &str) {
             r.body
         })
         .collect();
+    let shared_alone = server.health()["decoding"]["shared_passes"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(
+        shared_alone, 0,
+        "requests one at a time shared a decoding pass"
+    );
     let addr = server.addr.clone();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let watcher = {
@@ -561,9 +568,16 @@ fn concurrent_equals_alone(precision: &str) {
         .collect();
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let most = watcher.join().unwrap();
-    eprintln!("{precision}: at most {most} rows ran together");
+    let decoding = server.health()["decoding"].clone();
+    eprintln!("{precision}: at most {most} rows ran together; decoding {decoding}");
     if cfg!(feature = "test-hooks") {
         assert!(most >= 2, "the requests never shared the batch");
+        // The streams' frames went through the codec decoder together (docs/serving.md §4).
+        assert!(
+            decoding["shared_passes"].as_u64().unwrap() > 0
+                && decoding["most_streams"].as_u64().unwrap() >= 2,
+            "the streams never shared a decoding pass: {decoding}"
+        );
     }
     for i in 0..4 {
         assert!(!together[i].is_empty(), "request {i}");

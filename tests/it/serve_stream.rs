@@ -107,3 +107,96 @@ fn primed_reference_frames_equal_decoding_them_and_cutting_their_samples() {
         );
     }
 }
+
+/// Streams decoded together ([`StreamDecoder::push_many`], as `serve` decodes the frames of all
+/// its open streams in one pass): four utterances starting at different steps, pushing
+/// different numbers of frames per step, one primed with reference frames, each crossing the
+/// 300-frame chunk boundary at its own step and leaving when it ends. Every stream's samples
+/// must be those of decoding it alone, to the bit, whoever shares its steps.
+#[test]
+fn streams_decoded_together_equal_each_stream_decoded_alone() {
+    let codes = long_codes();
+    // Four utterances: the recorded frames from four starting points, of four lengths.
+    let utterances: Vec<Vec<Vec<u32>>> = (0..4)
+        .map(|i| {
+            codes
+                .iter()
+                .cycle()
+                .skip(37 * i)
+                .take(318 - 41 * i)
+                .cloned()
+                .collect()
+        })
+        .collect();
+    let reference = &codes[200..230];
+    let solo: Vec<Vec<f32>> = utterances
+        .iter()
+        .enumerate()
+        .map(|(i, u)| {
+            if i == 2 {
+                streamed(u, &[1], reference)
+            } else {
+                codec().decode(u).unwrap()
+            }
+        })
+        .collect();
+    let sizes = [1usize, 1, 2, 1, 7, 1, 3];
+    let mut streams: Vec<Option<StreamDecoder<'_>>> = (0..4).map(|_| None).collect();
+    let mut next = [0usize; 4];
+    let mut out: Vec<Vec<f32>> = vec![Vec::new(); 4];
+    let mut shared_steps = 0;
+    for step in 0.. {
+        if (0..4).all(|i| next[i] == utterances[i].len()) {
+            break;
+        }
+        for (i, s) in streams.iter_mut().enumerate() {
+            // Stream i joins at step 5·i.
+            if s.is_none() && step == 5 * i {
+                let mut d = StreamDecoder::new(codec().decoder());
+                if i == 2 {
+                    d.prime(reference).unwrap();
+                }
+                *s = Some(d);
+            }
+        }
+        let mut jobs: Vec<(&mut StreamDecoder<'_>, &[Vec<u32>])> = Vec::new();
+        let mut who = Vec::new();
+        for (i, s) in streams.iter_mut().enumerate() {
+            if let Some(d) = s.as_mut() {
+                let left = utterances[i].len() - next[i];
+                if left == 0 {
+                    continue;
+                }
+                let n = sizes[(step + i) % sizes.len()].min(left);
+                jobs.push((d, &utterances[i][next[i]..next[i] + n]));
+                who.push((i, n));
+            }
+        }
+        if jobs.len() > 1 {
+            shared_steps += 1;
+        }
+        let samples = StreamDecoder::push_many(&mut jobs).unwrap();
+        for ((i, n), w) in who.into_iter().zip(samples) {
+            assert_eq!(w.len(), n * 1920, "stream {i}: 1920 samples per frame");
+            out[i].extend_from_slice(&w);
+            next[i] += n;
+        }
+        for (i, s) in streams.iter_mut().enumerate() {
+            if next[i] == utterances[i].len() {
+                // Leaves as soon as it is done.
+                *s = None;
+            }
+        }
+    }
+    assert!(
+        shared_steps > 100,
+        "the streams shared only {shared_steps} steps"
+    );
+    for (i, (got, want)) in out.iter().zip(&solo).enumerate() {
+        let (count, err) = differences(got, want);
+        assert_eq!(
+            count, 0,
+            "stream {i}: {count} samples differ from its solo decode (by up to {err:.3e})"
+        );
+    }
+}

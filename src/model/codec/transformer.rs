@@ -297,14 +297,29 @@ impl Transformer {
     /// decoder, giving the same floats for every row (docs/model.md §9.5). With a sliding window
     /// the cache keeps only the keys a later query can still see.
     pub fn forward_cached(&self, x: &Seq, cache: &mut KvCache) -> Seq {
+        let mut out = self.forward_cached_many(std::slice::from_ref(x), &mut [cache]);
+        out.pop().expect("one sequence in, one out")
+    }
+
+    /// [`Self::forward_cached`] for several independent sequences at once (the streams of a
+    /// batched decoding step): their rows share every projection and MLP product (the weights
+    /// read once), each attends to its own cache. Each output is the one `forward_cached`
+    /// gives for its sequence alone, to the bit (row-invariant products, docs/model.md §9.5).
+    pub fn forward_cached_many(&self, xs: &[Seq], caches: &mut [&mut KvCache]) -> Vec<Seq> {
+        assert_eq!(xs.len(), caches.len(), "one cache per sequence");
         let d = &self.dims;
-        let (n, hd) = (x.t, d.head_dim);
-        let mut h = x.clone();
-        if n == 0 {
-            return h;
+        let hd = d.head_dim;
+        let rows: Vec<usize> = xs.iter().map(|x| x.t).collect();
+        let total: usize = rows.iter().sum();
+        let mut h = Seq::stack(xs, d.hidden);
+        if total == 0 {
+            return h.split(&rows);
         }
-        let t0 = cache.len;
-        let (cos, sin) = self.rope_tables(t0..t0 + n);
+        let tables: Vec<(Vec<f32>, Vec<f32>)> = caches
+            .iter()
+            .zip(&rows)
+            .map(|(c, &n)| self.rope_tables(c.len..c.len + n))
+            .collect();
         let kvd = d.kv_heads * hd;
         let k_off = d.heads * hd;
         let v_off = k_off + kvd;
@@ -312,46 +327,63 @@ impl Transformer {
         let out_w = d.heads * hd;
         for (li, layer) in self.layers.iter().enumerate() {
             let a = layer.input_norm.forward(&h);
-            let mut qkv = layer.qkv.forward(&a, None);
-            self.apply_rope(&mut qkv, &cos, &sin);
-            let (keys, vals) = &mut cache.layers[li];
-            for row in qkv.data.chunks_exact(qkv.c) {
-                keys.extend_from_slice(&row[k_off..k_off + kvd]);
-                vals.extend_from_slice(&row[v_off..v_off + kvd]);
-            }
-            // Every cached key so far, head by head through `attend_head` as in `attention`.
-            let nk = keys.len() / kvd;
-            let mut att = vec![0.0f32; n * out_w];
+            let qkv_all = layer.qkv.forward(&a, None);
+            let mut att = vec![0.0f32; total * out_w];
             let mut scores = Vec::new();
-            for head in 0..d.heads {
-                let g = head / rep;
-                self.attend_head(
-                    MatRef::strided(&qkv.data[head * hd..], n, hd, qkv.c, 1),
-                    MatRef::strided(&keys[g * hd..], hd, nk, 1, kvd),
-                    MatRef::strided(&vals[g * hd..], nk, hd, kvd, 1),
-                    (t0, cache.first),
-                    &mut scores,
-                    MatMut::strided(&mut att[head * hd..], n, hd, out_w),
-                );
+            let mut at = 0;
+            for (((qkv_rows, cache), (cos, sin)), &n) in qkv_all
+                .split(&rows)
+                .into_iter()
+                .zip(caches.iter_mut())
+                .zip(&tables)
+                .zip(&rows)
+            {
+                if n == 0 {
+                    continue;
+                }
+                let mut qkv = qkv_rows;
+                self.apply_rope(&mut qkv, cos, sin);
+                let (keys, vals) = &mut cache.layers[li];
+                for row in qkv.data.chunks_exact(qkv.c) {
+                    keys.extend_from_slice(&row[k_off..k_off + kvd]);
+                    vals.extend_from_slice(&row[v_off..v_off + kvd]);
+                }
+                // Every cached key so far, head by head through `attend_head` as in `attention`.
+                let nk = keys.len() / kvd;
+                let rows_att = &mut att[at * out_w..(at + n) * out_w];
+                for head in 0..d.heads {
+                    let g = head / rep;
+                    self.attend_head(
+                        MatRef::strided(&qkv.data[head * hd..], n, hd, qkv.c, 1),
+                        MatRef::strided(&keys[g * hd..], hd, nk, 1, kvd),
+                        MatRef::strided(&vals[g * hd..], nk, hd, kvd, 1),
+                        (cache.len, cache.first),
+                        &mut scores,
+                        MatMut::strided(&mut rows_att[head * hd..], n, hd, out_w),
+                    );
+                }
+                at += n;
             }
-            let att = Seq::new(att, n, out_w);
+            let att = Seq::new(att, total, out_w);
             h = layer.o.forward(&att, Some(&h));
             h = self.mlp(layer, &h);
         }
-        cache.len = t0 + n;
-        if let Some(w) = d.window {
-            // Later queries see positions > len − w only.
-            let keep_from = cache.len.saturating_sub(w);
-            if keep_from > cache.first {
-                let drop = (keep_from - cache.first) * kvd;
-                for (k, v) in &mut cache.layers {
-                    k.drain(..drop);
-                    v.drain(..drop);
+        for (cache, &n) in caches.iter_mut().zip(&rows) {
+            cache.len += n;
+            if let Some(w) = d.window {
+                // Later queries see positions > len − w only.
+                let keep_from = cache.len.saturating_sub(w);
+                if keep_from > cache.first {
+                    let drop = (keep_from - cache.first) * kvd;
+                    for (k, v) in &mut cache.layers {
+                        k.drain(..drop);
+                        v.drain(..drop);
+                    }
+                    cache.first = keep_from;
                 }
-                cache.first = keep_from;
             }
         }
-        h
+        h.split(&rows)
     }
 
     /// cos/sin tables `(positions, head_dim/2)`: `freqs = pos · inv_freq` in f32, as HF.

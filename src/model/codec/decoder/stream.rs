@@ -17,9 +17,9 @@
 
 use std::collections::VecDeque;
 
-use anyhow::Result;
+use anyhow::{ensure, Result};
 
-use super::super::conv::Seq;
+use super::super::conv::{ConvWindow, Seq};
 use super::super::transformer::{rms_norm_rows, KvCache};
 use super::{clamp_unit, Decoder, CHUNK_FRAMES, LEFT_CONTEXT_FRAMES};
 
@@ -149,6 +149,76 @@ impl<'d> StreamDecoder<'d> {
         self.advance(frames, false).map(|_| ())
     }
 
+    /// Decodes the next frames of several streams of one decoder at once (docs/serving.md §4):
+    /// per stream exactly what [`Self::push`] of its frames gives, to the bit, but the rows of
+    /// all of them go through each layer's products together, so a layer's weights are read
+    /// once per step for all the streams instead of once per stream. A stream may appear once.
+    pub fn push_many<R: AsRef<[u32]>>(
+        jobs: &mut [(&mut StreamDecoder<'d>, &[R])],
+    ) -> Result<Vec<Vec<f32>>> {
+        let Some(first) = jobs.first() else {
+            return Ok(Vec::new());
+        };
+        let dec = first.0.dec;
+        for (s, frames) in jobs.iter() {
+            ensure!(
+                std::ptr::eq(s.dec, dec),
+                "streams of different decoders cannot be decoded together"
+            );
+            s.dec.check_codes(frames)?;
+        }
+        let mut wavs: Vec<Vec<f32>> = jobs
+            .iter()
+            .map(|(_, f)| Vec::with_capacity(f.len() * dec.upsample_total))
+            .collect();
+        let mut next = vec![0usize; jobs.len()];
+        loop {
+            // Every stream with frames left takes what its chunk still holds.
+            let mut members = Vec::new();
+            for (i, (s, frames)) in jobs.iter_mut().enumerate() {
+                if next[i] == frames.len() {
+                    continue;
+                }
+                if s.chunk_frames == CHUNK_FRAMES {
+                    s.restart()?;
+                }
+                let take = (CHUNK_FRAMES - s.chunk_frames).min(frames.len() - next[i]);
+                members.push((i, take));
+            }
+            if members.is_empty() {
+                break;
+            }
+            let parts: Vec<Vec<&[u32]>> = members
+                .iter()
+                .map(|&(i, take)| {
+                    let f = jobs[i].1;
+                    f[next[i]..next[i] + take]
+                        .iter()
+                        .map(|c| c.as_ref())
+                        .collect()
+                })
+                .collect();
+            let mut states: Vec<&mut ChunkState> = Vec::with_capacity(members.len());
+            let mut wanted = members.iter().map(|&(i, _)| i).peekable();
+            for (i, (s, _)) in jobs.iter_mut().enumerate() {
+                if wanted.peek() == Some(&i) {
+                    wanted.next();
+                    states.push(&mut s.st);
+                }
+            }
+            let samples = Self::run_many(dec, &mut states, &parts)?;
+            for ((&(i, take), part), w) in members.iter().zip(&parts).zip(samples) {
+                wavs[i].extend_from_slice(&w);
+                jobs[i].0.commit(part);
+                next[i] += take;
+            }
+        }
+        for w in &mut wavs {
+            clamp_unit(w);
+        }
+        Ok(wavs)
+    }
+
     fn advance<R: AsRef<[u32]>>(&mut self, frames: &[R], emit: bool) -> Result<Vec<f32>> {
         self.dec.check_codes(frames)?;
         let mut wav = Vec::with_capacity(if emit {
@@ -165,18 +235,24 @@ impl<'d> StreamDecoder<'d> {
             let part: Vec<&[u32]> = frames[i..i + take].iter().map(|f| f.as_ref()).collect();
             let samples = self.run(&part, emit)?;
             wav.extend_from_slice(&samples);
-            for f in &part {
-                if self.recent.len() == LEFT_CONTEXT_FRAMES {
-                    self.recent.pop_front();
-                }
-                self.recent.push_back(f.to_vec());
-            }
-            self.frames += take;
-            self.chunk_frames += take;
+            self.commit(&part);
             i += take;
         }
         clamp_unit(&mut wav);
         Ok(wav)
+    }
+
+    /// Counts frames that went through the network and keeps the last ones as the next
+    /// chunk's left context.
+    fn commit(&mut self, part: &[&[u32]]) {
+        for f in part {
+            if self.recent.len() == LEFT_CONTEXT_FRAMES {
+                self.recent.pop_front();
+            }
+            self.recent.push_back(f.to_vec());
+        }
+        self.frames += part.len();
+        self.chunk_frames += part.len();
     }
 
     /// A new chunk: fresh state, then the left context as `chunk_plan` gives it (positions
@@ -202,69 +278,160 @@ impl<'d> StreamDecoder<'d> {
     /// Frames of the current chunk through the network; samples (unclamped) when `emit`.
     fn run(&mut self, codes: &[&[u32]], emit: bool) -> Result<Vec<f32>> {
         let d = self.dec;
-        let st = &mut self.st;
-        let q = d.quantizer.decode(codes);
-        let (x, off, a) = st.pre_conv.push(q);
-        let pc = d
-            .pre_conv
-            .forward_range(&x, off, st.pre_conv.seen, None, (a, st.pre_conv.seen));
-        let h = d.input_proj.forward(&pc, None);
-        let mut h = d.transformer.forward_cached(&h, &mut st.kv);
-        rms_norm_rows(&mut h, &d.norm, d.norm_eps);
-        let x = d.output_proj.forward(&h, None);
-        if let Some(p) = &mut st.pending {
-            if !emit {
-                // Only the last `reach` rows can still reach a sample (Decoder::decode's skip).
-                p.data.extend_from_slice(&x.data);
-                p.t += x.t;
-                if p.t > self.reach {
-                    *p = p.rows(p.t - self.reach, p.t);
-                }
-                return Ok(Vec::new());
+        if !emit && self.st.pending.is_some() {
+            // Only the last `reach` rows can still reach a sample (Decoder::decode's skip).
+            let x = Self::front_many(d, &mut [&mut self.st], &[codes.to_vec()])
+                .pop()
+                .expect("one stream");
+            let p = self.st.pending.as_mut().expect("checked above");
+            p.data.extend_from_slice(&x.data);
+            p.t += x.t;
+            if p.t > self.reach {
+                *p = p.rows(p.t - self.reach, p.t);
             }
+            return Ok(Vec::new());
         }
-        if let Some(p) = st.pending.take() {
-            if p.t > 0 {
-                Self::conv_stack(d, st, p)?;
-            }
-        }
-        let wav = Self::conv_stack(d, st, x)?;
-        Ok(if emit { wav } else { Vec::new() })
+        let mut wav = Self::run_many(d, &mut [&mut self.st], &[codes.to_vec()])?;
+        Ok(if emit {
+            wav.pop().expect("one stream")
+        } else {
+            Vec::new()
+        })
     }
 
-    /// The convolution stack after the transformer on the next rows (frame rate).
-    fn conv_stack(d: &Decoder, st: &mut ChunkState, mut x: Seq) -> Result<Vec<f32>> {
-        for ((up, cnx), (hu, hd)) in d.upsample.iter().zip(st.upsample.iter_mut()) {
-            let (xx, off, a) = hu.push(x);
-            let u = up.forward_range(&xx, off, hu.seen, None, (a, hu.seen));
-            let (uu, off, a) = hd.push(u.clone());
-            let h = cnx.dwconv.forward_range(&uu, off, (a, hd.seen));
-            x = cnx.finish(h, &u)?;
-        }
-        let (xx, off, a) = st.first.push(x);
-        x = d
-            .first
-            .forward_range(&xx, off, st.first.seen, None, (a, st.first.seen));
-        for (b, (hu, hr)) in d.blocks.iter().zip(st.blocks.iter_mut()) {
-            let (xx, off, a) = hu.push(x);
-            x =
-                b.up.forward_range(&xx, off, hu.seen, Some(&b.snake), (a, hu.seen));
-            for (r, h) in b.residuals.iter().zip(hr.iter_mut()) {
-                let (xx, off, a) = h.push(x);
-                x = r.forward_range(&xx, off, (a, h.seen));
+    /// The frames `codes[i]` of each stream `states[i]` through the whole network (the
+    /// convolution stack taking first what a stream's chunk left pending): each stream's samples.
+    fn run_many(
+        d: &Decoder,
+        states: &mut [&mut ChunkState],
+        codes: &[Vec<&[u32]>],
+    ) -> Result<Vec<Vec<f32>>> {
+        let xs = Self::front_many(d, states, codes);
+        for st in states.iter_mut() {
+            if let Some(p) = st.pending.take() {
+                if p.t > 0 {
+                    // The context frames' samples are not wanted.
+                    Self::conv_stack_many(d, &mut [&mut **st], vec![p])?;
+                }
             }
         }
-        let (xx, off, a) = st.final_conv.push(x);
-        let wav = d
-            .final_conv
-            .forward_range(
-                &xx,
-                off,
-                st.final_conv.seen,
-                Some(&d.final_snake),
-                (a, st.final_conv.seen),
-            )
-            .data;
-        Ok(wav)
+        Self::conv_stack_many(d, states, xs)
+    }
+
+    /// The layers before the convolution stack (frame rate): quantizer, pre-conv, transformer
+    /// (each stream on its own cache), norm and projection, the streams' rows sharing each
+    /// product.
+    fn front_many(d: &Decoder, states: &mut [&mut ChunkState], codes: &[Vec<&[u32]>]) -> Vec<Seq> {
+        let rows: Vec<usize> = codes.iter().map(|c| c.len()).collect();
+        let all: Vec<&[u32]> = codes.iter().flatten().copied().collect();
+        let q = d.quantizer.decode(&all).split(&rows);
+        let pushed: Vec<(Seq, usize, usize)> = states
+            .iter_mut()
+            .zip(q)
+            .map(|(st, q)| st.pre_conv.push(q))
+            .collect();
+        let windows: Vec<ConvWindow<'_>> = pushed
+            .iter()
+            .zip(states.iter())
+            .map(|((x, off, a), st)| window(x, *off, *a, &st.pre_conv))
+            .collect();
+        let pc = d.pre_conv.forward_ranges(&windows, None);
+        let h = d
+            .input_proj
+            .forward(&Seq::stack(&pc, d.input_proj.cin), None);
+        let mut caches: Vec<&mut KvCache> = states.iter_mut().map(|st| &mut st.kv).collect();
+        let hs = d
+            .transformer
+            .forward_cached_many(&h.split(&rows), &mut caches);
+        let mut h = Seq::stack(&hs, d.output_proj.cin);
+        rms_norm_rows(&mut h, &d.norm, d.norm_eps);
+        d.output_proj.forward(&h, None).split(&rows)
+    }
+
+    /// The convolution stack after the transformer on each stream's next rows (frame rate).
+    /// Layers whose rows are few (the upsampling stages, `decoder.0`, each block's transposed
+    /// conv) take all streams in one product; the residual units and the last conv, with many
+    /// rows per stream and small weights, run stream by stream.
+    fn conv_stack_many(
+        d: &Decoder,
+        states: &mut [&mut ChunkState],
+        mut xs: Vec<Seq>,
+    ) -> Result<Vec<Vec<f32>>> {
+        for (si, (up, cnx)) in d.upsample.iter().enumerate() {
+            let pushed: Vec<(Seq, usize, usize)> = states
+                .iter_mut()
+                .zip(xs)
+                .map(|(st, x)| st.upsample[si].0.push(x))
+                .collect();
+            let windows: Vec<ConvWindow<'_>> = pushed
+                .iter()
+                .zip(states.iter())
+                .map(|((x, off, a), st)| window(x, *off, *a, &st.upsample[si].0))
+                .collect();
+            let us = up.forward_ranges(&windows, None);
+            let mut hs = Vec::with_capacity(us.len());
+            for (st, u) in states.iter_mut().zip(&us) {
+                let hd = &mut st.upsample[si].1;
+                let (uu, off, a) = hd.push(u.clone());
+                hs.push(cnx.dwconv.forward_range(&uu, off, (a, hd.seen)));
+            }
+            let rows: Vec<usize> = us.iter().map(|u| u.t).collect();
+            let c = cnx.dwconv.channels;
+            xs = cnx
+                .finish(Seq::stack(&hs, c), &Seq::stack(&us, c))?
+                .split(&rows);
+        }
+        let pushed: Vec<(Seq, usize, usize)> = states
+            .iter_mut()
+            .zip(xs)
+            .map(|(st, x)| st.first.push(x))
+            .collect();
+        let windows: Vec<ConvWindow<'_>> = pushed
+            .iter()
+            .zip(states.iter())
+            .map(|((x, off, a), st)| window(x, *off, *a, &st.first))
+            .collect();
+        xs = d.first.forward_ranges(&windows, None);
+        for (bi, b) in d.blocks.iter().enumerate() {
+            let pushed: Vec<(Seq, usize, usize)> = states
+                .iter_mut()
+                .zip(xs)
+                .map(|(st, x)| st.blocks[bi].0.push(x))
+                .collect();
+            let windows: Vec<ConvWindow<'_>> = pushed
+                .iter()
+                .zip(states.iter())
+                .map(|((x, off, a), st)| window(x, *off, *a, &st.blocks[bi].0))
+                .collect();
+            xs = b.up.forward_ranges(&windows, Some(&b.snake));
+            for (st, x) in states.iter_mut().zip(xs.iter_mut()) {
+                for (r, h) in b.residuals.iter().zip(st.blocks[bi].1.iter_mut()) {
+                    let (xx, off, a) = h.push(std::mem::take(x));
+                    *x = r.forward_range(&xx, off, (a, h.seen));
+                }
+            }
+        }
+        let mut wavs = Vec::with_capacity(xs.len());
+        for (st, x) in states.iter_mut().zip(xs) {
+            let (xx, off, a) = st.final_conv.push(x);
+            let seen = st.final_conv.seen;
+            wavs.push(
+                d.final_conv
+                    .forward_range(&xx, off, seen, Some(&d.final_snake), (a, seen))
+                    .data,
+            );
+        }
+        Ok(wavs)
+    }
+}
+
+/// The window a [`Hist::push`] just made: `x` (the kept rows, then the new ones) from row
+/// `offset`, output rows from the first new one `a` to everything seen.
+fn window<'a>(x: &'a Seq, offset: usize, a: usize, hist: &Hist) -> ConvWindow<'a> {
+    ConvWindow {
+        x,
+        offset,
+        total: hist.seen,
+        range: (a, hist.seen),
     }
 }
