@@ -1,6 +1,7 @@
 //! One request spoken as it is generated (`voiceclone speak -o -`): its rows (chunks of a split
-//! text) one after the other through the frame loop of [`super::rows`], each frame decoded as
-//! soon as it is made by a [`StreamDecoder`], the samples handed to the caller as they come —
+//! text) one after the other through the frame loop of [`super::rows`], each frame decoded by a
+//! [`StreamDecoder`] on a second thread while the next is generated, the samples handed to the
+//! caller as they come —
 //! what `voiceclone serve` does for one stream (docs/serving.md §4), without the server.
 //!
 //! The samples are those of [`Synthesizer::synthesize`] for the same request and seed: a row
@@ -15,6 +16,17 @@ use super::sampling::RowRng;
 use super::synthesizer::{DecodeOptions, Request, Synthesizer};
 use crate::artifacts::CodeFrame;
 use crate::model::codec::StreamDecoder;
+
+/// What the generating thread hands the decoding one.
+enum ToDecoder {
+    /// A chunk of the text begins (after the pause unless `first`), with its in-context
+    /// reference frames to prime.
+    Chunk {
+        first: bool,
+        ref_codes: Option<Vec<CodeFrame>>,
+    },
+    Frame([u32; 16]),
+}
 
 /// What a streamed request made.
 #[derive(Debug, Clone, Default)]
@@ -52,7 +64,7 @@ impl Synthesizer {
         &self,
         req: &Request,
         opts: &DecodeOptions,
-        mut sink: impl FnMut(&[f32]) -> Result<()>,
+        mut sink: impl FnMut(&[f32]) -> Result<()> + Send,
     ) -> Result<Streamed> {
         let Some(talker) = self.cpu_talker() else {
             let speech = self
@@ -68,48 +80,104 @@ impl Synthesizer {
         };
         let loop_opts = self.loop_options(opts);
         let delay = test_frame_delay();
-        let mut stepper = Stepper::new(talker);
+        let plans = self.row_plans(req, opts)?;
+        let pause = self.chunk_pause_samples();
+        let decoder = self.codec.decoder();
         let mut out = Streamed::default();
-        for (c, plan) in self.row_plans(req, opts)?.iter().enumerate() {
-            if c > 0 {
-                let pause = vec![0f32; self.chunk_pause_samples()];
-                sink(&pause)?;
-                out.samples += pause.len();
-            }
-            let mut row = Row::start(
-                talker,
-                &plan.prompt,
-                self.pad_embed(),
-                loop_opts.clone(),
-                RowRng::new(opts.seed, 0, c as u64),
-                plan.adapter,
-            )?;
-            let mut decoder = StreamDecoder::new(self.codec.decoder());
-            if let Some(r) = &plan.ref_codes {
-                decoder.prime(r)?;
-            }
-            loop {
-                let outcome = stepper.step(talker, &mut [&mut row])?[0];
-                let (frame, end) = match outcome {
-                    Outcome::Frame(f) => (Some(f), None),
-                    Outcome::Last(f) => (Some(f), Some(None)),
-                    Outcome::Eos(step) => (None, Some(Some(step))),
-                };
-                if let Some(f) = frame {
-                    let samples = decoder.push(&[f.0])?;
-                    sink(&samples)?;
-                    out.samples += samples.len();
-                    out.frames.push(f);
+        // Frames are decoded on a thread of their own while the next ones are generated
+        // (docs/serving.md §4); whatever has piled up meanwhile is decoded in one push.
+        let (tx, rx) = std::sync::mpsc::channel::<ToDecoder>();
+        std::thread::scope(|scope| -> Result<()> {
+            let decoding = scope.spawn(move || -> Result<usize> {
+                let mut stream: Option<StreamDecoder<'_>> = None;
+                let mut samples = 0;
+                let mut next = rx.recv().ok();
+                while let Some(msg) = next.take() {
+                    match msg {
+                        ToDecoder::Chunk { first, ref_codes } => {
+                            if !first {
+                                sink(&vec![0f32; pause])?;
+                                samples += pause;
+                            }
+                            let mut s = StreamDecoder::new(decoder);
+                            if let Some(r) = &ref_codes {
+                                crate::kernels::pool::on_pool(|| s.prime(r))?;
+                            }
+                            stream = Some(s);
+                        }
+                        ToDecoder::Frame(f) => {
+                            let mut frames = vec![f];
+                            while let Ok(m) = rx.try_recv() {
+                                match m {
+                                    ToDecoder::Frame(f) => frames.push(f),
+                                    other => {
+                                        next = Some(other);
+                                        break;
+                                    }
+                                }
+                            }
+                            let s = stream.as_mut().context("a frame before its chunk")?;
+                            let wav = crate::kernels::pool::on_pool(|| s.push(&frames))?;
+                            sink(&wav)?;
+                            samples += wav.len();
+                        }
+                    }
+                    if next.is_none() {
+                        next = rx.recv().ok();
+                    }
                 }
-                if let Some(eos) = end {
-                    out.eos_steps.push(eos);
-                    break;
+                Ok(samples)
+            });
+            let generated = (|| -> Result<()> {
+                let mut stepper = Stepper::new(talker);
+                for (c, plan) in plans.iter().enumerate() {
+                    let mut row = Row::start(
+                        talker,
+                        &plan.prompt,
+                        self.pad_embed(),
+                        loop_opts.clone(),
+                        RowRng::new(opts.seed, 0, c as u64),
+                        plan.adapter,
+                    )?;
+                    let chunk = ToDecoder::Chunk {
+                        first: c == 0,
+                        ref_codes: plan.ref_codes.clone(),
+                    };
+                    if tx.send(chunk).is_err() {
+                        return Ok(()); // The decoding thread stopped: its error says why.
+                    }
+                    loop {
+                        let outcome = stepper.step(talker, &mut [&mut row])?[0];
+                        let (frame, end) = match outcome {
+                            Outcome::Frame(f) => (Some(f), None),
+                            Outcome::Last(f) => (Some(f), Some(None)),
+                            Outcome::Eos(step) => (None, Some(Some(step))),
+                        };
+                        if let Some(f) = frame {
+                            out.frames.push(f);
+                            if tx.send(ToDecoder::Frame(f.0)).is_err() {
+                                return Ok(());
+                            }
+                        }
+                        if let Some(eos) = end {
+                            out.eos_steps.push(eos);
+                            break;
+                        }
+                        if let Some(d) = delay {
+                            std::thread::sleep(d);
+                        }
+                    }
                 }
-                if let Some(d) = delay {
-                    std::thread::sleep(d);
-                }
-            }
-        }
+                Ok(())
+            })();
+            drop(tx);
+            let decoded = decoding
+                .join()
+                .map_err(|_| anyhow::anyhow!("the decoding thread panicked"))?;
+            // A decoding or writing error first: generation stops because of it.
+            out.samples = decoded?;
+            generated
+        })?;
         Ok(out)
     }
 }
