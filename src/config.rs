@@ -98,6 +98,12 @@ pub struct TrainConfig {
     pub shuffle: bool,
     pub save_every: usize,
     pub keep: usize,
+    /// Share of the utterances held out for validation (docs/training.md §14), 0 = none.
+    pub val_fraction: f64,
+    /// A manifest of the held-out set instead of `val_fraction`; empty = none.
+    pub val_manifest: String,
+    /// Steps between validations, 0 = at every checkpoint.
+    pub eval_every: usize,
     pub freeze: Vec<String>,
     /// Rank of the low-rank adapters, 0 = a full fine-tune (docs/training.md §13).
     pub lora_rank: usize,
@@ -671,6 +677,15 @@ impl Resolved {
             if !(v >= 0.0 && v.is_finite()) {
                 return Err(bad(key, format!("{v} is not a non-negative number")));
             }
+        }
+        if !(0.0..=0.5).contains(&t.val_fraction) {
+            return Err(bad(
+                "train.val_fraction",
+                format!(
+                    "{} is not a share between 0 (no held-out set) and 0.5",
+                    t.val_fraction
+                ),
+            ));
         }
         if t.speaker_name.trim().is_empty() || t.speaker_name.trim() != t.speaker_name {
             return Err(bad(

@@ -110,7 +110,15 @@ fn announce_and_run(
             trainer.data_changed(),
             cursor.epoch,
         ),
-        None => print_start(config, tensors, values, dataset, steps_per_epoch, where_),
+        None => print_start(
+            config,
+            tensors,
+            values,
+            dataset,
+            trainer.heldout(),
+            steps_per_epoch,
+            where_,
+        ),
     }
     println!("optimizer state: {state}");
     train::driver::run(trainer)
@@ -277,13 +285,17 @@ pub fn print_start(
     tensors: usize,
     parameters: usize,
     dataset: &data::Dataset,
+    heldout: Option<&data::Dataset>,
     steps_per_epoch: usize,
     placement: &str,
 ) {
     let c = &config.train;
+    let heldout = heldout.map_or(", none held out".to_string(), |h| {
+        format!(", {} held out for validation", h.samples.len())
+    });
     println!(
-        "training {tensors} tensors ({:.1} M parameters) on {} utterances ({} frames): {} epochs × \
-         {steps_per_epoch} steps, effective batch {} × {}, lr {:e}{placement}",
+        "training {tensors} tensors ({:.1} M parameters) on {} utterances ({} frames{heldout}): \
+         {} epochs × {steps_per_epoch} steps, effective batch {} × {}, lr {:e}{placement}",
         parameters as f64 / 1e6,
         dataset.samples.len(),
         dataset.frames(),
@@ -325,8 +337,12 @@ pub fn finish(
             outcome.step
         );
     } else {
+        let val = outcome
+            .last_val_loss
+            .map_or(String::new(), |v| format!(", validation loss {v:.4}"));
         println!(
-            "trained steps {}..{} of {total}: loss {:.4} -> {:.4}, {:.0} frames/s; metrics in {}",
+            "trained steps {}..{} of {total}: loss {:.4} -> {:.4}{val}, {:.0} frames/s; metrics \
+             in {}",
             outcome.start_step + 1,
             outcome.step,
             outcome.first_loss.unwrap_or(f64::NAN),

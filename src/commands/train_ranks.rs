@@ -14,7 +14,7 @@ use crate::dist::env::Launcher;
 use crate::dist::launch::{self, LaunchSpec};
 use crate::dist::tcp::{Endpoint, TcpCollective};
 use crate::dist::{Collective, RankEnv, ReduceOp};
-use crate::train::driver::NonFinite;
+use crate::train::driver::{Engine, NonFinite};
 use crate::train::sharded::ShardedTrainer;
 use crate::train::{self, Backend};
 use crate::workspace::Workspace;
@@ -200,6 +200,7 @@ fn train_rank(
                 trainer.params.len(),
                 trainer.full_parameters(),
                 &trainer.dataset,
+                trainer.heldout(),
                 trainer.sampler.steps_per_epoch(config.train.grad_accum),
                 &super::train::placement(backend, device, &config.train),
             ),

@@ -87,6 +87,9 @@ pub struct Identity {
     /// fine-tune.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lora: Option<super::lora::LoraIdentity>,
+    /// The held-out set (docs/training.md §14); not written when there is none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heldout: Option<super::heldout::HeldoutId>,
 }
 
 /// One named speaker of a run: its name and the SHA-256 of its x-vector's f32 bytes.
@@ -220,6 +223,24 @@ impl Identity {
                 "it was {}, the configuration asks for {}",
                 show(&saved.lora),
                 show(&self.lora)
+            ));
+        }
+        if self.heldout != saved.heldout {
+            let show = |h: &Option<super::heldout::HeldoutId>| match h {
+                Some(h) => format!(
+                    "{} utterance(s) (sha256 {}…)",
+                    h.utterances,
+                    &h.sha256[..12.min(h.sha256.len())]
+                ),
+                None => "none".to_string(),
+            };
+            why.push(format!(
+                "it held out {}, this run would hold out {}: utterances that trained \
+                 would be validated on, or held-out ones trained (did train.val_fraction, \
+                 train.val_manifest, train.seed or the data change? Set train.val_manifest to \
+                 keep a held-out set fixed while the data grows)",
+                show(&saved.heldout),
+                show(&self.heldout)
             ));
         }
         if self.objective != saved.objective {
@@ -1114,6 +1135,7 @@ mod tests {
             speakers: Vec::new(),
             speaker_balance: false,
             lora: None,
+            heldout: None,
         };
         Index {
             format: FORMAT.into(),

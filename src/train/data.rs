@@ -73,6 +73,24 @@ impl Dataset {
         self.speakers.len().max(1)
     }
 
+    /// The samples whose index `keep` accepts, in order, with their digest; the speaker list
+    /// (and so every sample's speaker index) is kept.
+    pub fn subset(&self, keep: impl Fn(usize) -> bool) -> Dataset {
+        let samples: Vec<Sample> = self
+            .samples
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| keep(*i))
+            .map(|(_, s)| s.clone())
+            .collect();
+        Dataset {
+            manifest: self.manifest.clone(),
+            digest: digest(&samples, &self.speakers),
+            samples,
+            speakers: self.speakers.clone(),
+        }
+    }
+
     /// The per-sample speaker indices the sampler balances over (`train.speaker_balance`,
     /// docs/training.md §4), or `None` when there is nothing to balance (off, or one speaker).
     pub fn balance_groups(&self, speaker_balance: bool) -> Option<Vec<usize>> {
@@ -257,22 +275,34 @@ fn row_codes<'a>(
 fn digest(samples: &[Sample], speakers: &[String]) -> String {
     let mut h = Sha256::new();
     for s in samples {
-        if let Some(name) = speakers.get(s.speaker) {
-            h.update((name.len() as u64).to_le_bytes());
-            h.update(name.as_bytes());
-        }
-        h.update((s.text_ids.len() as u64).to_le_bytes());
-        for id in &s.text_ids {
-            h.update(id.to_le_bytes());
-        }
-        h.update((s.codes.len() as u64).to_le_bytes());
-        for f in &s.codes {
-            for c in f {
-                h.update(c.to_le_bytes());
-            }
-        }
+        hash_sample(&mut h, s, speakers);
     }
     format!("{:x}", h.finalize())
+}
+
+fn hash_sample(h: &mut Sha256, s: &Sample, speakers: &[String]) {
+    if let Some(name) = speakers.get(s.speaker) {
+        h.update((name.len() as u64).to_le_bytes());
+        h.update(name.as_bytes());
+    }
+    h.update((s.text_ids.len() as u64).to_le_bytes());
+    for id in &s.text_ids {
+        h.update(id.to_le_bytes());
+    }
+    h.update((s.codes.len() as u64).to_le_bytes());
+    for f in &s.codes {
+        for c in f {
+            h.update(c.to_le_bytes());
+        }
+    }
+}
+
+/// The SHA-256 of one sample's content (speaker name, text ids, codes), as for the digest:
+/// what makes two manifest lines the same utterance.
+pub fn sample_sha256(s: &Sample, speakers: &[String]) -> [u8; 32] {
+    let mut h = Sha256::new();
+    hash_sample(&mut h, s, speakers);
+    h.finalize().into()
 }
 
 #[cfg(test)]

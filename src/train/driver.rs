@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 
 use super::data::Dataset;
-use super::metrics::{MetricsLog, StepMetrics};
+use super::metrics::{EvalMetrics, MetricsLog, StepMetrics};
 use super::sampler::Cursor;
 use super::{checkpoint, signal, Outcome, TrainOptions};
 use crate::progress::Progress;
@@ -33,6 +33,9 @@ pub trait Engine: Send {
     fn step(&mut self, micro: &[Vec<usize>]) -> Result<StepMetrics>;
     /// Saves a checkpoint of the current state: its directory on the reporting rank.
     fn save(&mut self) -> Result<Option<PathBuf>>;
+    /// The validation loss over the held-out set with the current weights, the same on every
+    /// rank (docs/training.md §14); `None` when the run holds nothing out.
+    fn validate(&mut self) -> Result<Option<EvalMetrics>>;
     /// Whether `flag` is set on any rank (every rank gets the same answer).
     fn any_rank(&self, flag: bool) -> Result<bool>;
     /// Whether this is the rank that reports (metrics, progress, messages).
@@ -45,6 +48,8 @@ pub trait Engine: Send {
     fn data_changed(&self) -> bool;
     /// The training data, the data cursor, and the optimizer steps of an epoch.
     fn data(&self, grad_accum: usize) -> (&Dataset, Cursor, usize);
+    /// The held-out set (docs/training.md §14), if the run has one.
+    fn heldout(&self) -> Option<&Dataset>;
 }
 
 /// A loss or gradient norm that is not finite: the step was not applied. Restarting would only
@@ -61,7 +66,8 @@ impl std::fmt::Display for NonFinite {
 impl std::error::Error for NonFinite {}
 
 /// Trains until the total step count or an agreed stop; checkpoints every
-/// `train.save_every` steps, on a stop and at the end.
+/// `train.save_every` steps, on a stop and at the end; evaluates on the held-out set every
+/// `train.eval_every` steps (0: before every checkpoint but a stop's) and at the end.
 pub fn run(engine: &mut dyn Engine) -> Result<Outcome> {
     let total = engine.total_steps();
     let start_step = engine.step_count();
@@ -73,6 +79,7 @@ pub fn run(engine: &mut dyn Engine) -> Result<Outcome> {
         interrupted: false,
         first_loss: None,
         last_loss: None,
+        last_val_loss: None,
         frames_per_second: None,
     };
     if start_step >= total {
@@ -101,6 +108,7 @@ pub fn run(engine: &mut dyn Engine) -> Result<Outcome> {
     signal::install();
     let result = (|| -> Result<()> {
         let (mut frames, mut seconds) = (0usize, 0f64);
+        let mut val: Option<f64> = None;
         while engine.step_count() < total {
             let micro = engine.next_step_batches(c.grad_accum);
             let m = super::run_step(&device, || engine.step(&micro))
@@ -116,20 +124,42 @@ pub fn run(engine: &mut dyn Engine) -> Result<Outcome> {
             let fps = frames as f64 / seconds.max(1e-9);
             outcome.frames_per_second = Some(fps);
             progress.set_position(m.step as u64);
-            progress.set_message(format!(
-                "epoch {}/{} · loss {:.4} (talker {:.4}, sub {:.4}) · lr {:.2e} · {:.0} frames/s{ranks}",
-                m.epoch + 1,
-                c.epochs,
-                m.loss,
-                m.loss_talker,
-                m.loss_sub,
-                m.lr,
-                fps
-            ));
+            let message = |val: Option<f64>| {
+                let val = val.map_or(String::new(), |v| format!(" · val {v:.4}"));
+                format!(
+                    "epoch {}/{} · loss {:.4} (talker {:.4}, sub {:.4}){val} · lr {:.2e} · {:.0} frames/s{ranks}",
+                    m.epoch + 1,
+                    c.epochs,
+                    m.loss,
+                    m.loss_talker,
+                    m.loss_sub,
+                    m.lr,
+                    fps
+                )
+            };
+            progress.set_message(message(val));
             hooks.after_step(m.step);
             let stop = engine.any_rank(signal::stop_requested())?;
             let due = c.save_every > 0 && m.step.is_multiple_of(c.save_every);
-            if due || stop || m.step == total {
+            let save = due || stop || m.step == total;
+            let eval_due = match c.eval_every {
+                0 => save && !stop,
+                n => m.step.is_multiple_of(n),
+            };
+            let mut evaluated = None;
+            if eval_due || m.step == total {
+                progress.set_message(format!("{} · validating", message(val)));
+                let e = super::run_step(&device, || engine.validate())?;
+                if let Some(e) = e {
+                    if let Some(log) = &log {
+                        log.append_eval(&e)?;
+                    }
+                    val = Some(e.val_loss);
+                    evaluated = Some(e);
+                }
+                progress.set_message(message(val));
+            }
+            if save {
                 let dir = engine.save()?;
                 if let (Some(log), Some(dir)) = (&log, dir) {
                     log.plot()?;
@@ -137,12 +167,23 @@ pub fn run(engine: &mut dyn Engine) -> Result<Outcome> {
                         Some(base) => crate::fsutil::display_relative(&dir, base),
                         None => dir.display().to_string(),
                     };
+                    let val = evaluated
+                        .as_ref()
+                        .map_or(String::new(), |e| format!(", validation {:.4}", e.val_loss));
                     progress.println(format!(
-                        "step {}/{total}: loss {:.4}; saved {shown}",
+                        "step {}/{total}: loss {:.4}{val}; saved {shown}",
                         m.step, m.loss
                     ));
                     outcome.checkpoint = Some(dir);
                 }
+            } else if let (Some(_), Some(e)) = (&log, &evaluated) {
+                progress.println(format!(
+                    "step {}/{total}: loss {:.4}, validation {:.4}",
+                    m.step, m.loss, e.val_loss
+                ));
+            }
+            if let Some(e) = evaluated {
+                outcome.last_val_loss = Some(e.val_loss);
             }
             if stop {
                 outcome.interrupted = true;

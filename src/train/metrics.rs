@@ -1,5 +1,6 @@
-//! Training metrics: `checkpoints/metrics.jsonl` (one JSON object per optimizer step) and
-//! `checkpoints/loss.svg`, a plot of the losses drawn by hand (no plotting dependency).
+//! Training metrics: `checkpoints/metrics.jsonl` (one JSON object per optimizer step, and one
+//! per evaluation over the held-out set, docs/training.md §9, §14) and `checkpoints/loss.svg`,
+//! a plot of the losses drawn by hand (no plotting dependency).
 
 use std::fs::{self, OpenOptions};
 use std::io::Write;
@@ -28,6 +29,30 @@ pub struct StepMetrics {
     pub seconds: f64,
 }
 
+/// One evaluation over the held-out set, after optimizer step `step` (docs/training.md §14).
+/// Told apart from a [`StepMetrics`] line by its `val_loss`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EvalMetrics {
+    pub step: usize,
+    /// The training objective over the held-out set, and its talker and sub parts.
+    pub val_loss: f64,
+    pub val_loss_talker: f64,
+    pub val_loss_sub: f64,
+    /// Utterances of the held-out set.
+    pub val_utterances: usize,
+    /// Wall time of the evaluation.
+    pub seconds: f64,
+}
+
+/// The step a line of `metrics.jsonl` belongs to, whichever kind it is; `None` for a line
+/// that is neither (the unreadable tail of a killed run).
+fn line_step(line: &str) -> Option<usize> {
+    serde_json::from_str::<StepMetrics>(line)
+        .map(|m| m.step)
+        .or_else(|_| serde_json::from_str::<EvalMetrics>(line).map(|m| m.step))
+        .ok()
+}
+
 pub struct MetricsLog {
     path: PathBuf,
 }
@@ -42,9 +67,7 @@ impl MetricsLog {
             let text = fs::read_to_string(&path)?;
             let kept: String = text
                 .lines()
-                .filter(|l| {
-                    serde_json::from_str::<StepMetrics>(l).is_ok_and(|m| m.step <= resumed_step)
-                })
+                .filter(|l| line_step(l).is_some_and(|step| step <= resumed_step))
                 .map(|l| format!("{l}\n"))
                 .collect();
             if kept != text {
@@ -55,6 +78,14 @@ impl MetricsLog {
     }
 
     pub fn append(&self, m: &StepMetrics) -> Result<()> {
+        self.append_line(m)
+    }
+
+    pub fn append_eval(&self, m: &EvalMetrics) -> Result<()> {
+        self.append_line(m)
+    }
+
+    fn append_line(&self, m: &impl Serialize) -> Result<()> {
         let mut f = OpenOptions::new()
             .create(true)
             .append(true)
@@ -68,6 +99,10 @@ impl MetricsLog {
         read(&self.path)
     }
 
+    pub fn read_evals(&self) -> Result<Vec<EvalMetrics>> {
+        read(&self.path)
+    }
+
     /// Redraws `loss.svg` next to the metrics file.
     pub fn plot(&self) -> Result<()> {
         let rows = self.read_all()?;
@@ -77,7 +112,8 @@ impl MetricsLog {
     }
 }
 
-pub fn read(path: &Path) -> Result<Vec<StepMetrics>> {
+/// The lines of one kind ([`StepMetrics`] or [`EvalMetrics`]) of the metrics file at `path`.
+pub fn read<M: serde::de::DeserializeOwned>(path: &Path) -> Result<Vec<M>> {
     let text = match fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -234,9 +270,21 @@ mod tests {
             .open(dir.path().join(METRICS_FILE))
             .unwrap();
         f.write_all(b"{\"step\": 6, \"trunc").unwrap();
+        let eval = |step| EvalMetrics {
+            step,
+            val_loss: 1.0,
+            val_loss_talker: 0.5,
+            val_loss_sub: 0.5,
+            val_utterances: 2,
+            seconds: 0.1,
+        };
+        let log = MetricsLog::open(dir.path(), 5).unwrap();
+        log.append_eval(&eval(2)).unwrap();
+        log.append_eval(&eval(4)).unwrap();
         let log = MetricsLog::open(dir.path(), 3).unwrap();
         let steps: Vec<usize> = log.read_all().unwrap().iter().map(|m| m.step).collect();
         assert_eq!(steps, [1, 2, 3]);
+        assert_eq!(log.read_evals().unwrap(), [eval(2)]);
         log.plot().unwrap();
         let svg = fs::read_to_string(dir.path().join(PLOT_FILE)).unwrap();
         assert_eq!(svg.matches("<polyline").count(), 3);

@@ -18,6 +18,7 @@ pub mod cpu_ops;
 pub mod data;
 pub mod driver;
 pub mod export;
+pub mod heldout;
 pub mod hooks;
 pub mod lock;
 pub mod lora;
@@ -38,6 +39,7 @@ pub mod stwrite;
 #[cfg(test)]
 pub(crate) mod test_support;
 pub mod units;
+pub mod validation;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -50,7 +52,7 @@ use self::batch::{Batch, LayoutIds};
 use self::checkpoint::{Identity, Index, State};
 use self::data::Dataset;
 use self::hooks::TrainHooks;
-use self::metrics::StepMetrics;
+use self::metrics::{EvalMetrics, StepMetrics};
 use self::optim::{AdamState, AdamW, Grad, Schedule};
 use self::params::{ArithSource, Masters, ParamStore};
 use self::run::{IndexParts, RunSetup};
@@ -212,6 +214,8 @@ pub struct Outcome {
     pub interrupted: bool,
     pub first_loss: Option<f64>,
     pub last_loss: Option<f64>,
+    /// The last validation loss over the held-out set (docs/training.md §14).
+    pub last_val_loss: Option<f64>,
     pub frames_per_second: Option<f64>,
 }
 
@@ -240,6 +244,8 @@ pub struct Trainer {
     pub adam: AdamState,
     pub adamw: AdamW,
     pub dataset: Dataset,
+    /// The held-out set (docs/training.md §14), never trained on.
+    heldout: Option<Dataset>,
     pub sampler: Sampler,
     /// The speaker table `(S, H)`: row s is the x-vector of `dataset.speakers[s]`.
     pub speaker: Tensor,
@@ -307,6 +313,8 @@ impl Trainer {
             AdamState::zeros(&params.params, |p| saved_state::eight_bit(mode, p.shape()))?;
         let RunSetup {
             dataset,
+            heldout,
+            notes,
             speaker,
             identity,
             mut sampler,
@@ -314,6 +322,7 @@ impl Trainer {
         } = setup;
         let (mut step, mut last_loss) = (0, None);
         let mut warnings = checkpoint::recover(&opts.checkpoints)?.warnings();
+        warnings.extend(notes);
         let resume = run::find_resume(&opts, &identity, &dataset, fresh)?;
         if let Some(r) = &resume {
             let mut reader = checkpoint::RowReader::open(&r.dir)?;
@@ -355,6 +364,7 @@ impl Trainer {
             adam,
             adamw: AdamW::new(opts.config.weight_decay),
             dataset,
+            heldout,
             sampler,
             speaker,
             identity,
@@ -405,12 +415,43 @@ impl Trainer {
         self.refresh_model()?;
         let samples: Vec<&data::Sample> =
             indices.iter().map(|&i| &self.dataset.samples[i]).collect();
-        let batch = Batch::build(&samples, &self.layout);
+        self.samples_loss(&samples)
+    }
+
+    /// The loss of `samples` as one micro-batch, on the model as it is.
+    fn samples_loss(&self, samples: &[&data::Sample]) -> Result<(loss::Loss, usize)> {
+        let batch = Batch::build(samples, &self.layout);
         let tensors = batch.to_tensors(&self.opts.device)?;
         Ok((
             loss::sft_loss(&self.talker, &tensors, &self.speaker)?,
             batch.frames,
         ))
+    }
+
+    /// The validation loss over the held-out set with the current weights: the training
+    /// objective per micro-batch of [`validation::micro_batches`], averaged; nothing changes.
+    pub fn validate(&mut self) -> Result<Option<EvalMetrics>> {
+        if self.heldout.is_none() {
+            return Ok(None);
+        }
+        let t0 = Instant::now();
+        self.refresh_model()?;
+        let heldout = self.heldout.as_ref().expect("checked above");
+        let mut sums = validation::LossSums::default();
+        for batch in validation::micro_batches(heldout, self.opts.config.batch_size) {
+            let samples: Vec<&data::Sample> = batch.iter().map(|&i| &heldout.samples[i]).collect();
+            let (l, _) = self.samples_loss(&samples)?;
+            sums.add(
+                l.total.to_scalar::<f32>()? as f64,
+                l.talker.to_scalar::<f32>()? as f64,
+                l.sub.to_scalar::<f32>()? as f64,
+            );
+        }
+        Ok(Some(sums.metrics(
+            self.step,
+            heldout.samples.len(),
+            t0.elapsed().as_secs_f64(),
+        )))
     }
 
     /// A micro-batch's loss inside an optimizer step; with the row-sparse text embedding also
@@ -617,6 +658,9 @@ impl driver::Engine for Trainer {
             self.sampler.steps_per_epoch(grad_accum),
         )
     }
+    fn heldout(&self) -> Option<&Dataset> {
+        self.heldout.as_ref()
+    }
     fn options(&self) -> &TrainOptions {
         &self.opts
     }
@@ -637,6 +681,9 @@ impl driver::Engine for Trainer {
     }
     fn save(&mut self) -> Result<Option<PathBuf>> {
         Trainer::save(self).map(Some)
+    }
+    fn validate(&mut self) -> Result<Option<EvalMetrics>> {
+        Trainer::validate(self)
     }
     fn any_rank(&self, flag: bool) -> Result<bool> {
         Ok(flag)

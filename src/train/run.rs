@@ -1,6 +1,7 @@
 //! What a training run is, set up the same way by the single-device trainer and the sharded one
-//! (docs/training.md §7.3): the data and its order, the speaker, the trained set, the identity
-//! that decides which checkpoints may be continued, and the checkpoint index.
+//! (docs/training.md §7.3): the data, its held-out part (docs/training.md §14) and its order,
+//! the speaker, the trained set, the identity that decides which checkpoints may be continued,
+//! and the checkpoint index.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -11,6 +12,7 @@ use sha2::{Digest, Sha256};
 
 use super::checkpoint::{self, Identity, Index, ModelIdentity, OptimizerInfo, ParamInfo, RngInfo};
 use super::data::{self, Dataset};
+use super::heldout::Split;
 use super::lora::Lora;
 use super::optim::{AdamW, Schedule};
 use super::params;
@@ -22,7 +24,12 @@ use crate::model::config::Qwen3TtsConfig;
 /// The parts of a run that do not depend on how it is computed.
 pub struct RunSetup {
     pub cfg: Qwen3TtsConfig,
+    /// What trains: the manifest less the held-out set.
     pub dataset: Dataset,
+    /// The held-out set (docs/training.md §14), never trained on.
+    pub heldout: Option<Dataset>,
+    /// What choosing the held-out set found that the user should hear of.
+    pub notes: Vec<String>,
     /// The speaker table `(S, H)`, f32, on the training device: row s is the x-vector of
     /// `dataset.speakers[s]` (one row for an unnamed speaker; docs/training.md §3.3).
     pub speaker: Tensor,
@@ -43,7 +50,21 @@ impl RunSetup {
         let c = &opts.config;
         let tokenizer = opts.files.text_tokenizer()?;
         let codebook = cfg.talker_config.code_predictor_config.vocab_size as u32;
-        let dataset = data::load(&opts.manifest, &opts.base_dir, &tokenizer, codebook)?;
+        let all = data::load(&opts.manifest, &opts.base_dir, &tokenizer, codebook)?;
+        let split = if c.val_manifest.is_empty() {
+            Split::by_fraction(all, c.val_fraction, c.seed)
+        } else {
+            let path = opts.base_dir.join(&c.val_manifest);
+            let heldout = data::load(&path, &opts.base_dir, &tokenizer, codebook)
+                .context("cannot read the held-out manifest (train.val_manifest)")?;
+            Split::by_manifest(all, heldout)?
+        };
+        let heldout_id = split.id();
+        let Split {
+            train: dataset,
+            heldout,
+            notes,
+        } = split;
         let hidden = cfg.talker_config.hidden_size;
         let speaker = data::speaker_table(&opts.speaker, &dataset, hidden, &opts.device)?;
         let checkpoint = &opts.files.checkpoint;
@@ -105,12 +126,15 @@ impl RunSetup {
             speakers: checkpoint::SpeakerId::of(&dataset.speakers, &speaker)?,
             speaker_balance: dataset.balance_groups(c.speaker_balance).is_some(),
             lora: lora.as_ref().map(Lora::identity),
+            heldout: heldout_id,
         };
         let sampler = Sampler::new(dataset.lengths(), c.batch_size, c.shuffle, c.seed)
             .with_balance(dataset.balance_groups(c.speaker_balance));
         Ok(Self {
             cfg,
             dataset,
+            heldout,
+            notes,
             speaker,
             trained,
             shapes,

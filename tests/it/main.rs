@@ -36,3 +36,4 @@ mod train_memory;
 mod train_parity;
 mod train_plan;
 mod train_support;
+mod train_validation;

@@ -30,32 +30,41 @@ fn predictor_chunks(frames: usize, chunk: usize) -> impl Iterator<Item = (usize,
     })
 }
 
+/// What the forward half of the `full` pass leaves: every unit's inputs, for the backward
+/// half, and the local micro-batches' losses.
+pub(super) struct Forward {
+    embedded: Vec<Embedded>,
+    /// The inputs of every decoder layer, per local micro-batch.
+    inputs: Vec<Vec<Tensor>>,
+    head_in: Vec<Tensor>,
+    frame_hidden: Vec<Tensor>,
+    pub(super) local: Vec<Local>,
+}
+
 impl ShardedTrainer {
-    /// FULL_SHARD: the forward pass unit by unit, then the backward pass unit by unit in reverse,
-    /// recomputing each unit from its saved inputs.
-    pub(super) fn full_pass(
-        &self,
-        mine: &[Micro],
-        rows: Option<&Tensor>,
-        micro: &[Vec<usize>],
-        epoch: usize,
-    ) -> Result<Pass> {
+    /// The units of the talker: the embeddings, each decoder layer, the head and the code
+    /// predictor.
+    fn unit_indices(&self) -> Result<(usize, Vec<usize>, usize, usize)> {
+        let layers = self.cfg.talker_config.num_hidden_layers;
+        Ok((
+            self.unit_index(Unit::Embeddings)?,
+            (0..layers)
+                .map(|l| self.unit_index(Unit::Layer(l)))
+                .collect::<Result<_>>()?,
+            self.unit_index(Unit::Head)?,
+            self.unit_index(Unit::CodePredictor)?,
+        ))
+    }
+
+    /// The forward pass unit by unit on gathered weights (the first half of the `full` pass,
+    /// and the whole of a validation), keeping every unit's inputs. No gradient is taken.
+    pub(super) fn forward(&self, mine: &[Micro], rows: Option<&Tensor>) -> Result<Forward> {
         let numerics = self.backend.numerics();
-        let in_place = self.backend.in_place();
-        let grad_dtype = self.opts.config.reduce_dtype.dtype();
         let cfg = &self.cfg;
         let tcfg = DecoderConfig::talker(&cfg.talker_config)?;
-        let layers = cfg.talker_config.num_hidden_layers;
-        let emb_u = self.unit_index(Unit::Embeddings)?;
-        let head_u = self.unit_index(Unit::Head)?;
-        let cp_u = self.unit_index(Unit::CodePredictor)?;
-        let layer_u: Vec<usize> = (0..layers)
-            .map(|l| self.unit_index(Unit::Layer(l)))
-            .collect::<Result<_>>()?;
+        let (emb_u, layer_u, head_u, cp_u) = self.unit_indices()?;
         let layer_name = |l: usize| format!("talker.model.layers.{l}");
         let table = self.text_table(rows)?;
-
-        // Forward, keeping every unit's inputs.
         let embedded: Vec<Embedded> = {
             let (src, _) = self.unit_weights(emb_u, false)?;
             let unit = EmbeddingUnit::load(&src, cfg, numerics)?;
@@ -69,7 +78,7 @@ impl ShardedTrainer {
                 })
                 .collect::<candle_core::Result<_>>()?
         };
-        let mut inputs: Vec<Vec<Tensor>> = Vec::with_capacity(layers);
+        let mut inputs: Vec<Vec<Tensor>> = Vec::with_capacity(layer_u.len());
         let mut x: Vec<Tensor> = embedded.iter().map(|e| e.inputs.clone()).collect();
         for (l, &u) in layer_u.iter().enumerate() {
             let (src, _) = self.unit_weights(u, false)?;
@@ -126,8 +135,40 @@ impl ShardedTrainer {
                 frames: m.frames,
             });
         }
+        Ok(Forward {
+            embedded,
+            inputs,
+            head_in,
+            frame_hidden,
+            local,
+        })
+    }
+
+    /// FULL_SHARD: the forward pass unit by unit, then the backward pass unit by unit in reverse,
+    /// recomputing each unit from its saved inputs.
+    pub(super) fn full_pass(
+        &self,
+        mine: &[Micro],
+        rows: Option<&Tensor>,
+        micro: &[Vec<usize>],
+        epoch: usize,
+    ) -> Result<Pass> {
+        let numerics = self.backend.numerics();
+        let in_place = self.backend.in_place();
+        let grad_dtype = self.opts.config.reduce_dtype.dtype();
+        let cfg = &self.cfg;
+        let tcfg = DecoderConfig::talker(&cfg.talker_config)?;
+        let (emb_u, layer_u, head_u, cp_u) = self.unit_indices()?;
+        let layer_name = |l: usize| format!("talker.model.layers.{l}");
+        let table = self.text_table(rows)?;
+        let Forward {
+            embedded,
+            inputs,
+            head_in,
+            frame_hidden,
+            local,
+        } = self.forward(mine, rows)?;
         let sums = self.agree_losses(&local, micro, epoch)?;
-        drop(l_talker);
 
         // Backward, in reverse, recomputing each unit with `Var`s; gradients of the step's
         // micro-batches are summed, then reduced once per unit.

@@ -52,11 +52,12 @@ use super::batch::{Batch, BatchTensors, LayoutIds};
 use super::checkpoint;
 use super::data::Dataset;
 use super::driver::{self, NonFinite};
-use super::metrics::StepMetrics;
+use super::metrics::{EvalMetrics, StepMetrics};
 use super::optim::{self, AdamState, AdamW, Schedule};
 use super::params::Param;
 use super::run::RunSetup;
 use super::sampler::{Cursor, Sampler};
+use super::validation;
 use super::{Backend, Outcome, TrainOptions, TEXT_EMBEDDING};
 use crate::config::{Recompute, Shard as ShardMode};
 use crate::dist::shard::RowSplit;
@@ -80,6 +81,8 @@ pub struct ShardedTrainer {
     pub cfg: Qwen3TtsConfig,
     opts: TrainOptions,
     pub dataset: Dataset,
+    /// The held-out set (docs/training.md §14), never trained on.
+    heldout: Option<Dataset>,
     pub sampler: Sampler,
     layout: LayoutIds,
     speaker: Tensor,
@@ -211,12 +214,13 @@ impl ShardedTrainer {
         driver::run(self)
     }
 
-    /// The step's distinct text ids, sorted (the same on every rank).
-    fn step_text_ids(&self, micro: &[Vec<usize>]) -> Vec<u32> {
+    /// The distinct text ids of micro-batches `micro` of `data`, sorted (the same on every
+    /// rank).
+    fn step_text_ids(&self, data: &Dataset, micro: &[Vec<usize>]) -> Vec<u32> {
         let mut ids: Vec<u32> = micro
             .iter()
             .flatten()
-            .flat_map(|&s| self.dataset.samples[s].text_ids.iter().copied())
+            .flat_map(|&s| data.samples[s].text_ids.iter().copied())
             .chain(self.layout.text_specials())
             .collect();
         ids.sort_unstable();
@@ -224,9 +228,14 @@ impl ShardedTrainer {
         ids
     }
 
-    fn build_micro(&self, index: usize, samples: &[usize], text_ids: &[u32]) -> Result<Micro> {
-        let s: Vec<&super::data::Sample> =
-            samples.iter().map(|&i| &self.dataset.samples[i]).collect();
+    fn build_micro(
+        &self,
+        index: usize,
+        data: &Dataset,
+        samples: &[usize],
+        text_ids: &[u32],
+    ) -> Result<Micro> {
+        let s: Vec<&super::data::Sample> = samples.iter().map(|&i| &data.samples[i]).collect();
         let batch = Batch::build(&s, &self.layout);
         let dev = &self.opts.device;
         let ids = if self.text.is_some() {
@@ -275,10 +284,10 @@ impl ShardedTrainer {
         let (rank, world) = (self.rank(), self.world());
         self.opts.hooks.step_start(self.step + 1, rank);
         let epoch = self.sampler.cursor().epoch;
-        let text_ids = self.step_text_ids(micro);
+        let text_ids = self.step_text_ids(&self.dataset, micro);
         let mine: Vec<Micro> = (0..micro.len())
             .filter(|i| i % world == rank)
-            .map(|i| self.build_micro(i, &micro[i], &text_ids))
+            .map(|i| self.build_micro(i, &self.dataset, &micro[i], &text_ids))
             .collect::<Result<_>>()?;
         let rows = match self.text {
             Some(t) => Some(self.gather_text_rows(t, &text_ids)?),
@@ -293,6 +302,49 @@ impl ShardedTrainer {
             _ => self.full_pass(&mine, rows.as_ref(), micro, epoch)?,
         };
         self.apply(pass, &text_ids, epoch, micro.len(), t0)
+    }
+
+    /// The validation loss over the held-out set (docs/training.md §14): the micro-batches of
+    /// [`validation::micro_batches`] shared out as a step's are (rank r takes r, r+N, …), at
+    /// most `grad_accum` of them per rank and pass, each pass the forward half of the `full`
+    /// pass; the losses summed over every rank.
+    pub fn validate(&self) -> Result<Option<EvalMetrics>> {
+        match &self.heldout {
+            Some(heldout) => self.validate_on(heldout).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn validate_on(&self, heldout: &Dataset) -> Result<EvalMetrics> {
+        let t0 = Instant::now();
+        let (rank, world) = (self.rank(), self.world());
+        let batches = validation::micro_batches(heldout, self.opts.config.batch_size);
+        let mut sums = [0.0f64; 4];
+        for pass in batches.chunks(self.opts.config.grad_accum * world) {
+            let text_ids = self.step_text_ids(heldout, pass);
+            let mine: Vec<Micro> = (0..pass.len())
+                .filter(|i| i % world == rank)
+                .map(|i| self.build_micro(i, heldout, &pass[i], &text_ids))
+                .collect::<Result<_>>()?;
+            let rows = match self.text {
+                Some(t) => Some(self.gather_text_rows(t, &text_ids)?),
+                None => None,
+            };
+            for l in self.forward(&mine, rows.as_ref())?.local {
+                sums[0] += l.total;
+                sums[1] += l.talker;
+                sums[2] += l.sub;
+                sums[3] += 1.0;
+            }
+        }
+        let all = self.coll.all_reduce_host(&sums, ReduceOp::Sum)?;
+        let sums = validation::LossSums {
+            total: all[0],
+            talker: all[1],
+            sub: all[2],
+            batches: all[3] as usize,
+        };
+        Ok(sums.metrics(self.step, heldout.samples.len(), t0.elapsed().as_secs_f64()))
     }
 
     /// Agrees on the step's losses (sums over every rank's micro-batches); when any micro-batch's
@@ -356,6 +408,9 @@ impl driver::Engine for ShardedTrainer {
             self.sampler.steps_per_epoch(grad_accum),
         )
     }
+    fn heldout(&self) -> Option<&Dataset> {
+        self.heldout.as_ref()
+    }
     fn options(&self) -> &TrainOptions {
         &self.opts
     }
@@ -376,6 +431,9 @@ impl driver::Engine for ShardedTrainer {
     }
     fn save(&mut self) -> Result<Option<PathBuf>> {
         ShardedTrainer::save(self)
+    }
+    fn validate(&mut self) -> Result<Option<EvalMetrics>> {
+        ShardedTrainer::validate(self)
     }
     fn any_rank(&self, flag: bool) -> Result<bool> {
         let v = if flag { 1.0 } else { 0.0 };

@@ -89,6 +89,8 @@ impl ShardedTrainer {
         let adapters = setup.lora.as_ref().map(Lora::spec);
         let RunSetup {
             dataset,
+            heldout,
+            notes,
             speaker,
             identity,
             mut sampler,
@@ -97,7 +99,9 @@ impl ShardedTrainer {
         // One rank repairs the shared checkpoints/ while the others wait: ranks repairing it
         // together would race on the same renames and deletions.
         let mut warnings = if rank == 0 {
-            checkpoint::recover(&opts.checkpoints)?.warnings()
+            let mut w = checkpoint::recover(&opts.checkpoints)?.warnings();
+            w.extend(notes);
+            w
         } else {
             Vec::new()
         };
@@ -159,6 +163,7 @@ impl ShardedTrainer {
             adamw: AdamW::new(opts.config.weight_decay),
             cfg,
             dataset,
+            heldout,
             sampler,
             speaker,
             identity,

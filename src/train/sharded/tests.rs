@@ -80,10 +80,10 @@ fn rel_norm(a: &[f32], b: &[f32]) -> f64 {
 #[allow(clippy::type_complexity)]
 fn next_inputs(t: &mut ShardedTrainer) -> (Vec<super::Micro>, Option<Tensor>, Vec<Vec<usize>>) {
     let micro = t.sampler.next_step(3);
-    let text_ids = t.step_text_ids(&micro);
+    let text_ids = t.step_text_ids(&t.dataset, &micro);
     let mine: Vec<_> = (0..micro.len())
         .filter(|i| i % t.world() == t.rank())
-        .map(|i| t.build_micro(i, &micro[i], &text_ids).unwrap())
+        .map(|i| t.build_micro(i, &t.dataset, &micro[i], &text_ids).unwrap())
         .collect();
     let rows = t.text.map(|i| t.gather_text_rows(i, &text_ids).unwrap());
     (mine, rows, micro)

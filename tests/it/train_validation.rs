@@ -1,0 +1,281 @@
+//! The held-out set and the validation loss (docs/training.md §14): chosen deterministically,
+//! recorded, refused on change, never trained on; the validation loss is the training
+//! objective on the held-out utterances, on both compute backends, on one device and sharded.
+
+use std::path::Path;
+
+use serde_json::Value;
+use voiceclone::train::driver::Engine;
+use voiceclone::train::{Backend, Storage, Trainer};
+
+use crate::dist_support::{ok, rel, train as train_cli};
+use crate::train_support::*;
+
+const BACKENDS: [Backend; 3] = [
+    Backend::CpuKernels,
+    Backend::Autograd(Storage::Bf16),
+    Backend::Autograd(Storage::F32),
+];
+
+/// The fixture model (stored in bf16) and its copy stored in f32, with their labels.
+fn models() -> (tempfile::TempDir, Vec<(String, &'static str)>) {
+    let f32_copy = f32_model_copy("tiny-0b6");
+    let path = f32_copy.path().to_str().unwrap().to_string();
+    let list = vec![("tiny-0b6".to_string(), "bf16"), (path, "f32")];
+    (f32_copy, list)
+}
+
+/// A workspace of `rows` synthetic utterances on `model` in `dir`, with `toml` in its
+/// voiceclone.toml.
+fn workspace_in(dir: &Path, model: &str, rows: &[Value], toml: &str) {
+    make_workspace(dir, model, rows, &xvector(hidden("tiny-0b6"), 3), toml);
+}
+
+/// A trainer on `dir` with micro-batches of 2, one per step, shuffled, holding out
+/// `val_fraction`.
+fn trainer(
+    dir: &Path,
+    model: &str,
+    backend: Backend,
+    val_fraction: f64,
+) -> anyhow::Result<Trainer> {
+    let mut config = voiceclone::config::resolve_layers(vec![])
+        .unwrap()
+        .config
+        .train;
+    config.batch_size = 2;
+    config.grad_accum = 1;
+    config.lr = 5e-3;
+    config.epochs = 3;
+    config.val_fraction = val_fraction;
+    Trainer::new(train_options(dir, model, config, backend), false)
+}
+
+fn heldout_lines(t: &Trainer) -> Vec<usize> {
+    t.heldout().map_or(Vec::new(), |h| {
+        h.samples.iter().map(|s| s.line).collect::<Vec<_>>()
+    })
+}
+
+#[test]
+fn the_heldout_set_is_deterministic_recorded_refused_on_change_and_never_trained() {
+    const M: &str = "tiny-0b6";
+    let rows = synthetic_rows(12, 4);
+    let a = tempfile::tempdir().unwrap();
+    workspace_in(a.path(), M, &rows, "");
+    let mut t = trainer(a.path(), M, Backend::CpuKernels, 0.25).unwrap();
+    let held = heldout_lines(&t);
+    assert_eq!(held.len(), 3, "a quarter of 12");
+    assert_eq!(t.dataset.samples.len(), 9);
+    // The same data and seed choose the same utterances in another workspace, also with the
+    // manifest's lines in reverse order (line l of 12 becomes line 13 - l).
+    let b = tempfile::tempdir().unwrap();
+    workspace_in(b.path(), M, &rows, "");
+    assert_eq!(
+        heldout_lines(&trainer(b.path(), M, Backend::CpuKernels, 0.25).unwrap()),
+        held
+    );
+    let reversed: Vec<Value> = rows.iter().rev().cloned().collect();
+    let r = tempfile::tempdir().unwrap();
+    workspace_in(r.path(), M, &reversed, "");
+    let mut mirrored: Vec<usize> =
+        heldout_lines(&trainer(r.path(), M, Backend::CpuKernels, 0.25).unwrap())
+            .iter()
+            .map(|l| rows.len() + 1 - l)
+            .collect();
+    mirrored.sort_unstable();
+    let mut sorted = held.clone();
+    sorted.sort_unstable();
+    assert_eq!(
+        mirrored, sorted,
+        "the split follows the content, not the line order"
+    );
+    // Every batch of every step of the run (3 shuffled epochs) leaves them out.
+    let total = t.total_steps();
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..total {
+        for batch in voiceclone::train::driver::Engine::next_step_batches(&mut t, 1) {
+            for i in batch {
+                let line = t.dataset.samples[i].line;
+                assert!(!held.contains(&line), "held-out line {line} in a batch");
+                seen.insert(line);
+            }
+        }
+    }
+    assert_eq!(seen.len(), 9, "every other utterance trains");
+    // Recorded in the checkpoint: continued with the same split, refused with another.
+    let micro = voiceclone::train::driver::Engine::next_step_batches(&mut t, 1);
+    t.step(&micro).unwrap();
+    t.save().unwrap();
+    drop(t);
+    let index: Value = serde_json::from_str(
+        &std::fs::read_to_string(a.path().join("checkpoints/step-0000001/index.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(index["identity"]["heldout"]["utterances"], 3);
+    assert_eq!(
+        trainer(a.path(), M, Backend::CpuKernels, 0.25)
+            .unwrap()
+            .step,
+        1
+    );
+    for fraction in [0.0, 0.5] {
+        let e = trainer(a.path(), M, Backend::CpuKernels, fraction)
+            .err()
+            .unwrap_or_else(|| panic!("val_fraction {fraction} resumed another split"));
+        let e = format!("{e:#}");
+        assert!(e.contains("it held out 3 utterance(s)"), "{e}");
+        assert!(e.contains("train.val_fraction"), "{e}");
+    }
+}
+
+#[test]
+fn the_validation_loss_is_the_training_objective_on_the_heldout_utterances() {
+    let rows = synthetic_rows(12, 4);
+    let (_keep, models) = models();
+    for ((model, stored), backend) in models
+        .iter()
+        .flat_map(|m| BACKENDS.iter().map(move |b| (m, *b)))
+    {
+        let model = model.as_str();
+        let a = tempfile::tempdir().unwrap();
+        workspace_in(a.path(), model, &rows, "");
+        let mut t = trainer(a.path(), model, backend, 0.25).unwrap();
+        let v = t.validate().unwrap().expect("a held-out set");
+        assert_eq!(v.val_utterances, 3);
+        // The same utterances as a training manifest of their own, through the training loss
+        // in the same micro-batches (2 of the shortest, then the longest).
+        let held = heldout_lines(&t);
+        let b = tempfile::tempdir().unwrap();
+        let only: Vec<Value> = held.iter().map(|&l| rows[l - 1].clone()).collect();
+        workspace_in(b.path(), model, &only, "");
+        let mut r = trainer(b.path(), model, backend, 0.0).unwrap();
+        assert!(r.heldout().is_none());
+        let mut order: Vec<usize> = (0..3).collect();
+        order.sort_by_key(|&i| (r.dataset.samples[i].seq_len(), i));
+        let (mut total, mut talker, mut sub) = (0.0, 0.0, 0.0);
+        for batch in [&order[..2], &order[2..]] {
+            let (l, _) = r.batch_loss(batch).unwrap();
+            total += l.total.to_scalar::<f32>().unwrap() as f64 / 2.0;
+            talker += l.talker.to_scalar::<f32>().unwrap() as f64 / 2.0;
+            sub += l.sub.to_scalar::<f32>().unwrap() as f64 / 2.0;
+        }
+        let tag = format!("{} on {stored}", backend.name());
+        assert!(
+            rel(v.val_loss, total) < 1e-6,
+            "{tag}: {} vs {total}",
+            v.val_loss
+        );
+        assert!(rel(v.val_loss_talker, talker) < 1e-6, "{tag}");
+        assert!(rel(v.val_loss_sub, sub) < 1e-6, "{tag}");
+        // No update: the next step is the step of a twin that never validated.
+        let c = tempfile::tempdir().unwrap();
+        workspace_in(c.path(), model, &rows, "");
+        let mut twin = trainer(c.path(), model, backend, 0.25).unwrap();
+        let micro = voiceclone::train::driver::Engine::next_step_batches(&mut t, 1);
+        let twin_micro = voiceclone::train::driver::Engine::next_step_batches(&mut twin, 1);
+        assert_eq!(micro, twin_micro);
+        let (m, w) = (t.step(&micro).unwrap(), twin.step(&twin_micro).unwrap());
+        assert_eq!((m.loss, m.grad_norm), (w.loss, w.grad_norm), "{tag}");
+        // And after the update the loss on the held-out set has moved.
+        let after = t.validate().unwrap().unwrap();
+        assert_ne!(after.val_loss, v.val_loss, "{tag}");
+    }
+}
+
+/// The eval lines of a run's metrics.
+fn evals(ws: &Path) -> Vec<Value> {
+    std::fs::read_to_string(ws.join("checkpoints/metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|v| v.get("val_loss").is_some())
+        .collect()
+}
+
+#[test]
+fn runs_validate_at_checkpoints_and_sharded_runs_agree_with_one_device() {
+    let rows = synthetic_rows(12, 21);
+    let toml = "[train]\nval_fraction = 0.25\n";
+    let (_keep, models) = models();
+    for ((model, stored), backend) in models
+        .iter()
+        .flat_map(|m| ["kernels", "autograd"].into_iter().map(move |b| (m, b)))
+    {
+        let model = model.as_str();
+        let single = tempfile::tempdir().unwrap();
+        workspace_in(single.path(), model, &rows, toml);
+        let run = [
+            "--max-steps",
+            "3",
+            "--save-every",
+            "2",
+            "--backend",
+            backend,
+        ];
+        let o = train_cli(single.path(), &run);
+        ok(&o);
+        let out = text(&o);
+        assert!(
+            out.contains("3 held out for validation")
+                && out.contains("step 2/3: loss")
+                && out.contains("validation"),
+            "{out}"
+        );
+        // At the checkpoint of step 2 and at the end.
+        let want = evals(single.path());
+        let steps: Vec<u64> = want.iter().map(|e| e["step"].as_u64().unwrap()).collect();
+        assert_eq!(steps, [2, 3], "{backend} on {stored}");
+        assert!(want.iter().all(|e| e["val_utterances"] == 3), "{want:?}");
+        for shard in ["full", "grad-op"] {
+            let ws = tempfile::tempdir().unwrap();
+            workspace_in(ws.path(), model, &rows, toml);
+            let mut args = run.to_vec();
+            args.extend(["--cpu-ranks", "2", "--shard", shard]);
+            ok(&train_cli(ws.path(), &args));
+            let got = evals(ws.path());
+            assert_eq!(got.len(), want.len(), "{backend} {shard} on {stored}");
+            for (g, w) in got.iter().zip(&want) {
+                for key in ["val_loss", "val_loss_talker", "val_loss_sub"] {
+                    let (x, y) = (g[key].as_f64().unwrap(), w[key].as_f64().unwrap());
+                    assert!(
+                        rel(x, y) <= 1e-5,
+                        "{backend} {shard} on {stored} step {}: {key} {x} vs {y}",
+                        g["step"]
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_heldout_manifest_is_validated_on_and_left_out_of_training() {
+    let rows = synthetic_rows(6, 8);
+    let ws = tempfile::tempdir().unwrap();
+    workspace_in(
+        ws.path(),
+        "tiny-0b6",
+        &rows,
+        "[train]\nval_manifest = \"data/val.jsonl\"\neval_every = 1\n",
+    );
+    let extra = synthetic_rows(9, 30).pop().unwrap();
+    let val = format!("{}\n{}\n", rows[2], extra);
+    std::fs::write(ws.path().join("data/val.jsonl"), val).unwrap();
+    let o = train_cli(ws.path(), &["--max-steps", "2", "--save-every", "0"]);
+    ok(&o);
+    let out = text(&o);
+    assert!(
+        out.contains("line(s) 3 of") && out.contains("also in the held-out manifest"),
+        "{out}"
+    );
+    let e = evals(ws.path());
+    let steps: Vec<u64> = e.iter().map(|e| e["step"].as_u64().unwrap()).collect();
+    assert_eq!(steps, [1, 2], "eval_every = 1");
+    assert!(e.iter().all(|e| e["val_utterances"] == 2), "{e:?}");
+    // A held-out manifest that is not there is an error naming the key.
+    std::fs::remove_file(ws.path().join("data/val.jsonl")).unwrap();
+    let o = train_cli(ws.path(), &["--max-steps", "3", "--fresh"]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("train.val_manifest"), "{}", text(&o));
+}
