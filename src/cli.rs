@@ -762,6 +762,16 @@ pub struct TrainArgs {
     #[arg(long, requires = "plan")]
     pub json: bool,
 
+    /// The checkpoint exported at the end and named by checkpoints/best: last or val_loss
+    /// (the lowest validation loss) [train.select].
+    #[arg(long, value_name = "WHICH")]
+    pub select: Option<String>,
+
+    /// Stop after N validations in a row without a lower validation loss, 0 = never
+    /// [train.early_stop].
+    #[arg(long, value_name = "N")]
+    pub early_stop: Option<usize>,
+
     /// Sharded runs: restart every rank from the last checkpoint when one fails, at most N
     /// times [train.max_restarts].
     #[arg(long, value_name = "N")]
@@ -827,6 +837,8 @@ impl TrainArgs {
             .count("train.cpu_ranks", "--cpu-ranks", self.cpu_ranks)
             .set("train.shard", "--shard", self.shard.clone())
             .set("train.backend", "--backend", self.backend.clone())
+            .set("train.select", "--select", self.select.clone())
+            .count("train.early_stop", "--early-stop", self.early_stop)
             .count("train.max_restarts", "--max-restarts", self.max_restarts)
             .set(
                 "train.optimizer_state",
@@ -868,9 +880,15 @@ impl TrainArgs {
     (docs/training.md §13)."
 )]
 pub struct ExportArgs {
-    /// Checkpoint directory [default: the newest in the workspace's checkpoints/].
+    /// Checkpoint directory, or a directory of checkpoints for its newest [default: the newest
+    /// in the workspace's checkpoints/].
     #[arg(long, value_name = "DIR")]
     pub checkpoint: Option<PathBuf>,
+
+    /// The checkpoint training chose (the one checkpoints/best names: the lowest validation
+    /// loss under train.select = "val_loss") instead of the newest.
+    #[arg(long)]
+    pub best: bool,
 
     /// Output directory [default: model/ in the workspace; adapter/ with --adapter-only].
     #[arg(short, long, value_name = "DIR")]

@@ -104,6 +104,10 @@ pub struct TrainConfig {
     pub val_manifest: String,
     /// Steps between validations, 0 = at every checkpoint.
     pub eval_every: usize,
+    /// Which checkpoint the run exports and `checkpoints/best` names (docs/training.md §14.3).
+    pub select: Select,
+    /// Stop after this many validations without a lower validation loss, 0 = never.
+    pub early_stop: usize,
     pub freeze: Vec<String>,
     /// Rank of the low-rank adapters, 0 = a full fine-tune (docs/training.md §13).
     pub lora_rank: usize,
@@ -154,6 +158,21 @@ pub enum Shard {
 
 impl Shard {
     pub const NAMES: &'static [&'static str] = &["full", "grad-op"];
+}
+
+/// `train.select`: the checkpoint a run exports and `checkpoints/best` names
+/// (docs/training.md §14.3).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Select {
+    /// The newest checkpoint.
+    Last,
+    /// The checkpoint with the lowest validation loss.
+    ValLoss,
+}
+
+impl Select {
+    pub const NAMES: &'static [&'static str] = &["last", "val_loss"];
 }
 
 /// `train.backend`: how the trainer computes (docs/training.md §5.5). A verification setting:
@@ -385,6 +404,7 @@ const CHOICES: &[(&str, &[&str])] = &[
     ("speak.precision", Precision::NAMES),
     ("speak.non_streaming", NonStreaming::NAMES),
     ("train.shard", Shard::NAMES),
+    ("train.select", Select::NAMES),
     ("train.backend", TrainBackend::NAMES),
     ("train.optimizer_state", OptimizerState::NAMES),
     ("train.offload", Offload::NAMES),

@@ -7,11 +7,27 @@ use anyhow::{bail, Context, Result};
 use crate::cli::ExportArgs;
 use crate::config::Config;
 use crate::model::files::ModelFiles;
-use crate::train::{checkpoint, export};
+use crate::train::{checkpoint, export, selection};
 use crate::workspace::Workspace;
 
 pub fn run(ws: &Workspace, config: &Config, args: &ExportArgs) -> Result<()> {
     let dir = match &args.checkpoint {
+        Some(d) if args.best && d.join(checkpoint::INDEX).is_file() => bail!(
+            "--best chooses from a directory of checkpoints, and {} is one checkpoint: pass \
+             its parent, or leave out --best",
+            d.display()
+        ),
+        // The checkpoint the run chose (docs/training.md §14.3).
+        d if args.best => {
+            let root = d.clone().unwrap_or_else(|| ws.checkpoints_dir());
+            selection::find_best(&root)?.with_context(|| {
+                format!(
+                    "{} names no complete checkpoint: `voiceclone train` writes it at each \
+                     checkpoint (export without --best for the newest)",
+                    ws.relative(&root.join(selection::BEST))
+                )
+            })?
+        }
         Some(d) if d.join(checkpoint::INDEX).is_file() => d.clone(),
         // A checkpoints/ directory: its newest checkpoint.
         Some(d) => checkpoint::find_latest(d)?.with_context(|| {

@@ -330,7 +330,13 @@ pub fn finish(
                 .unwrap_or_default()
         );
     }
-    if outcome.step == outcome.start_step {
+    if outcome.step == outcome.start_step && outcome.early_stopped {
+        println!(
+            "training stopped early at step {} of {total}: no lower validation loss in the last \
+             train.early_stop = {} validations (raise it, or set it to 0, to train on)",
+            outcome.step, c.early_stop
+        );
+    } else if outcome.step == outcome.start_step {
         println!(
             "training already finished: step {} of {total} (raise --epochs or --max-steps to \
              train longer, or use --fresh to start over)",
@@ -354,13 +360,22 @@ pub fn finish(
     if args.no_export {
         return Ok(());
     }
-    let Some(ckpt) = outcome
+    let newest = outcome
         .checkpoint
         .clone()
-        .or(checkpoint::find_latest(&checkpoints)?)
-    else {
+        .or(checkpoint::find_latest(&checkpoints)?);
+    // The checkpoint `train.select` chose (docs/training.md §14.3), else the newest.
+    let Some(ckpt) = train::selection::find_best(&checkpoints)?.or(newest.clone()) else {
         bail!("no checkpoint to export");
     };
+    if newest.as_ref().is_some_and(|n| *n != ckpt) {
+        println!(
+            "exporting {}, the checkpoint of the lowest validation loss (train.select = \
+             \"val_loss\"; the newest is {})",
+            ws.relative(&ckpt),
+            newest.as_ref().map_or(String::new(), |n| ws.relative(n))
+        );
+    }
     let output = args
         .output
         .as_ref()

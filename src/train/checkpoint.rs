@@ -424,6 +424,10 @@ pub struct Index {
     pub optimizer: OptimizerInfo,
     /// Loss of the last step before this checkpoint.
     pub loss: Option<f64>,
+    /// What the validations up to this step found (docs/training.md §14.3); absent in
+    /// checkpoints of runs that never validated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selection: Option<super::selection::Selection>,
     pub params: BTreeMap<String, ParamInfo>,
 }
 
@@ -673,11 +677,16 @@ pub fn list(root: &Path) -> Result<Vec<(usize, PathBuf)>> {
     Ok(out)
 }
 
-fn prune(root: &Path, keep: usize, current: &str) -> Result<()> {
+/// Deletes all but the newest `keep` complete checkpoints under `root`, sparing `current` and
+/// the one `best` names.
+pub fn prune(root: &Path, keep: usize, current: &str) -> Result<()> {
+    // The chosen checkpoint stays, whatever its age (docs/training.md §14.3).
+    let best = super::selection::best_name(root);
     let all = list(root)?;
     let excess = all.len().saturating_sub(keep.max(1));
     for (_, dir) in all.into_iter().take(excess) {
-        if dir.file_name().is_some_and(|n| n == current) {
+        let name = dir.file_name().map(|n| n.to_string_lossy().into_owned());
+        if name.as_deref() == Some(current) || (name.is_some() && name == best) {
             continue;
         }
         fs::remove_dir_all(&dir).with_context(|| format!("cannot delete {}", dir.display()))?;
@@ -1165,6 +1174,7 @@ mod tests {
                 state: crate::config::OptimizerState::Fp32,
             },
             loss: None,
+            selection: None,
             params: BTreeMap::new(),
         }
     }

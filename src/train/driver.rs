@@ -15,7 +15,9 @@ use anyhow::Result;
 use super::data::Dataset;
 use super::metrics::{EvalMetrics, MetricsLog, StepMetrics};
 use super::sampler::Cursor;
+use super::selection::{self, Selection};
 use super::{checkpoint, signal, Outcome, TrainOptions};
+use crate::config::Select;
 use crate::progress::Progress;
 
 /// What the loop drives.
@@ -50,6 +52,10 @@ pub trait Engine: Send {
     fn data(&self, grad_accum: usize) -> (&Dataset, Cursor, usize);
     /// The held-out set (docs/training.md §14), if the run has one.
     fn heldout(&self) -> Option<&Dataset>;
+    /// What the validations found so far, as the next checkpoint will record it (resumed from
+    /// the checkpoint's; docs/training.md §14.3).
+    fn selection(&self) -> &Selection;
+    fn set_selection(&mut self, s: Selection);
 }
 
 /// A loss or gradient norm that is not finite: the step was not applied. Restarting would only
@@ -65,9 +71,11 @@ impl std::fmt::Display for NonFinite {
 
 impl std::error::Error for NonFinite {}
 
-/// Trains until the total step count or an agreed stop; checkpoints every
-/// `train.save_every` steps, on a stop and at the end; evaluates on the held-out set every
-/// `train.eval_every` steps (0: before every checkpoint but a stop's) and at the end.
+/// Trains until the total step count, an agreed stop or an early stop; checkpoints every
+/// `train.save_every` steps, on a stop, at a new best validation loss and at the end;
+/// evaluates on the held-out set every `train.eval_every` steps (0: before every checkpoint
+/// but a stop's) and at the end, and points `checkpoints/best` at the chosen checkpoint
+/// (docs/training.md §14.3).
 pub fn run(engine: &mut dyn Engine) -> Result<Outcome> {
     let total = engine.total_steps();
     let start_step = engine.step_count();
@@ -80,16 +88,30 @@ pub fn run(engine: &mut dyn Engine) -> Result<Outcome> {
         first_loss: None,
         last_loss: None,
         last_val_loss: None,
+        early_stopped: false,
         frames_per_second: None,
     };
+    let opts_checkpoints = engine.options().checkpoints.clone();
+    let c = engine.options().config.clone();
+    let reporter = engine.is_reporter();
+    if reporter && engine.resumed_from().is_some() {
+        // The choice under this run's `train.select`, which may differ from the last run's.
+        if let Some(note) =
+            selection::point_best(&opts_checkpoints, engine.selection(), c.select, start_step)?
+        {
+            eprintln!("note: {note}");
+        }
+    }
     if start_step >= total {
         return Ok(outcome);
     }
-    let opts_checkpoints = engine.options().checkpoints.clone();
-    let c = engine.options().config.clone();
+    if engine.selection().exhausted(c.early_stop) {
+        // The checkpoint's run already stopped early under this patience.
+        outcome.early_stopped = true;
+        return Ok(outcome);
+    }
     let hooks = engine.options().hooks.clone();
     let device = engine.options().device.clone();
-    let reporter = engine.is_reporter();
     let log = if reporter {
         Some(MetricsLog::open(&opts_checkpoints, start_step)?)
     } else {
@@ -141,7 +163,7 @@ pub fn run(engine: &mut dyn Engine) -> Result<Outcome> {
             hooks.after_step(m.step);
             let stop = engine.any_rank(signal::stop_requested())?;
             let due = c.save_every > 0 && m.step.is_multiple_of(c.save_every);
-            let save = due || stop || m.step == total;
+            let mut save = due || stop || m.step == total;
             let eval_due = match c.eval_every {
                 0 => save && !stop,
                 n => m.step.is_multiple_of(n),
@@ -159,6 +181,15 @@ pub fn run(engine: &mut dyn Engine) -> Result<Outcome> {
                 }
                 progress.set_message(message(val));
             }
+            let mut early = false;
+            if let Some(e) = &evaluated {
+                let mut sel = engine.selection().clone();
+                let improved = sel.observe(e.step, e.val_loss);
+                early = sel.exhausted(c.early_stop);
+                engine.set_selection(sel);
+                // A new best is saved even between checkpoints, so that it can be chosen.
+                save |= (improved && c.select == Select::ValLoss) || early;
+            }
             if save {
                 let dir = engine.save()?;
                 if let (Some(log), Some(dir)) = (&log, dir) {
@@ -175,6 +206,14 @@ pub fn run(engine: &mut dyn Engine) -> Result<Outcome> {
                         m.step, m.loss
                     ));
                     outcome.checkpoint = Some(dir);
+                    let chosen = engine.selection().chosen(c.select, m.step);
+                    selection::write_best(&opts_checkpoints, chosen)?;
+                    // What the commit spared as the chosen one before may go now.
+                    checkpoint::prune(
+                        &opts_checkpoints,
+                        c.keep,
+                        &checkpoint::step_dir_name(m.step),
+                    )?;
                 }
             } else if let (Some(_), Some(e)) = (&log, &evaluated) {
                 progress.println(format!(
@@ -187,6 +226,20 @@ pub fn run(engine: &mut dyn Engine) -> Result<Outcome> {
             }
             if stop {
                 outcome.interrupted = true;
+                break;
+            }
+            if early {
+                let sel = engine.selection();
+                progress.println(format!(
+                    "early stop after step {}: {} validation(s) without a loss below {:.4} \
+                     (step {}; train.early_stop = {})",
+                    m.step,
+                    sel.since_best,
+                    sel.best_val_loss.unwrap_or(f64::NAN),
+                    sel.best_step.unwrap_or(0),
+                    c.early_stop
+                ));
+                outcome.early_stopped = true;
                 break;
             }
         }

@@ -31,6 +31,7 @@ pub mod plan;
 pub mod run;
 pub mod sampler;
 pub mod saved_state;
+pub mod selection;
 pub mod sharded;
 pub mod signal;
 pub mod sparse;
@@ -216,6 +217,8 @@ pub struct Outcome {
     pub last_loss: Option<f64>,
     /// The last validation loss over the held-out set (docs/training.md §14).
     pub last_val_loss: Option<f64>,
+    /// Stopped by `train.early_stop` (docs/training.md §14.3).
+    pub early_stopped: bool,
     pub frames_per_second: Option<f64>,
 }
 
@@ -267,6 +270,8 @@ pub struct Trainer {
     /// moved aside).
     pub warnings: Vec<String>,
     last_loss: Option<f64>,
+    /// What the validations found so far (docs/training.md §14.3), saved in each checkpoint.
+    selection: selection::Selection,
 }
 
 impl Trainer {
@@ -372,6 +377,10 @@ impl Trainer {
             resumed_from: resume.as_ref().map(|r| r.dir.clone()),
             data_changed: resume.as_ref().is_some_and(|r| r.data_changed),
             warnings,
+            selection: resume
+                .as_ref()
+                .and_then(|r| r.index.selection.clone())
+                .unwrap_or_default(),
             opts,
             last_loss,
         })
@@ -615,6 +624,7 @@ impl Trainer {
             state: self.opts.config.optimizer_state,
             loss: self.last_loss,
             world_size: 1,
+            selection: &self.selection,
         }
         .index(Index::describe_params(&self.params));
         let state = State {
@@ -660,6 +670,12 @@ impl driver::Engine for Trainer {
     }
     fn heldout(&self) -> Option<&Dataset> {
         self.heldout.as_ref()
+    }
+    fn selection(&self) -> &selection::Selection {
+        &self.selection
+    }
+    fn set_selection(&mut self, s: selection::Selection) {
+        self.selection = s;
     }
     fn options(&self) -> &TrainOptions {
         &self.opts

@@ -17,6 +17,7 @@ use super::lora::Lora;
 use super::optim::{AdamW, Schedule};
 use super::params;
 use super::sampler::{Cursor, Sampler};
+use super::selection::Selection;
 use super::units::unit_of;
 use super::{stwrite, TrainOptions};
 use crate::model::config::Qwen3TtsConfig;
@@ -63,8 +64,15 @@ impl RunSetup {
         let Split {
             train: dataset,
             heldout,
-            notes,
+            mut notes,
         } = split;
+        if heldout.is_none() && c.early_stop > 0 {
+            notes.push(format!(
+                "nothing is held out, so train.early_stop = {} cannot stop the run \
+                 (docs/training.md §14.3)",
+                c.early_stop
+            ));
+        }
         let hidden = cfg.talker_config.hidden_size;
         let speaker = data::speaker_table(&opts.speaker, &dataset, hidden, &opts.device)?;
         let checkpoint = &opts.files.checkpoint;
@@ -222,6 +230,8 @@ pub struct IndexParts<'a> {
     pub state: crate::config::OptimizerState,
     pub loss: Option<f64>,
     pub world_size: usize,
+    /// What the run's validations found so far (docs/training.md §14.3).
+    pub selection: &'a Selection,
 }
 
 impl IndexParts<'_> {
@@ -251,6 +261,7 @@ impl IndexParts<'_> {
                 state: self.state,
             },
             loss: self.loss,
+            selection: (*self.selection != Selection::default()).then(|| self.selection.clone()),
             params,
         }
     }

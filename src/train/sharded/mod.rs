@@ -111,6 +111,8 @@ pub struct ShardedTrainer {
     /// Rank 0: damaged checkpoints it moved aside while repairing `checkpoints/`.
     pub warnings: Vec<String>,
     last_loss: Option<f64>,
+    /// What the validations found so far (docs/training.md §14.3), saved in each checkpoint.
+    selection: crate::train::selection::Selection,
     /// Frames per chunk of the code predictor's recomputation: [`PREDICTOR_CHUNK_FRAMES`];
     /// tests make it small to cut the fixture's short utterances into several chunks.
     predictor_chunk: usize,
@@ -410,6 +412,12 @@ impl driver::Engine for ShardedTrainer {
     }
     fn heldout(&self) -> Option<&Dataset> {
         self.heldout.as_ref()
+    }
+    fn selection(&self) -> &crate::train::selection::Selection {
+        &self.selection
+    }
+    fn set_selection(&mut self, s: crate::train::selection::Selection) {
+        self.selection = s;
     }
     fn options(&self) -> &TrainOptions {
         &self.opts

@@ -94,6 +94,7 @@ impl ShardedTrainer {
                     state: self.opts.config.optimizer_state,
                     loss: self.last_loss,
                     world_size: self.world(),
+                    selection: &self.selection,
                 }
                 .index(self.describe_params());
                 Some(p.commit(&index, self.opts.config.keep, self.opts.hooks.as_ref())?)

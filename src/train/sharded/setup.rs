@@ -184,6 +184,10 @@ impl ShardedTrainer {
             warnings,
             opts,
             last_loss,
+            selection: resume
+                .as_ref()
+                .and_then(|r| r.index.selection.clone())
+                .unwrap_or_default(),
             predictor_chunk: PREDICTOR_CHUNK_FRAMES,
         };
         if mode == ShardMode::GradOp {
