@@ -105,8 +105,7 @@ impl MetricsLog {
 
     /// Redraws `loss.svg` next to the metrics file.
     pub fn plot(&self) -> Result<()> {
-        let rows = self.read_all()?;
-        let svg = loss_svg(&rows);
+        let svg = loss_svg(&self.read_all()?, &self.read_evals()?);
         let dest = self.path.with_file_name(PLOT_FILE);
         crate::fsutil::write_atomic(&dest, svg.as_bytes())
     }
@@ -125,8 +124,18 @@ pub fn read<M: serde::de::DeserializeOwned>(path: &Path) -> Result<Vec<M>> {
         .collect())
 }
 
-/// An SVG line plot of loss, loss_talker and loss_sub against the step.
-pub fn loss_svg(rows: &[StepMetrics]) -> String {
+/// One line of the plot: its name, colour, whether dashed, and its (step, value) points.
+struct Series {
+    name: &'static str,
+    color: &'static str,
+    dashed: bool,
+    points: Vec<(f64, f64)>,
+}
+
+/// An SVG line plot against the step of loss, loss_talker and loss_sub per optimizer step, and
+/// of the validation loss at each evaluation (docs/training.md §14.2), dashed with its points
+/// marked.
+pub fn loss_svg(rows: &[StepMetrics], evals: &[EvalMetrics]) -> String {
     let (w, h) = (720.0, 400.0);
     let (left, right, top, bottom) = (64.0, 16.0, 28.0, 44.0);
     let (pw, ph) = (w - left - right, h - top - bottom);
@@ -134,19 +143,35 @@ pub fn loss_svg(rows: &[StepMetrics]) -> String {
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" viewBox=\"0 0 {w} {h}\" \
          font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
     );
+    let title = if evals.is_empty() {
+        "loss per optimizer step"
+    } else {
+        "loss per optimizer step, validation loss per evaluation"
+    };
     s.push_str(&format!(
-        "<text x=\"{left}\" y=\"18\" font-size=\"14\">voiceclone train: loss per optimizer step</text>\n"
+        "<text x=\"{left}\" y=\"18\" font-size=\"14\">voiceclone train: {title}</text>\n"
     ));
-    type Series = (&'static str, &'static str, fn(&StepMetrics) -> f64);
-    let series: [Series; 3] = [
-        ("loss", "#1f77b4", |m| m.loss),
-        ("loss_talker", "#ff7f0e", |m| m.loss_talker),
-        ("loss_sub", "#2ca02c", |m| m.loss_sub),
+    let per_step = |name, color, f: fn(&StepMetrics) -> f64| Series {
+        name,
+        color,
+        dashed: false,
+        points: rows.iter().map(|m| (m.step as f64, f(m))).collect(),
+    };
+    let series = [
+        per_step("loss", "#1f77b4", |m| m.loss),
+        per_step("loss_talker", "#ff7f0e", |m| m.loss_talker),
+        per_step("loss_sub", "#2ca02c", |m| m.loss_sub),
+        Series {
+            name: "val_loss",
+            color: "#d62728",
+            dashed: true,
+            points: evals.iter().map(|e| (e.step as f64, e.val_loss)).collect(),
+        },
     ];
-    let finite: Vec<f64> = rows
+    let finite: Vec<(f64, f64)> = series
         .iter()
-        .flat_map(|m| series.iter().map(move |(_, _, f)| f(m)))
-        .filter(|v| v.is_finite())
+        .flat_map(|l| l.points.iter().copied())
+        .filter(|(_, v)| v.is_finite())
         .collect();
     if rows.is_empty() || finite.is_empty() {
         s.push_str(
@@ -154,16 +179,20 @@ pub fn loss_svg(rows: &[StepMetrics]) -> String {
         );
         return s;
     }
-    let x0 = rows.first().map_or(0, |m| m.step) as f64;
-    let x1 = (rows.last().map_or(1, |m| m.step) as f64).max(x0 + 1.0);
+    let x0 = finite.iter().map(|p| p.0).fold(f64::INFINITY, f64::min);
+    let x1 = finite
+        .iter()
+        .map(|p| p.0)
+        .fold(f64::NEG_INFINITY, f64::max)
+        .max(x0 + 1.0);
     let y0 = finite
         .iter()
-        .copied()
+        .map(|p| p.1)
         .fold(f64::INFINITY, f64::min)
         .min(0.0);
     let y1 = finite
         .iter()
-        .copied()
+        .map(|p| p.1)
         .fold(f64::NEG_INFINITY, f64::max)
         .max(y0 + 1e-9)
         * 1.05;
@@ -184,7 +213,11 @@ pub fn loss_svg(rows: &[StepMetrics]) -> String {
             y + 4.0,
             tick(yv)
         ));
-        let xv = x0 + (x1 - x0) * i as f64 / 5.0;
+    }
+    // Step ticks on whole steps: as many as there are steps between the ends, at most 5.
+    let intervals = ((x1 - x0).round() as usize).clamp(1, 5);
+    for i in 0..=intervals {
+        let xv = x0 + (x1 - x0) * i as f64 / intervals as f64;
         s.push_str(&format!(
             "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n",
             px(xv),
@@ -197,32 +230,46 @@ pub fn loss_svg(rows: &[StepMetrics]) -> String {
         left + pw / 2.0,
         h - 8.0
     ));
-    for (k, (name, color, f)) in series.iter().enumerate() {
-        let pts: Vec<String> = rows
+    let mut k = 0;
+    for line in series.iter().filter(|l| !l.points.is_empty()) {
+        let pts: Vec<(f64, f64)> = line
+            .points
             .iter()
-            .filter(|m| f(m).is_finite())
-            .map(|m| format!("{:.1},{:.1}", px(m.step as f64), py(f(m))))
+            .filter(|(_, v)| v.is_finite())
+            .map(|&(x, y)| (px(x), py(y)))
             .collect();
-        if pts.len() == 1 {
-            let (x, y) = pts[0].split_once(',').unwrap_or(("0", "0"));
-            s.push_str(&format!(
-                "<circle cx=\"{x}\" cy=\"{y}\" r=\"3\" fill=\"{color}\"/>\n"
-            ));
+        let dash = if line.dashed {
+            " stroke-dasharray=\"6 3\""
         } else {
+            ""
+        };
+        let color = line.color;
+        if pts.len() > 1 {
+            let joined: Vec<String> = pts.iter().map(|(x, y)| format!("{x:.1},{y:.1}")).collect();
             s.push_str(&format!(
-                "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"1.5\" points=\"{}\"/>\n",
-                pts.join(" ")
+                "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"1.5\"{dash} points=\"{}\"/>\n",
+                joined.join(" ")
             ));
+        }
+        // A lone point, and every point of a dashed (sparse) line, is marked.
+        if pts.len() == 1 || line.dashed {
+            for (x, y) in &pts {
+                s.push_str(&format!(
+                    "<circle cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"3\" fill=\"{color}\"/>\n"
+                ));
+            }
         }
         let lx = left + pw - 130.0;
         let ly = top + 16.0 + 16.0 * k as f64;
         s.push_str(&format!(
-            "<line x1=\"{lx}\" x2=\"{}\" y1=\"{ly}\" y2=\"{ly}\" stroke=\"{color}\" stroke-width=\"2\"/>\
-             <text x=\"{}\" y=\"{}\">{name}</text>\n",
+            "<line x1=\"{lx}\" x2=\"{}\" y1=\"{ly}\" y2=\"{ly}\" stroke=\"{color}\" stroke-width=\"2\"{dash}/>\
+             <text x=\"{}\" y=\"{}\">{}</text>\n",
             lx + 20.0,
             lx + 26.0,
-            ly + 4.0
+            ly + 4.0,
+            line.name
         ));
+        k += 1;
     }
     s.push_str("</svg>\n");
     s
@@ -259,7 +306,7 @@ mod tests {
     }
 
     #[test]
-    fn resume_drops_later_steps_and_plot_has_three_series() {
+    fn resume_drops_later_steps_and_plot_has_the_losses_and_validations() {
         let dir = tempfile::tempdir().unwrap();
         let log = MetricsLog::open(dir.path(), 0).unwrap();
         for s in 1..=5 {
@@ -289,6 +336,23 @@ mod tests {
         let svg = fs::read_to_string(dir.path().join(PLOT_FILE)).unwrap();
         assert_eq!(svg.matches("<polyline").count(), 3);
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
-        assert!(loss_svg(&[]).contains("no steps yet"));
+        // One evaluation: a marked point and its legend entry; two: a dashed line through both.
+        assert_eq!(svg.matches("fill=\"#d62728\"").count(), 1);
+        assert!(svg.contains(">val_loss</text>"));
+        log.append_eval(&EvalMetrics {
+            val_loss: 2.0,
+            ..eval(3)
+        })
+        .unwrap();
+        log.plot().unwrap();
+        let svg = fs::read_to_string(dir.path().join(PLOT_FILE)).unwrap();
+        assert_eq!(svg.matches("<polyline").count(), 4);
+        assert_eq!(
+            svg.matches("stroke-dasharray").count(),
+            2,
+            "the line and its legend"
+        );
+        assert_eq!(svg.matches("fill=\"#d62728\"").count(), 2);
+        assert!(loss_svg(&[], &[]).contains("no steps yet"));
     }
 }

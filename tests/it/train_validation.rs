@@ -404,6 +404,11 @@ fn the_lowest_validation_loss_is_kept_exported_and_stops_the_run_early() {
         .unwrap();
         assert_eq!(index["selection"]["best_step"], best, "{tag}");
         assert_eq!(index["selection"]["since_best"], 2, "{tag}");
+        let svg = std::fs::read_to_string(root.join("loss.svg")).unwrap();
+        assert!(
+            svg.contains(">val_loss</text>"),
+            "{tag}: no validation line in loss.svg"
+        );
         // The run exported the chosen checkpoint; `export` the newest, `export --best` the chosen.
         assert_eq!(export_step(&ws.path().join("model")), best, "{tag}");
         let (newest, chosen) = (ws.path().join("newest"), ws.path().join("chosen"));
