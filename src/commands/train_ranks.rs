@@ -123,6 +123,11 @@ fn rank_main(ws: &Workspace, config: &Config, args: &TrainArgs, env: &RankEnv) -
         world: env.world,
         master: env.rendezvous.clone(),
         timeout: Duration::from_secs(config.train.dist_timeout),
+        listener: if env.rank == 0 && ours {
+            crate::dist::env::take_inherited_rendezvous()?.map(std::sync::Arc::new)
+        } else {
+            None
+        },
     };
     let coll = connect(&ep, &device)?;
     install_failure_handlers(coll.clone(), env.rank);

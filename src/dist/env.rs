@@ -15,6 +15,8 @@ use anyhow::{bail, Context, Result};
 pub const LAUNCHED: &str = "VOICECLONE_LAUNCHED";
 /// `host:port` of rank 0's rendezvous, set by our launcher.
 pub const RENDEZVOUS: &str = "VOICECLONE_RENDEZVOUS";
+/// The descriptor of the rendezvous socket our launcher binds and hands to rank 0, open.
+pub const RENDEZVOUS_FD: &str = "VOICECLONE_RENDEZVOUS_FD";
 /// Overrides the rendezvous port under torchrun or Slurm.
 pub const RENDEZVOUS_PORT: &str = "VOICECLONE_RENDEZVOUS_PORT";
 /// Directory where each rank leaves its error message for our launcher.
@@ -34,6 +36,54 @@ pub fn restart_count() -> usize {
         .filter_map(|v| v.trim().parse::<usize>().ok())
         .max()
         .unwrap_or(0)
+}
+
+/// The rendezvous socket our launcher handed to this process ([`RENDEZVOUS_FD`]), already
+/// bound and listening; `None` when it handed none. Taken at most once per process: the socket
+/// then belongs to the caller.
+pub fn take_inherited_rendezvous() -> Result<Option<std::net::TcpListener>> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static TAKEN: AtomicBool = AtomicBool::new(false);
+    let Some(v) = std::env::var(RENDEZVOUS_FD)
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+    else {
+        return Ok(None);
+    };
+    let fd: libc::c_int = v
+        .trim()
+        .parse()
+        .with_context(|| format!("environment variable {RENDEZVOUS_FD}={v:?} is not a number"))?;
+    if TAKEN.swap(true, Ordering::SeqCst) {
+        bail!("the inherited rendezvous socket was already taken");
+    }
+    // Only a listening socket is adopted: a descriptor that is anything else (a stale variable)
+    // is refused rather than closed or used.
+    let mut listening: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `listening`, an int we own; on a
+    // descriptor that is not an open socket it fails without side effects.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_ACCEPTCONN,
+            (&mut listening as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 || listening == 0 {
+        bail!("{RENDEZVOUS_FD}={fd} is not a listening socket of this process");
+    }
+    // SAFETY: the descriptor is an open listening socket inherited from the launcher for this
+    // purpose, and TAKEN makes this the one owner in the process.
+    let listener = unsafe { <std::net::TcpListener as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    // Not passed on to anything this process starts.
+    // SAFETY: fcntl on the descriptor the listener now owns.
+    unsafe {
+        libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+    }
+    Ok(Some(listener))
 }
 
 /// Who started the ranks.

@@ -12,13 +12,15 @@
 
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use super::env::{LAUNCHED, RENDEZVOUS, REPORT_DIR, RESTART_COUNT};
+use super::env::{LAUNCHED, RENDEZVOUS, RENDEZVOUS_FD, REPORT_DIR, RESTART_COUNT};
 
 /// How long the other ranks may take to stop after one failed.
 pub const GRACE: Duration = Duration::from_secs(30);
@@ -93,21 +95,22 @@ impl Drop for ReportDir {
     }
 }
 
-/// A free loopback port for the rendezvous.
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+/// Rank 0's rendezvous socket, bound by the launcher on a loopback port the system chooses and
+/// handed to rank 0 open (docs/distributed.md §5): a port only named to rank 0 could be taken by
+/// another process before rank 0 binds it.
+fn rendezvous_listener() -> Result<TcpListener> {
+    TcpListener::bind("127.0.0.1:0").context("cannot open a loopback port for the rendezvous")
 }
 
 fn spawn_rank(
     spec: &LaunchSpec,
     rank: usize,
-    port: u16,
+    rendezvous: &TcpListener,
     reports: &Path,
     attempt: usize,
 ) -> Result<Child> {
     let exe = std::env::current_exe().context("cannot find this program's executable")?;
+    let port = rendezvous.local_addr()?.port();
     let mut cmd = Command::new(exe);
     cmd.args(&spec.args)
         .env(LAUNCHED, "1")
@@ -128,18 +131,31 @@ fn spawn_rank(
     } else {
         cmd.stdout(Stdio::null()).stderr(Stdio::piped());
     }
+    // Rank 0 inherits the rendezvous socket itself (its descriptor is kept open across exec
+    // below); the other ranks only learn its port.
+    let inherited = (rank == 0).then(|| rendezvous.as_raw_fd());
+    if let Some(fd) = inherited {
+        cmd.env(RENDEZVOUS_FD, fd.to_string());
+    }
     #[cfg(target_os = "linux")]
     {
         use std::os::unix::process::CommandExt;
-        // SAFETY: the closure runs in the forked child before exec and only makes two
-        // async-signal-safe system calls (setpgid, prctl), touching no memory of the parent.
+        // SAFETY: the closure runs in the forked child before exec and only makes
+        // async-signal-safe system calls (setpgid, prctl, fcntl) on its own process and on a
+        // descriptor the child holds, touching no memory of the parent.
         unsafe {
-            cmd.pre_exec(|| {
+            cmd.pre_exec(move || {
                 // Its own process group: the terminal's Ctrl-C reaches the launcher only, which
                 // passes it on, so every rank sees each signal exactly once.
                 libc::setpgid(0, 0);
                 // Killed when the launcher dies, however it dies: no orphaned ranks.
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                // The rendezvous socket survives the exec (the flag is the child's own copy).
+                if let Some(fd) = inherited {
+                    if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
                 Ok(())
             });
         }
@@ -255,11 +271,11 @@ fn is_stopped(pid: u32) -> bool {
 /// One attempt: starts every rank and waits for all of them; `None` when all succeeded.
 fn launch_once(spec: &LaunchSpec, attempt: usize) -> Result<Option<Failure>> {
     let reports = ReportDir::create()?;
-    let port = free_port()?;
+    let rendezvous = rendezvous_listener()?;
     crate::train::signal::install();
     let mut children: Vec<Option<Child>> = Vec::with_capacity(spec.world);
     for rank in 0..spec.world {
-        match spawn_rank(spec, rank, port, reports.path(), attempt) {
+        match spawn_rank(spec, rank, &rendezvous, reports.path(), attempt) {
             Ok(c) => children.push(Some(c)),
             Err(e) => {
                 for c in children.iter_mut().flatten() {
@@ -271,6 +287,8 @@ fn launch_once(spec: &LaunchSpec, attempt: usize) -> Result<Option<Failure>> {
             }
         }
     }
+    // Rank 0 holds the socket now; when it ends, the port is closed for good.
+    drop(rendezvous);
     let mut statuses: Vec<Option<ExitStatus>> = vec![None; spec.world];
     // Ranks this launcher killed because they did not stop after the failure.
     let mut killed_here: Vec<bool> = vec![false; spec.world];

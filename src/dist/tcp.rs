@@ -41,6 +41,9 @@ pub struct Endpoint {
     pub master: String,
     /// For the rendezvous and for every later socket operation.
     pub timeout: Duration,
+    /// Rank 0's rendezvous socket when it was bound before this rank started (by our launcher,
+    /// so that no other process can take the port in between); `None`: rank 0 binds `master`.
+    pub listener: Option<Arc<TcpListener>>,
 }
 
 /// Control-plane message kinds.
@@ -292,9 +295,12 @@ impl TcpCollective {
         let ring_listener = TcpListener::bind("0.0.0.0:0").context("cannot open a ring port")?;
         let ring_port = ring_listener.local_addr()?.port();
         let (links, welcome) = if ep.rank == 0 {
-            let listener = TcpListener::bind(bind_addr(&ep.master)?).with_context(|| {
-                format!("rank 0 cannot listen on {} for the rendezvous", ep.master)
-            })?;
+            let listener = match &ep.listener {
+                Some(l) => l.try_clone().context("the rendezvous socket")?,
+                None => TcpListener::bind(bind_addr(&ep.master)?).with_context(|| {
+                    format!("rank 0 cannot listen on {} for the rendezvous", ep.master)
+                })?,
+            };
             let mut links: Vec<Option<TcpStream>> = (0..ep.world).map(|_| None).collect();
             let mut ring = vec![String::new(); ep.world];
             ring[0] = format!("{}:{ring_port}", host_of(&ep.master));
@@ -796,23 +802,29 @@ impl Drop for TcpCollective {
 mod tests {
     use super::*;
 
+    /// A rendezvous socket bound before any rank starts, as our launcher binds it (a port
+    /// chosen and released first could be taken by a parallel test), and its port.
+    fn bound_rendezvous() -> (Arc<TcpListener>, u16) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        (Arc::new(l), port)
+    }
+
     /// Runs `f` on `world` ranks (threads) connected over loopback.
     fn run<T: Send>(world: usize, f: impl Fn(TcpCollective) -> T + Sync) -> Vec<T> {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let (listener, port) = bound_rendezvous();
         std::thread::scope(|s| {
             let handles: Vec<_> = (0..world)
                 .map(|rank| {
                     let f = &f;
+                    let listener = listener.clone();
                     s.spawn(move || {
                         let ep = Endpoint {
                             rank,
                             world,
                             master: format!("127.0.0.1:{port}"),
                             timeout: Duration::from_secs(20),
+                            listener: (rank == 0).then_some(listener),
                         };
                         let c = TcpCollective::connect(&ep, b"hello".to_vec()).unwrap();
                         assert_eq!(c.payload(), b"hello");
@@ -901,16 +913,13 @@ mod tests {
 
     #[test]
     fn a_rendezvous_with_a_missing_rank_times_out_naming_it() {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let (listener, port) = bound_rendezvous();
         let ep = |rank| Endpoint {
             rank,
             world: 3,
             master: format!("127.0.0.1:{port}"),
             timeout: Duration::from_secs(2),
+            listener: (rank == 0).then(|| listener.clone()),
         };
         let (r0, r1) = std::thread::scope(|s| {
             let a = s.spawn(|| TcpCollective::connect(&ep(0), vec![]).err().unwrap());

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
+use std::hash::{BuildHasher, Hasher};
 use std::path::Path;
 
 use serde_json::Value;
@@ -310,17 +311,39 @@ pub fn run_command_until(
     (seen, status, took)
 }
 
-/// Two consecutive free loopback ports `(p, p + 1)`: MASTER_PORT for a launcher's own store and
-/// the rendezvous voiceclone opens on MASTER_PORT + 1.
-pub fn two_free_ports() -> u16 {
-    for _ in 0..100 {
-        let a = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let p = a.local_addr().unwrap().port();
-        if p < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", p + 1)).is_ok() {
+/// `span` consecutive free loopback ports, the first returned, for ranks started the way
+/// torchrun starts them (the port is named to them, not bound before). They are drawn from below
+/// the range the system hands out for `bind(0)` and outgoing connections
+/// (`/proc/sys/net/ipv4/ip_local_port_range`): a port from that range could be taken by another
+/// test's connection between this check and its use.
+pub fn free_ports(span: u16) -> u16 {
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let (first, last) = (10_000u16, low.saturating_sub(span).max(10_001));
+    let mut x = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    for _ in 0..1000 {
+        // SplitMix64 steps over the seed the standard library draws per process.
+        x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        let p = first + (z % u64::from(last - first)) as u16;
+        if (p..p + span).all(|q| std::net::TcpListener::bind(("0.0.0.0", q)).is_ok()) {
             return p;
         }
     }
-    panic!("no two consecutive free ports");
+    panic!("no {span} consecutive free ports below {low}");
+}
+
+/// Two consecutive free loopback ports `(p, p + 1)`: MASTER_PORT for a launcher's own store and
+/// the rendezvous voiceclone opens on MASTER_PORT + 1.
+pub fn two_free_ports() -> u16 {
+    free_ports(2)
 }
 
 /// Runs a command on a thread, returning its output when joined.

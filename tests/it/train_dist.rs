@@ -223,23 +223,23 @@ fn checkpoints_resume_at_any_world_size() {
             hooks: Arc::new(voiceclone::train::hooks::NoHooks),
         }
     };
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    // Bound before the ranks start, as the launcher binds it.
+    let listener = Arc::new(std::net::TcpListener::bind("127.0.0.1:0").unwrap());
+    let port = listener.local_addr().unwrap().port();
     // Per rank: (name, master, exp_avg, exp_avg_sq) of every shard it restored.
     type Restored = Vec<(String, Vec<f32>, Vec<f32>, Vec<f32>)>;
     let restored: Vec<Restored> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..2)
             .map(|rank| {
                 let (ws, opts) = (c.path(), &opts);
+                let listener = (rank == 0).then(|| listener.clone());
                 s.spawn(move || {
                     let ep = Endpoint {
                         rank,
                         world: 2,
                         master: format!("127.0.0.1:{port}"),
                         timeout: std::time::Duration::from_secs(30),
+                        listener,
                     };
                     let coll = Arc::new(TcpCollective::connect(&ep, vec![]).unwrap());
                     let t = ShardedTrainer::new(

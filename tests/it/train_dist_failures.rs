@@ -109,11 +109,7 @@ fn a_rendezvous_with_a_missing_rank_times_out_naming_it() {
         &xvector(hidden("tiny-0b6"), 3),
         "[train]\ndist_timeout = 3",
     );
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_ports(1);
     let started = std::time::Instant::now();
     let ranks: Vec<_> = (0..2)
         .map(|rank| {

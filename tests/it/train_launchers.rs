@@ -12,11 +12,7 @@ fn a_torchrun_launch_equals_cpu_ranks() {
         &["--max-steps", "3", "--save-every", "3", "--cpu-ranks", "2"],
     ));
     let ws = workspace(model);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_ports(1);
     let ranks: Vec<_> = (0..2)
         .map(|rank| {
             let mut a = vec!["train"];
