@@ -50,6 +50,14 @@ impl WeightOverlay {
         self.edits.keys().map(String::as_str)
     }
 
+    /// Tensor `name` replaced by `values` (row-major, the tensor's whole shape).
+    pub fn replace(&mut self, name: &str, values: Vec<f32>) {
+        self.edits
+            .entry(name.to_string())
+            .or_default()
+            .push(Edit::Replace(values));
+    }
+
     /// Tensor `name` of `shape` after its edits, from its stored values `base` (f32).
     pub fn apply(&self, name: &str, shape: &[usize], mut base: Vec<f32>) -> Result<Vec<f32>> {
         let Some(edits) = self.edits.get(name) else {
@@ -110,15 +118,8 @@ pub fn merge_low_rank(w: &Tensor, a: &Tensor, b: &Tensor, scale: f64) -> Result<
 impl ModelFiles {
     /// These files with `adapter` put on them: a Base model becomes the CustomVoice model the
     /// merged export of the same checkpoint is (its speakers in `spk_id`, rows 3000, 3001, …).
-    pub fn with_adapter(mut self, adapter: &AdapterDir) -> Result<Self> {
+    pub fn with_adapter(self, adapter: &AdapterDir) -> Result<Self> {
         let what = format!("the adapter {}", adapter.dir.display());
-        if self.config.tts_model_type != "base" {
-            bail!(
-                "{what} goes on a Base model, but {} is a {} model",
-                self.source.describe(),
-                self.config.tts_model_type
-            );
-        }
         let shape_of = |name: &str| -> Result<Vec<usize>> {
             self.checkpoint
                 .tensor(name)
@@ -139,11 +140,7 @@ impl ModelFiles {
                     shape_of(name)?
                 );
             }
-            overlay
-                .edits
-                .entry(name.clone())
-                .or_default()
-                .push(Edit::Replace(v.data.clone()));
+            overlay.replace(name, v.data.clone());
         }
         for (name, f) in &adapter.factors {
             let shape = shape_of(name)?;
@@ -166,18 +163,38 @@ impl ModelFiles {
                     scale: adapter.scale(),
                 });
         }
+        self.as_custom_voice(overlay, &adapter.speakers, &what)
+    }
+
+    /// These files as the CustomVoice model an export makes of them (docs/training.md §10):
+    /// the tensors `overlay` changes, each of `speakers` (name, x-vector) in its codec-embedding
+    /// row (3000, 3001, … in order, rounded to bf16 as the export stores it) and in
+    /// `spk_id`. `what` names the source of the changes in errors.
+    pub fn as_custom_voice(
+        mut self,
+        mut overlay: WeightOverlay,
+        speakers: &[(String, Vec<f32>)],
+        what: &str,
+    ) -> Result<Self> {
+        if self.config.tts_model_type != "base" {
+            bail!(
+                "{what} goes on a Base model, but {} is a {} model",
+                self.source.describe(),
+                self.config.tts_model_type
+            );
+        }
         let hidden = self.config.talker_config.hidden_size;
         let vocab = self.config.talker_config.vocab_size;
-        if adapter.speakers.is_empty() || SPEAKER_ROW + adapter.speakers.len() > vocab {
+        if speakers.is_empty() || SPEAKER_ROW + speakers.len() > vocab {
             bail!(
                 "{what} holds {} speakers; rows {SPEAKER_ROW}..{vocab} hold at most {}",
-                adapter.speakers.len(),
+                speakers.len(),
                 vocab.saturating_sub(SPEAKER_ROW)
             );
         }
         let mut rows = Vec::new();
         let tc = &mut self.config.talker_config;
-        for (i, (name, x)) in adapter.speakers.iter().enumerate() {
+        for (i, (name, x)) in speakers.iter().enumerate() {
             if x.len() != hidden {
                 bail!(
                     "{what}: the x-vector of {name:?} has {} values, the model needs {hidden}",

@@ -197,6 +197,85 @@ fn named_rows(speakers: &[checkpoint::SpeakerId]) -> impl Iterator<Item = (Strin
     })
 }
 
+/// The exported speakers (lower-cased names) with their codec-embedding rows: the one unnamed
+/// speaker as `speaker_name`, or the checkpoint's named speakers in table order.
+fn speaker_rows(index: &checkpoint::Index, speaker_name: &str) -> Result<Vec<(String, usize)>> {
+    let rows: Vec<(String, usize)> = if index.identity.speakers.is_empty() {
+        let name = speaker_name.trim().to_lowercase();
+        if name.is_empty() {
+            bail!("the speaker name is empty");
+        }
+        vec![(name, SPEAKER_ROW)]
+    } else {
+        named_rows(&index.identity.speakers).collect()
+    };
+    crate::artifacts::speaker::check_unique(rows.iter().map(|(n, _)| n.as_str()))?;
+    Ok(rows)
+}
+
+/// The model the export of `checkpoint` (a full fine-tune's, or a LoRA run's merged as
+/// trained) would be, without writing it: `files` (its base model) with the trained tensors replaced
+/// by their masters rounded to bf16 as the export stores them, and the speakers in their rows
+/// and `spk_id` ([`ModelFiles::as_custom_voice`]). On a bf16-stored base every tensor then
+/// reads as the export's; on an f32-stored one the untrained tensors keep their f32 values
+/// where the export rounds them. What a run speaks its samples with (docs/training.md §14.4).
+pub fn checkpoint_as_model(
+    files: &ModelFiles,
+    checkpoint: &Path,
+    speaker_name: &str,
+) -> Result<ModelFiles> {
+    let index = checkpoint::read_index(checkpoint)?;
+    let rows = speaker_rows(&index, speaker_name)?;
+    let vectors = checkpoint::read_speakers(checkpoint, &index)?;
+    let mut trained = checkpoint::RowReader::open(checkpoint)?.masters(&Device::Cpu)?;
+    if let Some(lora) = &index.identity.lora {
+        let adapted: HashSet<String> = trained
+            .keys()
+            .filter_map(|n| n.strip_suffix(".lora_A.weight"))
+            .map(|m| format!("{m}.weight"))
+            .collect();
+        let base = files
+            .load_weights(candle_core::DType::F32, &Device::Cpu, |n| {
+                adapted.contains(n)
+            })
+            .context("cannot read the base model")?;
+        trained = merge_adapters(trained, lora.scale(), |name| base.get_any(name))?;
+    }
+    let mut overlay = crate::model::overlay::WeightOverlay::default();
+    for (name, t) in trained {
+        let want = files
+            .checkpoint
+            .tensor(&name)
+            .map(|t| t.shape.clone())
+            .with_context(|| {
+                format!("the checkpoint trains {name}, which the base model does not have")
+            })?;
+        if t.dims() != want.as_slice() {
+            bail!(
+                "the checkpoint's {name} has shape {:?}, the base model {want:?}",
+                t.dims()
+            );
+        }
+        let values: Vec<f32> = t
+            .flatten_all()?
+            .to_vec1::<f32>()?
+            .into_iter()
+            .map(|v| half::bf16::from_f32(v).to_f32())
+            .collect();
+        overlay.replace(&name, values);
+    }
+    let speakers: Vec<(String, Vec<f32>)> = rows
+        .into_iter()
+        .zip(vectors)
+        .map(|((name, _), (_, x))| (name, x))
+        .collect();
+    files.clone().as_custom_voice(
+        overlay,
+        &speakers,
+        &format!("checkpoint {}", checkpoint.display()),
+    )
+}
+
 /// The identity of the base model an export was made from, as its marker records it.
 pub fn base_identity(dir: &Path) -> Option<ModelIdentity> {
     serde_json::from_value(read_marker(dir)?.get("base_identity")?.clone()).ok()
@@ -287,16 +366,7 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
         );
     }
     let vectors = checkpoint::read_speakers(&opts.checkpoint, &index)?;
-    let rows: Vec<(String, usize)> = if index.identity.speakers.is_empty() {
-        let name = opts.speaker_name.trim().to_lowercase();
-        if name.is_empty() {
-            bail!("the speaker name is empty");
-        }
-        vec![(name, SPEAKER_ROW)]
-    } else {
-        named_rows(&index.identity.speakers).collect()
-    };
-    crate::artifacts::speaker::check_unique(rows.iter().map(|(n, _)| n.as_str()))?;
+    let rows = speaker_rows(&index, &opts.speaker_name)?;
     let recovered = recover(&opts.output)?;
     let kind = if opts.adapter_only {
         "adapter"
