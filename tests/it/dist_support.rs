@@ -315,13 +315,14 @@ pub fn run_command_until(
 /// torchrun starts them (the port is named to them, not bound before). They are drawn from below
 /// the range the system hands out for `bind(0)` and outgoing connections
 /// (`/proc/sys/net/ipv4/ip_local_port_range`): a port from that range could be taken by another
-/// test's connection between this check and its use.
+/// test's connection between this check and its use. They start at 20000, above the ports Ray
+/// gives its workers (10002–19999), since a Ray head takes its own from them.
 pub fn free_ports(span: u16) -> u16 {
     let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
         .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
         .unwrap_or(32768);
-    let (first, last) = (10_000u16, low.saturating_sub(span).max(10_001));
+    let (first, last) = (20_000u16, low.saturating_sub(span).max(20_001));
     let mut x = std::collections::hash_map::RandomState::new()
         .build_hasher()
         .finish();
