@@ -1,6 +1,6 @@
 //! Training metrics: `checkpoints/metrics.jsonl` (one JSON object per optimizer step, and one
 //! per evaluation over the held-out set, docs/training.md §9, §14) and `checkpoints/loss.svg`,
-//! a plot of the losses drawn by hand (no plotting dependency).
+//! a plot of the losses ([`super::plot`]).
 
 use std::fs::{self, OpenOptions};
 use std::io::Write;
@@ -8,6 +8,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
+
+use super::plot::{self, Chart, Series, COLORS};
+use super::samples::SampleMetrics;
 
 pub const METRICS_FILE: &str = "metrics.jsonl";
 pub const PLOT_FILE: &str = "loss.svg";
@@ -40,8 +43,14 @@ pub struct EvalMetrics {
     pub val_loss_sub: f64,
     /// Utterances of the held-out set.
     pub val_utterances: usize,
-    /// Wall time of the evaluation.
+    /// Wall time of the evaluation (the validation loss, and the samples when there are).
     pub seconds: f64,
+    /// The samples spoken with the checkpoint of this step, and their score
+    /// (docs/training.md §14.4 and §14.5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub samples: Option<Vec<SampleMetrics>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub score: Option<f64>,
 }
 
 /// The step a line of `metrics.jsonl` belongs to, whichever kind it is; `None` for a line
@@ -124,167 +133,45 @@ pub fn read<M: serde::de::DeserializeOwned>(path: &Path) -> Result<Vec<M>> {
         .collect())
 }
 
-/// One line of the plot: its name, colour, whether dashed, and its (step, value) points.
-struct Series {
-    name: &'static str,
-    color: &'static str,
-    dashed: bool,
-    points: Vec<(f64, f64)>,
-}
-
 /// An SVG line plot against the step of loss, loss_talker and loss_sub per optimizer step, and
 /// of the validation loss at each evaluation (docs/training.md §14.2), dashed with its points
 /// marked.
 pub fn loss_svg(rows: &[StepMetrics], evals: &[EvalMetrics]) -> String {
-    let (w, h) = (720.0, 400.0);
-    let (left, right, top, bottom) = (64.0, 16.0, 28.0, 44.0);
-    let (pw, ph) = (w - left - right, h - top - bottom);
-    let mut s = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" viewBox=\"0 0 {w} {h}\" \
-         font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-    );
     let title = if evals.is_empty() {
         "loss per optimizer step"
     } else {
         "loss per optimizer step, validation loss per evaluation"
     };
-    s.push_str(&format!(
-        "<text x=\"{left}\" y=\"18\" font-size=\"14\">voiceclone train: {title}</text>\n"
-    ));
-    let per_step = |name, color, f: fn(&StepMetrics) -> f64| Series {
-        name,
+    let per_step = |name: &str, color, f: fn(&StepMetrics) -> f64| Series {
+        name: name.into(),
         color,
         dashed: false,
         points: rows.iter().map(|m| (m.step as f64, f(m))).collect(),
     };
-    let series = [
-        per_step("loss", "#1f77b4", |m| m.loss),
-        per_step("loss_talker", "#ff7f0e", |m| m.loss_talker),
-        per_step("loss_sub", "#2ca02c", |m| m.loss_sub),
-        Series {
-            name: "val_loss",
-            color: "#d62728",
-            dashed: true,
-            points: evals.iter().map(|e| (e.step as f64, e.val_loss)).collect(),
-        },
-    ];
-    let finite: Vec<(f64, f64)> = series
-        .iter()
-        .flat_map(|l| l.points.iter().copied())
-        .filter(|(_, v)| v.is_finite())
-        .collect();
-    if rows.is_empty() || finite.is_empty() {
-        s.push_str(
-            "<text x=\"50%\" y=\"50%\" text-anchor=\"middle\">no steps yet</text>\n</svg>\n",
-        );
-        return s;
-    }
-    let x0 = finite.iter().map(|p| p.0).fold(f64::INFINITY, f64::min);
-    let x1 = finite
-        .iter()
-        .map(|p| p.0)
-        .fold(f64::NEG_INFINITY, f64::max)
-        .max(x0 + 1.0);
-    let y0 = finite
-        .iter()
-        .map(|p| p.1)
-        .fold(f64::INFINITY, f64::min)
-        .min(0.0);
-    let y1 = finite
-        .iter()
-        .map(|p| p.1)
-        .fold(f64::NEG_INFINITY, f64::max)
-        .max(y0 + 1e-9)
-        * 1.05;
-    let px = |x: f64| left + (x - x0) / (x1 - x0) * pw;
-    let py = |y: f64| top + ph - (y - y0) / (y1 - y0) * ph;
-    // Axes, ticks and grid.
-    s.push_str(&format!(
-        "<rect x=\"{left}\" y=\"{top}\" width=\"{pw}\" height=\"{ph}\" fill=\"none\" stroke=\"#444\"/>\n"
-    ));
-    for i in 0..=5 {
-        let yv = y0 + (y1 - y0) * i as f64 / 5.0;
-        let y = py(yv);
-        s.push_str(&format!(
-            "<line x1=\"{left}\" x2=\"{}\" y1=\"{y:.1}\" y2=\"{y:.1}\" stroke=\"#ddd\"/>\
-             <text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>\n",
-            left + pw,
-            left - 6.0,
-            y + 4.0,
-            tick(yv)
-        ));
-    }
-    // Step ticks on whole steps: as many as there are steps between the ends, at most 5.
-    let intervals = ((x1 - x0).round() as usize).clamp(1, 5);
-    for i in 0..=intervals {
-        let xv = x0 + (x1 - x0) * i as f64 / intervals as f64;
-        s.push_str(&format!(
-            "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n",
-            px(xv),
-            top + ph + 16.0,
-            xv.round()
-        ));
-    }
-    s.push_str(&format!(
-        "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">step</text>\n",
-        left + pw / 2.0,
-        h - 8.0
-    ));
-    let mut k = 0;
-    for line in series.iter().filter(|l| !l.points.is_empty()) {
-        let pts: Vec<(f64, f64)> = line
-            .points
-            .iter()
-            .filter(|(_, v)| v.is_finite())
-            .map(|&(x, y)| (px(x), py(y)))
-            .collect();
-        let dash = if line.dashed {
-            " stroke-dasharray=\"6 3\""
-        } else {
-            ""
-        };
-        let color = line.color;
-        if pts.len() > 1 {
-            let joined: Vec<String> = pts.iter().map(|(x, y)| format!("{x:.1},{y:.1}")).collect();
-            s.push_str(&format!(
-                "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"1.5\"{dash} points=\"{}\"/>\n",
-                joined.join(" ")
-            ));
-        }
-        // A lone point, and every point of a dashed (sparse) line, is marked.
-        if pts.len() == 1 || line.dashed {
-            for (x, y) in &pts {
-                s.push_str(&format!(
-                    "<circle cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"3\" fill=\"{color}\"/>\n"
-                ));
-            }
-        }
-        let lx = left + pw - 130.0;
-        let ly = top + 16.0 + 16.0 * k as f64;
-        s.push_str(&format!(
-            "<line x1=\"{lx}\" x2=\"{}\" y1=\"{ly}\" y2=\"{ly}\" stroke=\"{color}\" stroke-width=\"2\"{dash}/>\
-             <text x=\"{}\" y=\"{}\">{}</text>\n",
-            lx + 20.0,
-            lx + 26.0,
-            ly + 4.0,
-            line.name
-        ));
-        k += 1;
-    }
-    s.push_str("</svg>\n");
-    s
-}
-
-fn tick(v: f64) -> String {
-    if v == 0.0 {
-        "0".into()
-    } else if v.abs() >= 100.0 {
-        format!("{v:.0}")
-    } else if v.abs() >= 1.0 {
-        format!("{v:.2}")
+    let series = if rows.is_empty() {
+        Vec::new()
     } else {
-        format!("{v:.3}")
-    }
+        vec![
+            per_step("loss", COLORS[0], |m| m.loss),
+            per_step("loss_talker", COLORS[1], |m| m.loss_talker),
+            per_step("loss_sub", COLORS[2], |m| m.loss_sub),
+            Series {
+                name: "val_loss".into(),
+                color: COLORS[3],
+                dashed: true,
+                points: evals.iter().map(|e| (e.step as f64, e.val_loss)).collect(),
+            },
+        ]
+    };
+    plot::svg(&Chart {
+        title: format!("voiceclone train: {title}"),
+        x_label: "step",
+        series,
+        band: None,
+        from_zero: true,
+        empty: "no steps yet",
+        marker: None,
+    })
 }
 
 #[cfg(test)]
@@ -324,6 +211,8 @@ mod tests {
             val_loss_sub: 0.5,
             val_utterances: 2,
             seconds: 0.1,
+            samples: None,
+            score: None,
         };
         let log = MetricsLog::open(dir.path(), 5).unwrap();
         log.append_eval(&eval(2)).unwrap();
