@@ -47,7 +47,10 @@ WHISPER_SDIST="openai-whisper==20250625"
 OPENAI_PKG="openai>=1.60"
 # Ray, for scripts/ray_train.py's test on a local cluster (tests/it/train_launchers.rs).
 RAY_PKG="ray==2.60.0"
-APT_PACKAGES=(ffmpeg sox asterisk-core-sounds-en-g722 asterisk-core-sounds-en pocketsphinx-testdata python3-torch)
+# chromium-headless-shell: the browser that renders checkpoints/report.html in its test
+# (tests/it/train_samples.rs).
+APT_PACKAGES=(ffmpeg sox asterisk-core-sounds-en-g722 asterisk-core-sounds-en pocketsphinx-testdata python3-torch
+    chromium-headless-shell)
 
 VENV="$DEST/venv"
 PY="$VENV/bin/python"

@@ -762,15 +762,26 @@ pub struct TrainArgs {
     #[arg(long, requires = "plan")]
     pub json: bool,
 
-    /// The checkpoint exported at the end and named by checkpoints/best: last or val_loss
-    /// (the lowest validation loss) [train.select].
+    /// The checkpoint exported at the end and named by checkpoints/best: last, val_loss (the
+    /// lowest validation loss) or score (the best-scoring samples) [train.select].
     #[arg(long, value_name = "WHICH")]
     pub select: Option<String>,
 
-    /// Stop after N validations in a row without a lower validation loss, 0 = never
-    /// [train.early_stop].
+    /// Stop after N validations in a row without a lower validation loss (a higher score with
+    /// --select score), 0 = never [train.early_stop].
     #[arg(long, value_name = "N")]
     pub early_stop: Option<usize>,
+
+    /// Speak samples at every evaluation and measure similarity, speaking rate, end of speech
+    /// and WER: true, false or auto (on, except on the CPU for models over 1B parameters)
+    /// [train.samples].
+    #[arg(long, value_name = "WHEN", value_parser = ["auto", "true", "false"])]
+    pub samples: Option<String>,
+
+    /// A text the samples speak (repeatable; each by every speaker) [train.sample_texts,
+    /// default: texts of held-out utterances].
+    #[arg(long = "sample-text", value_name = "TEXT")]
+    pub sample_text: Vec<String>,
 
     /// Sharded runs: restart every rank from the last checkpoint when one fails, at most N
     /// times [train.max_restarts].
@@ -838,6 +849,25 @@ impl TrainArgs {
             .set("train.shard", "--shard", self.shard.clone())
             .set("train.backend", "--backend", self.backend.clone())
             .set("train.select", "--select", self.select.clone())
+            .set(
+                "train.samples",
+                "--samples",
+                self.samples.as_deref().map(|v| match v {
+                    "true" => Value::Boolean(true),
+                    "false" => Value::Boolean(false),
+                    other => Value::String(other.to_string()),
+                }),
+            )
+            .set(
+                "train.sample_texts",
+                "--sample-text",
+                (!self.sample_text.is_empty()).then(|| {
+                    self.sample_text
+                        .iter()
+                        .map(|t| Value::String(t.clone()))
+                        .collect::<Vec<_>>()
+                }),
+            )
             .count("train.early_stop", "--early-stop", self.early_stop)
             .count("train.max_restarts", "--max-restarts", self.max_restarts)
             .set(

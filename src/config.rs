@@ -108,6 +108,10 @@ pub struct TrainConfig {
     pub select: Select,
     /// Stop after this many validations without a lower validation loss, 0 = never.
     pub early_stop: usize,
+    /// Whether each evaluation speaks samples and measures them (docs/training.md §14.4).
+    pub samples: Samples,
+    /// The texts the samples speak; empty = texts of held-out utterances.
+    pub sample_texts: Vec<String>,
     pub freeze: Vec<String>,
     /// Rank of the low-rank adapters, 0 = a full fine-tune (docs/training.md §13).
     pub lora_rank: usize,
@@ -169,10 +173,59 @@ pub enum Select {
     Last,
     /// The checkpoint with the lowest validation loss.
     ValLoss,
+    /// The checkpoint whose samples score highest (docs/training.md §14.5).
+    Score,
 }
 
 impl Select {
-    pub const NAMES: &'static [&'static str] = &["last", "val_loss"];
+    pub const NAMES: &'static [&'static str] = &["last", "val_loss", "score"];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Select::Last => "last",
+            Select::ValLoss => "val_loss",
+            Select::Score => "score",
+        }
+    }
+}
+
+/// `train.samples`: whether evaluations speak samples (docs/training.md §14.4). `auto`: yes,
+/// except on a CPU-only run of a model whose samples would cost more than the run can spare
+/// (the start says so).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Samples {
+    Auto,
+    On,
+    Off,
+}
+
+impl Serialize for Samples {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        match self {
+            Samples::Auto => s.serialize_str("auto"),
+            Samples::On => s.serialize_bool(true),
+            Samples::Off => s.serialize_bool(false),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Samples {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Bool(bool),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Bool(true) => Ok(Samples::On),
+            Raw::Bool(false) => Ok(Samples::Off),
+            Raw::Text(t) if t == "auto" => Ok(Samples::Auto),
+            Raw::Text(t) => Err(serde::de::Error::custom(format!(
+                "{t:?} is not true, false or \"auto\""
+            ))),
+        }
+    }
 }
 
 /// `train.backend`: how the trainer computes (docs/training.md §5.5). A verification setting:
@@ -413,6 +466,9 @@ const CHOICES: &[(&str, &[&str])] = &[
     ("train.memory", MemoryPolicy::NAMES),
     ("embed.mode", EmbedMode::NAMES),
 ];
+
+/// Keys that take "auto" (their default), true or false.
+const AUTO_OR_BOOL: &[&str] = &["train.samples"];
 
 /// Where a configuration value came from, for error messages and `voiceclone config`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -707,6 +763,12 @@ impl Resolved {
                 ),
             ));
         }
+        if let Some(i) = t.sample_texts.iter().position(|x| x.trim().is_empty()) {
+            return Err(bad(
+                "train.sample_texts",
+                format!("text {} is empty", i + 1),
+            ));
+        }
         if t.speaker_name.trim().is_empty() || t.speaker_name.trim() != t.speaker_name {
             return Err(bad(
                 "train.speaker_name",
@@ -927,21 +989,33 @@ fn check_against_schema(
                 known.join(", ")
             );
         };
-        let compatible = matches!(
-            (expected, v),
-            (Value::Table(_), Value::Table(_))
-                | (Value::String(_), Value::String(_))
-                | (Value::Integer(_), Value::Integer(_))
-                | (Value::Float(_), Value::Float(_) | Value::Integer(_))
-                | (Value::Boolean(_), Value::Boolean(_))
-                | (Value::Array(_), Value::Array(_))
-        );
+        // Keys whose default is "auto" and whose other values are true and false.
+        let auto_or_bool = AUTO_OR_BOOL.contains(&key.as_str())
+            && matches!((expected, v), (Value::String(_), Value::Boolean(_)));
+        let compatible = auto_or_bool
+            || matches!(
+                (expected, v),
+                (Value::Table(_), Value::Table(_))
+                    | (Value::String(_), Value::String(_))
+                    | (Value::Integer(_), Value::Integer(_))
+                    | (Value::Float(_), Value::Float(_) | Value::Integer(_))
+                    | (Value::Boolean(_), Value::Boolean(_))
+                    | (Value::Array(_), Value::Array(_))
+            );
         if !compatible {
             bail!(
                 "configuration key `{key}` in {source} must be {}, found {} ({v})",
                 type_name(expected),
                 type_name(v)
             );
+        }
+        if let (true, Value::String(value)) = (AUTO_OR_BOOL.contains(&key.as_str()), v) {
+            if value != "auto" {
+                bail!(
+                    "invalid value for `{key}` (set in {source}): {value:?}; it is true, false or \
+                     \"auto\""
+                );
+            }
         }
         if let (Some((_, names)), Value::String(value)) =
             (CHOICES.iter().find(|(k, _)| *k == key), v)
@@ -1118,6 +1192,46 @@ mod tests {
             .to_string();
         assert!(
             err.contains("`embed.mode`") && err.contains("ref, mean"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn samples_take_auto_true_or_false_and_sample_texts_words() {
+        let samples = |text: &str| {
+            resolve_layers(vec![layer(text, "s.toml")]).map(|r| r.config.train.samples)
+        };
+        assert_eq!(samples("").unwrap(), Samples::Auto);
+        assert_eq!(samples("[train]\nsamples = true").unwrap(), Samples::On);
+        assert_eq!(samples("[train]\nsamples = false").unwrap(), Samples::Off);
+        assert_eq!(
+            samples("[train]\nsamples = \"auto\"").unwrap(),
+            Samples::Auto
+        );
+        for wrong in ["\"yes\"", "\"true\"", "1"] {
+            let err = samples(&format!("[train]\nsamples = {wrong}"))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("`train.samples`") && err.contains("s.toml"),
+                "{wrong}: {err}"
+            );
+        }
+        // As `voiceclone config` prints it, read back the same.
+        for v in [Samples::Auto, Samples::On, Samples::Off] {
+            let text = toml::Value::try_from(v).unwrap();
+            let t = dotted_table("train.samples", text);
+            let r = resolve_layers(vec![(t, Source::Default)]).unwrap();
+            assert_eq!(r.config.train.samples, v);
+        }
+        let err = resolve_layers(vec![layer(
+            "[train]\nsample_texts = [\"a\", \" \"]",
+            "t.toml",
+        )])
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("train.sample_texts") && err.contains("text 2 is empty"),
             "{err}"
         );
     }

@@ -108,6 +108,23 @@ pub fn resolve_single_file(spec: &str) -> Result<PathBuf> {
     }
 }
 
+/// A single-file model spec resolved without the network: the local file, or the hub file if
+/// it is in the Hugging Face cache already; `None` otherwise.
+pub fn cached_single_file(spec: &str) -> Option<PathBuf> {
+    let path = Path::new(spec);
+    if path.is_file() {
+        return Some(path.to_path_buf());
+    }
+    let (repo, file) = spec.split_once('/').and_then(|(owner, rest)| {
+        let (name, file) = rest.split_once('/')?;
+        let repo = format!("{owner}/{name}");
+        (looks_like_repo_id(&repo) && !file.is_empty()).then(|| (repo, file.to_string()))
+    })?;
+    Cache::from_env()
+        .repo(Repo::new(repo, RepoType::Model))
+        .get(&file)
+}
+
 fn looks_like_repo_id(spec: &str) -> bool {
     let mut parts = spec.split('/');
     let ok = |s: Option<&str>| {

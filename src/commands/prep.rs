@@ -62,7 +62,7 @@ pub fn run(ws: &Workspace, config: &Config, args: &PrepArgs) -> Result<()> {
 
 /// A relative Whisper path that exists in the workspace is local; anything else is passed on
 /// (absolute paths, and hub references like owner/repo/file).
-fn resolve_whisper_spec(ws: &Workspace, spec: &str) -> String {
+pub(crate) fn resolve_whisper_spec(ws: &Workspace, spec: &str) -> String {
     let local = ws.config_path(spec);
     if local.exists() {
         local.to_string_lossy().into_owned()

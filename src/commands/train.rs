@@ -58,7 +58,7 @@ pub fn run(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<()> {
     move_aside_if_fresh(ws, args)?;
     let device = train_device()?;
     let backend = train::Backend::resolve(c.backend, &device)?;
-    let opts = run.options(ws, config, device.clone(), backend);
+    let opts = run.options(ws, config, device.clone(), backend, true)?;
     let where_ = placement(backend, &device, c);
     if c.recompute == crate::config::Recompute::Layers {
         // Recomputing on one device is the `full` pass of a world of one rank: each unit's
@@ -134,14 +134,23 @@ pub struct Prepared {
 }
 
 impl Prepared {
+    /// The run's options; `reporter`: this process reports (and speaks the samples).
     pub fn options(
         self,
         ws: &Workspace,
         config: &Config,
         device: Device,
         backend: train::Backend,
-    ) -> TrainOptions {
-        TrainOptions {
+        reporter: bool,
+    ) -> Result<TrainOptions> {
+        let whisper = if reporter && config.train.samples != crate::config::Samples::Off {
+            sample_whisper(ws, config)
+        } else {
+            None
+        };
+        Ok(TrainOptions {
+            references: references(ws, config)?,
+            whisper,
             files: self.files,
             model_spec: self.model_spec,
             manifest: self.manifest,
@@ -152,6 +161,44 @@ impl Prepared {
             device,
             backend,
             hooks: hooks(),
+        })
+    }
+}
+
+/// Each speaker's reference clip, by the name the export gives the voice.
+fn references(ws: &Workspace, config: &Config) -> Result<Vec<(String, PathBuf)>> {
+    let named = embed::workspace_speakers(ws)?;
+    let clips: Vec<(String, PathBuf)> = if named.is_empty() {
+        let voice = crate::artifacts::speaker::name_key(config.train.speaker_name.trim());
+        vec![(voice, ws.ref_wav())]
+    } else {
+        named
+            .iter()
+            .map(|n| (crate::artifacts::speaker::name_key(n), ws.ref_clip(n)))
+            .collect()
+    };
+    Ok(clips.into_iter().filter(|(_, p)| p.is_file()).collect())
+}
+
+/// The Whisper model `prep` used (`prep.whisper_model`), for the samples' WER: a local file or
+/// one in the Hugging Face cache — training never downloads it. `None`, with a note, otherwise.
+fn sample_whisper(
+    ws: &Workspace,
+    config: &Config,
+) -> Option<Arc<dyn crate::prep::transcribe::Transcriber>> {
+    let spec = super::prep::resolve_whisper_spec(ws, &config.prep.whisper_model);
+    let Some(path) = crate::hub::cached_single_file(&spec) else {
+        println!(
+            "note: the samples get no WER: the Whisper model {spec} (prep.whisper_model) is \
+             neither a local file nor in the Hugging Face cache (`voiceclone prep` downloads it)"
+        );
+        return None;
+    };
+    match crate::prep::transcribe::WhisperTranscriber::load(&path, &config.prep.language) {
+        Ok(w) => Some(Arc::new(w)),
+        Err(e) => {
+            println!("note: the samples get no WER: {e:#}");
+            None
         }
     }
 }
@@ -331,9 +378,14 @@ pub fn finish(
         );
     }
     if outcome.step == outcome.start_step && outcome.early_stopped {
+        let better = if c.select == crate::config::Select::Score {
+            "higher sample score"
+        } else {
+            "lower validation loss"
+        };
         println!(
-            "training stopped early at step {} of {total}: no lower validation loss in the last \
-             train.early_stop = {} validations (raise it, or set it to 0, to train on)",
+            "training stopped early at step {} of {total}: no {better} in the last \
+             train.early_stop = {} evaluations (raise it, or set it to 0, to train on)",
             outcome.step, c.early_stop
         );
     } else if outcome.step == outcome.start_step {
@@ -370,9 +422,10 @@ pub fn finish(
     };
     if newest.as_ref().is_some_and(|n| *n != ckpt) {
         println!(
-            "exporting {}, the checkpoint of the lowest validation loss (train.select = \
-             \"val_loss\"; the newest is {})",
+            "exporting {}, {} (train.select = \"{}\"; the newest is {})",
             ws.relative(&ckpt),
+            train::selection::Selection::describe(c.select),
+            c.select.name(),
             newest.as_ref().map_or(String::new(), |n| ws.relative(n))
         );
     }

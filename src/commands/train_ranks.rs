@@ -180,7 +180,7 @@ fn train_rank(
         files,
     };
     let backend = Backend::resolve(config.train.backend, device)?;
-    let opts = prepared.options(ws, config, device.clone(), backend);
+    let opts = prepared.options(ws, config, device.clone(), backend, rank == 0)?;
     let fresh = super::train::fresh_start(args);
     let mut trainer = ShardedTrainer::new(opts, coll.clone(), config.train.shard, tag, fresh)?;
     let state = trainer.state_bytes().total() as f64;

@@ -910,6 +910,18 @@ pub fn find_latest(root: &Path) -> Result<Option<PathBuf>> {
     Ok(list(root)?.pop().map(|(_, d)| d))
 }
 
+/// Records `selection` in the index of the complete checkpoint `dir` (atomically): what an
+/// evaluation found after the checkpoint was written (its samples' score,
+/// docs/training.md §14.5). Killed before, the checkpoint keeps the selection it was written with.
+pub fn write_selection(dir: &Path, selection: &super::selection::Selection) -> Result<()> {
+    let mut index = read_index(dir)?;
+    index.selection = Some(selection.clone());
+    let mut json = serde_json::to_string_pretty(&index)?;
+    json.push('\n');
+    crate::fsutil::write_atomic(&dir.join(INDEX), json.as_bytes())
+        .with_context(|| format!("cannot update {}", dir.join(INDEX).display()))
+}
+
 pub fn read_index(dir: &Path) -> Result<Index> {
     let path = dir.join(INDEX);
     let text =

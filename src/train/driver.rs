@@ -15,6 +15,7 @@ use anyhow::Result;
 use super::data::Dataset;
 use super::metrics::{EvalMetrics, MetricsLog, StepMetrics};
 use super::sampler::Cursor;
+use super::samples::{self, SampleSetup};
 use super::selection::{self, Selection};
 use super::{checkpoint, signal, Outcome, TrainOptions};
 use crate::config::Select;
@@ -40,6 +41,9 @@ pub trait Engine: Send {
     fn validate(&mut self) -> Result<Option<EvalMetrics>>;
     /// Whether `flag` is set on any rank (every rank gets the same answer).
     fn any_rank(&self, flag: bool) -> Result<bool>;
+    /// The reporting rank's `values` on every rank (the others' arguments are ignored; every
+    /// rank passes as many).
+    fn reporter_values(&self, values: &[f64]) -> Result<Vec<f64>>;
     /// Whether this is the rank that reports (metrics, progress, messages).
     fn is_reporter(&self) -> bool;
     /// Ranks of the run (1 on one device).
@@ -105,14 +109,21 @@ pub fn run(engine: &mut dyn Engine) -> Result<Outcome> {
     if start_step >= total {
         return Ok(outcome);
     }
-    if engine.selection().exhausted(c.early_stop) {
+    if engine.selection().exhausted(c.select, c.early_stop) {
         // The checkpoint's run already stopped early under this patience.
         outcome.early_stopped = true;
         return Ok(outcome);
     }
     let hooks = engine.options().hooks.clone();
     let device = engine.options().device.clone();
+    let samples = {
+        let (train, _, _) = engine.data(c.grad_accum);
+        SampleSetup::new(engine.options(), engine.heldout(), train)?
+    };
     let log = if reporter {
+        for note in &samples.notes {
+            println!("{note}");
+        }
         Some(MetricsLog::open(&opts_checkpoints, start_step)?)
     } else {
         None
@@ -173,9 +184,6 @@ pub fn run(engine: &mut dyn Engine) -> Result<Outcome> {
                 progress.set_message(format!("{} · validating", message(val)));
                 let e = super::run_step(&device, || engine.validate())?;
                 if let Some(e) = e {
-                    if let Some(log) = &log {
-                        log.append_eval(&e)?;
-                    }
                     val = Some(e.val_loss);
                     evaluated = Some(e);
                 }
@@ -185,13 +193,33 @@ pub fn run(engine: &mut dyn Engine) -> Result<Outcome> {
             if let Some(e) = &evaluated {
                 let mut sel = engine.selection().clone();
                 let improved = sel.observe(e.step, e.val_loss);
-                early = sel.exhausted(c.early_stop);
+                if c.select != Select::Score {
+                    early = sel.exhausted(c.select, c.early_stop);
+                }
                 engine.set_selection(sel);
-                // A new best is saved even between checkpoints, so that it can be chosen.
-                save |= (improved && c.select == Select::ValLoss) || early;
+                // A new best is saved even between checkpoints, so that it can be chosen; an
+                // evaluation with samples always is, since they belong to its checkpoint.
+                save |=
+                    (improved && c.select == Select::ValLoss) || early || !samples.plan.is_empty();
             }
             if save {
                 let dir = engine.save()?;
+                if let Some(e) = evaluated.as_mut().filter(|_| !samples.plan.is_empty()) {
+                    let status = |i: usize, n: usize| {
+                        progress.set_message(format!("{} · speaking samples {i}/{n}", message(val)))
+                    };
+                    let warn = |line: String| progress.println(line);
+                    let improved =
+                        score_samples(engine, dir.as_deref(), e, &samples, status, warn)?;
+                    progress.set_message(message(val));
+                    if c.select == Select::Score {
+                        early = improved.is_some()
+                            && engine.selection().exhausted(c.select, c.early_stop);
+                    }
+                }
+                if let (Some(log), Some(e)) = (&log, &evaluated) {
+                    log.append_eval(e)?;
+                }
                 if let (Some(log), Some(dir)) = (&log, dir) {
                     log.plot()?;
                     let shown = match opts_checkpoints.parent() {
@@ -201,8 +229,12 @@ pub fn run(engine: &mut dyn Engine) -> Result<Outcome> {
                     let val = evaluated
                         .as_ref()
                         .map_or(String::new(), |e| format!(", validation {:.4}", e.val_loss));
+                    let score = evaluated
+                        .as_ref()
+                        .and_then(|e| e.score)
+                        .map_or(String::new(), |s| format!(", sample score {s:.3}"));
                     progress.println(format!(
-                        "step {}/{total}: loss {:.4}{val}; saved {shown}",
+                        "step {}/{total}: loss {:.4}{val}{score}; saved {shown}",
                         m.step, m.loss
                     ));
                     outcome.checkpoint = Some(dir);
@@ -214,12 +246,16 @@ pub fn run(engine: &mut dyn Engine) -> Result<Outcome> {
                         c.keep,
                         &checkpoint::step_dir_name(m.step),
                     )?;
+                    write_report(engine.options(), log, chosen)?;
                 }
-            } else if let (Some(_), Some(e)) = (&log, &evaluated) {
+            } else if let (Some(log), Some(e)) = (&log, &evaluated) {
+                log.append_eval(e)?;
                 progress.println(format!(
                     "step {}/{total}: loss {:.4}, validation {:.4}",
                     m.step, m.loss, e.val_loss
                 ));
+                let chosen = engine.selection().chosen(c.select, m.step);
+                write_report(engine.options(), log, chosen)?;
             }
             if let Some(e) = evaluated {
                 outcome.last_val_loss = Some(e.val_loss);
@@ -230,15 +266,27 @@ pub fn run(engine: &mut dyn Engine) -> Result<Outcome> {
             }
             if early {
                 let sel = engine.selection();
-                progress.println(format!(
-                    "early stop after step {}: {} validation(s) without a loss below {:.4} \
-                     (step {}; train.early_stop = {})",
-                    m.step,
-                    sel.since_best,
-                    sel.best_val_loss.unwrap_or(f64::NAN),
-                    sel.best_step.unwrap_or(0),
-                    c.early_stop
-                ));
+                progress.println(if c.select == Select::Score {
+                    format!(
+                        "early stop after step {}: {} evaluation(s) without a sample score \
+                         above {:.3} (step {}; train.early_stop = {})",
+                        m.step,
+                        sel.since_best_score,
+                        sel.best_score.unwrap_or(f64::NAN),
+                        sel.best_score_step.unwrap_or(0),
+                        c.early_stop
+                    )
+                } else {
+                    format!(
+                        "early stop after step {}: {} validation(s) without a loss below {:.4} \
+                         (step {}; train.early_stop = {})",
+                        m.step,
+                        sel.since_best,
+                        sel.best_val_loss.unwrap_or(f64::NAN),
+                        sel.best_step.unwrap_or(0),
+                        c.early_stop
+                    )
+                });
                 outcome.early_stopped = true;
                 break;
             }
@@ -248,6 +296,82 @@ pub fn run(engine: &mut dyn Engine) -> Result<Outcome> {
     progress.finish();
     signal::restore();
     result.map(|()| outcome)
+}
+
+/// Speaks and measures the samples of the checkpoint just saved (`dir` on the reporting rank)
+/// into `e`, warns of drift, and takes their score into the selection on every rank, recording
+/// it in the checkpoint's index (docs/training.md §14.4 and §14.5). Returns
+/// whether the score was the best so far, `None` when there was none (the samples failed: a
+/// warning, and the evaluation counts for nothing).
+fn score_samples(
+    engine: &mut dyn Engine,
+    dir: Option<&std::path::Path>,
+    e: &mut EvalMetrics,
+    setup: &SampleSetup,
+    status: impl Fn(usize, usize) + Sync,
+    warn: impl Fn(String),
+) -> Result<Option<bool>> {
+    let mut score = f64::NAN;
+    if let (Some(dir), true) = (dir, engine.is_reporter()) {
+        let started = std::time::Instant::now();
+        match speak_samples(engine.options(), dir, &setup.plan, &status) {
+            Ok(v) => {
+                score = samples::score::score(&v);
+                for problem in samples::score::drift(&v) {
+                    warn(format!(
+                        "warning: {}: {problem}",
+                        checkpoint::step_dir_name(e.step)
+                    ));
+                }
+                e.samples = Some(v);
+            }
+            Err(err) => warn(format!("warning: no samples at step {}: {err:#}", e.step)),
+        }
+        e.seconds += started.elapsed().as_secs_f64();
+    }
+    let score = engine.reporter_values(&[score])?[0];
+    if !score.is_finite() {
+        return Ok(None);
+    }
+    e.score = Some(score);
+    let mut sel = engine.selection().clone();
+    let improved = sel.observe_score(e.step, score);
+    if let (Some(dir), true) = (dir, engine.is_reporter()) {
+        // The checkpoint was written before its samples were scored.
+        checkpoint::write_selection(dir, &sel)?;
+    }
+    engine.set_selection(sel);
+    Ok(Some(improved))
+}
+
+/// Speaks the samples of checkpoint `dir` (docs/training.md §14.4) on the CPU's pool.
+fn speak_samples(
+    opts: &TrainOptions,
+    dir: &std::path::Path,
+    plan: &[samples::plan::PlannedSample],
+    progress: impl FnMut(usize, usize) + Send,
+) -> Result<Vec<samples::SampleMetrics>> {
+    let job = samples::SampleJob {
+        files: &opts.files,
+        checkpoint: dir,
+        workspace: &opts.base_dir,
+        speaker_name: &opts.config.speaker_name,
+        plan,
+        whisper: opts.whisper.as_deref(),
+    };
+    crate::kernels::pool::on_pool(|| samples::speak(&job, progress))
+}
+
+/// Rewrites `checkpoints/report.html` from the metrics (docs/training.md §14.6).
+fn write_report(opts: &TrainOptions, log: &MetricsLog, chosen: usize) -> Result<()> {
+    super::report::write(&super::report::ReportInput {
+        checkpoints: &opts.checkpoints,
+        steps: &log.read_all()?,
+        evals: &log.read_evals()?,
+        chosen: Some(chosen),
+        select: opts.config.select,
+        references: &opts.references,
+    })
 }
 
 /// What to do after a failed step: continue from the last good checkpoint (which the failed

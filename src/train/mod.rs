@@ -28,8 +28,11 @@ pub mod moments;
 pub mod optim;
 pub mod params;
 pub mod plan;
+pub mod plot;
+pub mod report;
 pub mod run;
 pub mod sampler;
+pub mod samples;
 pub mod saved_state;
 pub mod selection;
 pub mod sharded;
@@ -201,6 +204,12 @@ pub struct TrainOptions {
     pub backend: Backend,
     /// Test seams ([`hooks::NoHooks`] in production).
     pub hooks: Arc<dyn TrainHooks>,
+    /// Each speaker's reference clip (its lower-cased name as the export names it, and the
+    /// clip), shown beside the samples in the report (docs/training.md §14.6).
+    pub references: Vec<(String, PathBuf)>,
+    /// The speech recognizer that transcribes the samples for their word error rate
+    /// (docs/training.md §14.4); `None`: no WER.
+    pub whisper: Option<Arc<dyn crate::prep::transcribe::Transcriber>>,
 }
 
 /// How a run ended.
@@ -703,6 +712,9 @@ impl driver::Engine for Trainer {
     }
     fn any_rank(&self, flag: bool) -> Result<bool> {
         Ok(flag)
+    }
+    fn reporter_values(&self, values: &[f64]) -> Result<Vec<f64>> {
+        Ok(values.to_vec())
     }
     fn is_reporter(&self) -> bool {
         true

@@ -16,7 +16,7 @@ use crate::config::Select;
 /// The file in `checkpoints/` naming the chosen checkpoint (`step-NNNNNNN`).
 pub const BEST: &str = "best";
 
-/// What the validations of a run have found so far.
+/// What the validations of a run have found so far, for each way of choosing.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Selection {
     /// The step of the lowest validation loss, and that loss.
@@ -24,6 +24,14 @@ pub struct Selection {
     pub best_val_loss: Option<f64>,
     /// Validations since the best one that were not lower.
     pub since_best: usize,
+    /// The step whose samples scored highest (docs/training.md §14.5), and that score.
+    #[serde(default)]
+    pub best_score_step: Option<usize>,
+    #[serde(default)]
+    pub best_score: Option<f64>,
+    /// Scored evaluations since the best one that were not higher.
+    #[serde(default)]
+    pub since_best_score: usize,
 }
 
 impl Selection {
@@ -41,16 +49,44 @@ impl Selection {
         better
     }
 
-    /// Whether `early_stop` validations in a row have found nothing better (0: never).
-    pub fn exhausted(&self, early_stop: usize) -> bool {
-        early_stop > 0 && self.best_step.is_some() && self.since_best >= early_stop
+    /// Takes in the score of the samples of step `step`; whether it is the new best (strictly
+    /// higher than every earlier one; a non-finite score never is).
+    pub fn observe_score(&mut self, step: usize, score: f64) -> bool {
+        let better = score.is_finite() && self.best_score.is_none_or(|b| score > b);
+        if better {
+            self.best_score_step = Some(step);
+            self.best_score = Some(score);
+            self.since_best_score = 0;
+        } else {
+            self.since_best_score += 1;
+        }
+        better
+    }
+
+    /// Whether `early_stop` evaluations in a row have found nothing better by `select`'s
+    /// measure (the validation loss, except under `score`; 0: never).
+    pub fn exhausted(&self, select: Select, early_stop: usize) -> bool {
+        let (best, since) = match select {
+            Select::Score => (self.best_score_step, self.since_best_score),
+            Select::ValLoss | Select::Last => (self.best_step, self.since_best),
+        };
+        early_stop > 0 && best.is_some() && since >= early_stop
     }
 
     /// The step whose checkpoint `select` chooses, given the newest saved step.
     pub fn chosen(&self, select: Select, newest: usize) -> usize {
-        match (select, self.best_step) {
-            (Select::ValLoss, Some(step)) => step,
+        match (select, self.best_step, self.best_score_step) {
+            (Select::ValLoss, Some(step), _) | (Select::Score, _, Some(step)) => step,
             _ => newest,
+        }
+    }
+
+    /// How `select` chose (for messages): "the lowest validation loss" and the like.
+    pub fn describe(select: Select) -> &'static str {
+        match select {
+            Select::ValLoss => "the checkpoint of the lowest validation loss",
+            Select::Score => "the checkpoint whose samples scored highest",
+            Select::Last => "the newest checkpoint",
         }
     }
 }
@@ -83,8 +119,8 @@ pub fn point_best(
     }
     write_best(root, newest)?;
     Ok(Some(format!(
-        "the checkpoint of the lowest validation loss, {}, is no longer in {}; {} now names \
-         the newest, {}",
+        "{}, {}, is no longer in {}; {} now names the newest, {}",
+        Selection::describe(select),
         checkpoint::step_dir_name(chosen),
         root.display(),
         BEST,
@@ -129,9 +165,33 @@ mod tests {
         assert!(!s.observe(8, f64::NAN));
         assert!(!s.observe(10, 4.5));
         assert_eq!((s.best_step, s.since_best), (Some(6), 2));
-        assert!(s.exhausted(2) && !s.exhausted(3) && !s.exhausted(0));
+        assert!(
+            s.exhausted(Select::ValLoss, 2)
+                && !s.exhausted(Select::ValLoss, 3)
+                && !s.exhausted(Select::ValLoss, 0)
+        );
         assert_eq!(s.chosen(Select::ValLoss, 10), 6);
         assert_eq!(s.chosen(Select::Last, 10), 10);
+        assert_eq!(s.chosen(Select::Score, 10), 10, "nothing scored yet");
+        assert!(!s.exhausted(Select::Score, 1), "nothing scored yet");
+    }
+
+    #[test]
+    fn the_highest_score_is_chosen_apart_from_the_loss() {
+        let mut s = Selection::default();
+        assert!(s.observe(2, 5.0) && s.observe_score(2, -0.5));
+        assert!(!s.observe(4, 6.0) && s.observe_score(4, 0.25));
+        assert!(!s.observe_score(6, 0.25), "equal is not better");
+        assert!(!s.observe_score(8, f64::NAN));
+        assert_eq!(s.chosen(Select::Score, 8), 4);
+        assert_eq!(s.chosen(Select::ValLoss, 8), 2);
+        assert_eq!((s.since_best_score, s.since_best), (2, 1));
+        assert!(s.exhausted(Select::Score, 2) && !s.exhausted(Select::ValLoss, 2));
+        // An index written before scores existed reads with none.
+        let old: Selection =
+            serde_json::from_str(r#"{"best_step": 2, "best_val_loss": 5.0, "since_best": 0}"#)
+                .unwrap();
+        assert_eq!((old.best_score_step, old.since_best_score), (None, 0));
     }
 
     #[test]

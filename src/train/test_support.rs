@@ -93,5 +93,7 @@ pub fn options(ws: &Path, model: &str, backend: Backend, grad_accum: usize) -> T
         device: candle_core::Device::Cpu,
         backend,
         hooks: Arc::new(super::hooks::NoHooks),
+        references: Vec::new(),
+        whisper: None,
     }
 }

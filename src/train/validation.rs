@@ -45,6 +45,8 @@ impl LossSums {
             val_loss_sub: self.sub / n,
             val_utterances: utterances,
             seconds,
+            samples: None,
+            score: None,
         }
     }
 }

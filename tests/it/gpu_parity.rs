@@ -140,6 +140,8 @@ fn training_on_cuda_follows_the_official_trajectory_within_bf16() {
             device: dev.clone(),
             backend: voiceclone::train::Backend::Autograd(voiceclone::train::Storage::Bf16),
             hooks: std::sync::Arc::new(voiceclone::train::hooks::NoHooks),
+            references: Vec::new(),
+            whisper: None,
         };
         let mut trainer = voiceclone::train::Trainer::new(opts, false).unwrap();
         trainer.schedule = voiceclone::train::optim::Schedule {

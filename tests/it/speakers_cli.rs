@@ -108,6 +108,8 @@ fn every_batch_row_carries_its_own_speakers_x_vector() {
         device: Device::Cpu,
         backend: Backend::CpuKernels,
         hooks: std::sync::Arc::new(NoHooks),
+        references: Vec::new(),
+        whisper: None,
     };
     let mut tr = Trainer::new(opts, false).unwrap();
     let h = hidden(MODEL);

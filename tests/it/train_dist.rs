@@ -221,6 +221,8 @@ fn checkpoints_resume_at_any_world_size() {
             device: candle_core::Device::Cpu,
             backend: voiceclone::train::Backend::CpuKernels,
             hooks: Arc::new(voiceclone::train::hooks::NoHooks),
+            references: Vec::new(),
+            whisper: None,
         }
     };
     // Bound before the ranks start, as the launcher binds it.

@@ -204,6 +204,8 @@ pub fn train_options(
         device: candle_core::Device::Cpu,
         backend,
         hooks: std::sync::Arc::new(voiceclone::train::hooks::NoHooks),
+        references: Vec::new(),
+        whisper: None,
     }
 }
 
