@@ -158,6 +158,10 @@ pub fn speak(
 /// Talker parameters above which `train.samples = "auto"` leaves samples off on a CPU-only
 /// run: the 1.7B (their cost: docs/performance.md §12).
 const AUTO_CPU_LIMIT: usize = 1_000_000_000;
+/// Bytes of weights per second the samples of the 0.6B-shaped model went through on the
+/// 2-core machine of docs/performance.md §12 (its frames' [`frame_bytes`] over the time its
+/// samples took): what the start's estimate of another model's samples scales by.
+const MEASURED_BYTES_PER_SECOND: f64 = 18.0e9;
 
 /// The samples of a run, decided at its start the same way on every rank.
 pub struct SampleSetup {
@@ -176,18 +180,13 @@ impl SampleSetup {
         heldout: Option<&crate::train::data::Dataset>,
         train: &crate::train::data::Dataset,
     ) -> Result<Self> {
-        use crate::config::{Samples, Select};
+        use crate::config::Select;
         let c = &opts.config;
-        let params = talker_parameters(&opts.files);
-        let off = match c.samples {
-            Samples::Off => Some("train.samples is false".to_string()),
-            Samples::Auto if opts.device.is_cpu() && params > AUTO_CPU_LIMIT => Some(format!(
-                "a CPU-only run of a model with {:.1} B talker parameters leaves them off \
-                 (train.samples = \"auto\"); train.samples = true turns them on",
-                params as f64 / 1e9
-            )),
-            Samples::Auto | Samples::On => None,
-        };
+        let off = off_reason(
+            c.samples,
+            opts.device.is_cpu(),
+            talker_parameters(&opts.files),
+        );
         let tokenizer = opts.files.text_tokenizer()?;
         let max_frames = DecodeOptions::from_generation_config(&opts.files.generation).max_frames;
         let plan = plan::plan(
@@ -205,8 +204,10 @@ impl SampleSetup {
             } else {
                 format!(
                     "{why}; they would speak {} sample(s) of up to {frames} frames at each \
-                     evaluation",
-                    plan.len()
+                     evaluation, about {:.0} s at the pace measured on 2 cores \
+                     (docs/performance.md §12)",
+                    plan.len(),
+                    frames as f64 * frame_bytes(&opts.files) / MEASURED_BYTES_PER_SECOND
                 )
             }),
             (None, true) => Some(
@@ -240,6 +241,52 @@ impl SampleSetup {
         )];
         Ok(Self { plan, notes })
     }
+}
+
+/// Why `setting` leaves the samples of a run (on the CPU only, or not) of a talker of `params`
+/// parameters off; `None`: they are on.
+fn off_reason(setting: crate::config::Samples, cpu: bool, params: usize) -> Option<String> {
+    use crate::config::Samples;
+    match setting {
+        Samples::Off => Some("train.samples is false".to_string()),
+        Samples::Auto if cpu && params > AUTO_CPU_LIMIT => Some(format!(
+            "a CPU-only run of a model with {:.1} B talker parameters leaves them off \
+             (train.samples = \"auto\"); train.samples = true turns them on",
+            params as f64 / 1e9
+        )),
+        Samples::Auto | Samples::On => None,
+    }
+}
+
+/// Bytes of bf16 weights one generated frame reads: the talker's decoder layers, text
+/// projection and head once, the code predictor's decoder layers once for every code after the
+/// first (docs/model.md §7) and each of its heads once.
+fn frame_bytes(files: &ModelFiles) -> f64 {
+    let codes = files.config.talker_config.num_code_groups.saturating_sub(1) as f64;
+    let elements = |n: &str| -> f64 {
+        files
+            .checkpoint
+            .tensor(n)
+            .map_or(0.0, |t| t.shape.iter().product::<usize>() as f64)
+    };
+    files
+        .checkpoint
+        .tensor_names()
+        .map(|n| {
+            if n.starts_with("talker.code_predictor.model.layers.") {
+                codes * elements(n)
+            } else if n.starts_with("talker.model.layers.")
+                || n.starts_with("talker.text_projection.")
+                || n.starts_with("talker.code_predictor.lm_head.")
+                || n == "talker.codec_head.weight"
+            {
+                elements(n)
+            } else {
+                0.0
+            }
+        })
+        .sum::<f64>()
+        * 2.0
 }
 
 /// Parameters of the talker (with its code predictor), from the checkpoint's headers.
@@ -300,4 +347,35 @@ pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
         bb += y * y;
     }
     ab / (aa.sqrt() * bb.sqrt())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Samples;
+
+    #[test]
+    fn auto_leaves_samples_off_only_for_a_large_model_on_the_cpu() {
+        let large = 1_900_000_000;
+        let small = 600_000_000;
+        assert_eq!(
+            off_reason(Samples::Off, false, small).as_deref(),
+            Some("train.samples is false")
+        );
+        let why = off_reason(Samples::Auto, true, large).unwrap();
+        assert!(
+            why.contains("1.9 B") && why.contains("train.samples = true"),
+            "{why}"
+        );
+        assert_eq!(off_reason(Samples::Auto, true, small), None);
+        assert_eq!(off_reason(Samples::Auto, false, large), None, "a GPU run");
+        assert_eq!(off_reason(Samples::On, true, large), None);
+    }
+
+    #[test]
+    fn cosine_is_the_angle_in_f64() {
+        assert_eq!(cosine(&[1.0, 0.0], &[2.0, 0.0]), 1.0);
+        assert_eq!(cosine(&[1.0, 0.0], &[0.0, 3.0]), 0.0);
+        assert!((cosine(&[1.0, 1.0], &[-1.0, -1.0]) + 1.0).abs() < 1e-15);
+    }
 }
