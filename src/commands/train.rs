@@ -58,7 +58,7 @@ pub fn run(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<()> {
     move_aside_if_fresh(ws, args)?;
     let device = train_device()?;
     let backend = train::Backend::resolve(c.backend, &device)?;
-    let opts = run.options(ws, config, device.clone(), backend, true)?;
+    let opts = run.options(ws, config, device.clone(), backend)?;
     let where_ = placement(backend, &device, c);
     if c.recompute == crate::config::Recompute::Layers {
         // Recomputing on one device is the `full` pass of a world of one rank: each unit's
@@ -134,23 +134,16 @@ pub struct Prepared {
 }
 
 impl Prepared {
-    /// The run's options; `reporter`: this process reports (and speaks the samples).
     pub fn options(
         self,
         ws: &Workspace,
         config: &Config,
         device: Device,
         backend: train::Backend,
-        reporter: bool,
     ) -> Result<TrainOptions> {
-        let whisper = if reporter && config.train.samples != crate::config::Samples::Off {
-            sample_whisper(ws, config)
-        } else {
-            None
-        };
         Ok(TrainOptions {
             references: references(ws, config)?,
-            whisper,
+            whisper: sample_listener(ws, config),
             files: self.files,
             model_spec: self.model_spec,
             manifest: self.manifest,
@@ -180,26 +173,19 @@ fn references(ws: &Workspace, config: &Config) -> Result<Vec<(String, PathBuf)>>
     Ok(clips.into_iter().filter(|(_, p)| p.is_file()).collect())
 }
 
-/// The Whisper model `prep` used (`prep.whisper_model`), for the samples' WER: a local file or
-/// one in the Hugging Face cache — training never downloads it. `None`, with a note, otherwise.
-fn sample_whisper(
-    ws: &Workspace,
-    config: &Config,
-) -> Option<Arc<dyn crate::prep::transcribe::Transcriber>> {
+/// The Whisper model `prep` uses (`prep.whisper_model`), for the samples' WER: a local file or
+/// one in the Hugging Face cache — training never downloads it — loaded when a sample is first
+/// transcribed.
+fn sample_listener(ws: &Workspace, config: &Config) -> train::samples::Listener {
     let spec = super::prep::resolve_whisper_spec(ws, &config.prep.whisper_model);
-    let Some(path) = crate::hub::cached_single_file(&spec) else {
-        println!(
-            "note: the samples get no WER: the Whisper model {spec} (prep.whisper_model) is \
-             neither a local file nor in the Hugging Face cache (`voiceclone prep` downloads it)"
-        );
-        return None;
-    };
-    match crate::prep::transcribe::WhisperTranscriber::load(&path, &config.prep.language) {
-        Ok(w) => Some(Arc::new(w)),
-        Err(e) => {
-            println!("note: the samples get no WER: {e:#}");
-            None
-        }
+    match crate::hub::cached_single_file(&spec) {
+        Some(path) => train::samples::Listener::Whisper(Arc::new(
+            crate::prep::transcribe::LazyWhisper::new(&path, &config.prep.language),
+        )),
+        None => train::samples::Listener::Missing(format!(
+            "the Whisper model {spec} (prep.whisper_model) is neither a local file nor in the \
+             Hugging Face cache; `voiceclone prep` downloads it"
+        )),
     }
 }
 

@@ -118,18 +118,28 @@ fn rank_main(ws: &Workspace, config: &Config, args: &TrainArgs, env: &RankEnv) -
         None
     };
     let device = rank_device(config, env)?;
-    let ep = Endpoint {
-        rank: env.rank,
-        world: env.world,
-        master: env.rendezvous.clone(),
-        timeout: Duration::from_secs(config.train.dist_timeout),
-        listener: if env.rank == 0 && ours {
-            crate::dist::env::take_inherited_rendezvous()?.map(std::sync::Arc::new)
-        } else {
-            None
-        },
+    let listener = match (env.rank, ours) {
+        (0, true) => {
+            let port = env
+                .rendezvous
+                .rsplit_once(':')
+                .and_then(|(_, p)| p.parse::<u16>().ok())
+                .with_context(|| format!("{:?} is not a host:port address", env.rendezvous))?;
+            crate::dist::env::take_inherited_rendezvous(port)?.map(std::sync::Arc::new)
+        }
+        _ => None,
     };
-    let coll = connect(&ep, &device)?;
+    // The endpoint, and with it the rendezvous socket, is dropped once the ranks have met.
+    let coll = connect(
+        &Endpoint {
+            rank: env.rank,
+            world: env.world,
+            master: env.rendezvous.clone(),
+            timeout: Duration::from_secs(config.train.dist_timeout),
+            listener,
+        },
+        &device,
+    )?;
     install_failure_handlers(coll.clone(), env.rank);
     // Ranks of our launcher come with its plan's choice (and `--memory manual`); under torchrun
     // or Slurm every rank makes the same plan, after rank 0 prepared the data.
@@ -180,7 +190,7 @@ fn train_rank(
         files,
     };
     let backend = Backend::resolve(config.train.backend, device)?;
-    let opts = prepared.options(ws, config, device.clone(), backend, rank == 0)?;
+    let opts = prepared.options(ws, config, device.clone(), backend)?;
     let fresh = super::train::fresh_start(args);
     let mut trainer = ShardedTrainer::new(opts, coll.clone(), config.train.shard, tag, fresh)?;
     let state = trainer.state_bytes().total() as f64;

@@ -39,9 +39,10 @@ pub fn restart_count() -> usize {
 }
 
 /// The rendezvous socket our launcher handed to this process ([`RENDEZVOUS_FD`]), already
-/// bound and listening; `None` when it handed none. Taken at most once per process: the socket
-/// then belongs to the caller.
-pub fn take_inherited_rendezvous() -> Result<Option<std::net::TcpListener>> {
+/// bound and listening on `port`; `None` when it handed none. Taken at most once per process:
+/// the socket then belongs to the caller.
+pub fn take_inherited_rendezvous(port: u16) -> Result<Option<std::net::TcpListener>> {
+    use std::os::fd::{FromRawFd, IntoRawFd};
     use std::sync::atomic::{AtomicBool, Ordering};
     static TAKEN: AtomicBool = AtomicBool::new(false);
     let Some(v) = std::env::var(RENDEZVOUS_FD)
@@ -75,13 +76,30 @@ pub fn take_inherited_rendezvous() -> Result<Option<std::net::TcpListener>> {
     if rc != 0 || listening == 0 {
         bail!("{RENDEZVOUS_FD}={fd} is not a listening socket of this process");
     }
-    // SAFETY: the descriptor is an open listening socket inherited from the launcher for this
-    // purpose, and TAKEN makes this the one owner in the process.
-    let listener = unsafe { <std::net::TcpListener as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    // SAFETY: the descriptor is an open listening socket (checked above) inherited from the
+    // launcher for this purpose, and TAKEN makes this the one owner in the process. Should it
+    // not be the launcher's TCP socket on `port`, it is given back below without being closed.
+    let listener = unsafe { std::net::TcpListener::from_raw_fd(fd) };
+    match listener.local_addr() {
+        Ok(addr) if addr.port() == port => {}
+        found => {
+            let _ = listener.into_raw_fd();
+            bail!(
+                "{RENDEZVOUS_FD}={fd} is not the rendezvous socket on port {port} ({})",
+                match found {
+                    Ok(a) => format!("it listens on {a}"),
+                    Err(e) => e.to_string(),
+                }
+            );
+        }
+    }
     // Not passed on to anything this process starts.
     // SAFETY: fcntl on the descriptor the listener now owns.
-    unsafe {
-        libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+    if unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } == -1 {
+        bail!(
+            "cannot keep the rendezvous socket from child processes: {}",
+            std::io::Error::last_os_error()
+        );
     }
     Ok(Some(listener))
 }

@@ -131,15 +131,15 @@ fn spawn_rank(
     } else {
         cmd.stdout(Stdio::null()).stderr(Stdio::piped());
     }
-    // Rank 0 inherits the rendezvous socket itself (its descriptor is kept open across exec
-    // below); the other ranks only learn its port.
-    let inherited = (rank == 0).then(|| rendezvous.as_raw_fd());
-    if let Some(fd) = inherited {
-        cmd.env(RENDEZVOUS_FD, fd.to_string());
-    }
     #[cfg(target_os = "linux")]
     {
         use std::os::unix::process::CommandExt;
+        // Rank 0 inherits the rendezvous socket itself (its descriptor is kept open across the
+        // exec below); the other ranks only learn its port.
+        let inherited = (rank == 0).then(|| rendezvous.as_raw_fd());
+        if let Some(fd) = inherited {
+            cmd.env(RENDEZVOUS_FD, fd.to_string());
+        }
         // SAFETY: the closure runs in the forked child before exec and only makes
         // async-signal-safe system calls (setpgid, prctl, fcntl) on its own process and on a
         // descriptor the child holds, touching no memory of the parent.

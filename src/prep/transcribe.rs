@@ -114,6 +114,38 @@ impl WhisperTranscriber {
     }
 }
 
+/// A Whisper model loaded when it first transcribes: what training holds for its samples' WER
+/// (docs/training.md §14.4), so that a run that never speaks a sample never loads it. A model
+/// that fails to load fails every transcription with the same error.
+pub struct LazyWhisper {
+    model: std::path::PathBuf,
+    language: String,
+    loaded: std::sync::OnceLock<std::result::Result<WhisperTranscriber, String>>,
+}
+
+impl LazyWhisper {
+    /// `model` and `language` as [`WhisperTranscriber::load`] takes them.
+    pub fn new(model: &Path, language: &str) -> Self {
+        LazyWhisper {
+            model: model.to_path_buf(),
+            language: language.to_string(),
+            loaded: std::sync::OnceLock::new(),
+        }
+    }
+}
+
+impl Transcriber for LazyWhisper {
+    fn transcribe(&self, samples_16k: &[f32], threads: usize) -> Result<Transcript> {
+        let loaded = self.loaded.get_or_init(|| {
+            WhisperTranscriber::load(&self.model, &self.language).map_err(|e| format!("{e:#}"))
+        });
+        match loaded {
+            Ok(w) => w.transcribe(samples_16k, threads),
+            Err(e) => Err(anyhow!("{e}")),
+        }
+    }
+}
+
 impl Transcriber for WhisperTranscriber {
     fn transcribe(&self, samples_16k: &[f32], threads: usize) -> Result<Transcript> {
         // A panic elsewhere cannot leave a pooled state half-used: states are only ever

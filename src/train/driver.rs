@@ -43,7 +43,7 @@ pub trait Engine: Send {
     fn any_rank(&self, flag: bool) -> Result<bool>;
     /// The reporting rank's `values` on every rank (the others' arguments are ignored; every
     /// rank passes as many).
-    fn reporter_values(&self, values: &[f64]) -> Result<Vec<f64>>;
+    fn broadcast_from_reporter(&self, values: &[f64]) -> Result<Vec<f64>>;
     /// Whether this is the rank that reports (metrics, progress, messages).
     fn is_reporter(&self) -> bool;
     /// Ranks of the run (1 on one device).
@@ -118,7 +118,7 @@ pub fn run(engine: &mut dyn Engine) -> Result<Outcome> {
     let device = engine.options().device.clone();
     let samples = {
         let (train, _, _) = engine.data(c.grad_accum);
-        SampleSetup::new(engine.options(), engine.heldout(), train)?
+        SampleSetup::new(engine.options(), engine.heldout(), train, engine.world())?
     };
     let log = if reporter {
         for note in &samples.notes {
@@ -139,6 +139,8 @@ pub fn run(engine: &mut dyn Engine) -> Result<Outcome> {
         n => format!(" · {n} ranks"),
     };
     signal::install();
+    // The newest saved step, which the report names when nothing better is chosen.
+    let mut last_saved = engine.resumed_from().map(|_| start_step);
     let result = (|| -> Result<()> {
         let (mut frames, mut seconds) = (0usize, 0f64);
         let mut val: Option<f64> = None;
@@ -209,12 +211,10 @@ pub fn run(engine: &mut dyn Engine) -> Result<Outcome> {
                         progress.set_message(format!("{} · speaking samples {i}/{n}", message(val)))
                     };
                     let warn = |line: String| progress.println(line);
-                    let improved =
-                        score_samples(engine, dir.as_deref(), e, &samples, status, warn)?;
+                    let scored = score_samples(engine, dir.as_deref(), e, &samples, status, warn)?;
                     progress.set_message(message(val));
                     if c.select == Select::Score {
-                        early = improved.is_some()
-                            && engine.selection().exhausted(c.select, c.early_stop);
+                        early = scored && engine.selection().exhausted(c.select, c.early_stop);
                     }
                 }
                 if let (Some(log), Some(e)) = (&log, &evaluated) {
@@ -238,6 +238,7 @@ pub fn run(engine: &mut dyn Engine) -> Result<Outcome> {
                         m.step, m.loss
                     ));
                     outcome.checkpoint = Some(dir);
+                    last_saved = Some(m.step);
                     let chosen = engine.selection().chosen(c.select, m.step);
                     selection::write_best(&opts_checkpoints, chosen)?;
                     // What the commit spared as the chosen one before may go now.
@@ -246,7 +247,7 @@ pub fn run(engine: &mut dyn Engine) -> Result<Outcome> {
                         c.keep,
                         &checkpoint::step_dir_name(m.step),
                     )?;
-                    write_report(engine.options(), log, chosen)?;
+                    write_report(engine.options(), log, Some(chosen))?;
                 }
             } else if let (Some(log), Some(e)) = (&log, &evaluated) {
                 log.append_eval(e)?;
@@ -254,7 +255,8 @@ pub fn run(engine: &mut dyn Engine) -> Result<Outcome> {
                     "step {}/{total}: loss {:.4}, validation {:.4}",
                     m.step, m.loss, e.val_loss
                 ));
-                let chosen = engine.selection().chosen(c.select, m.step);
+                // Not saved: the choice stands among the saved checkpoints.
+                let chosen = last_saved.map(|newest| engine.selection().chosen(c.select, newest));
                 write_report(engine.options(), log, chosen)?;
             }
             if let Some(e) = evaluated {
@@ -300,9 +302,9 @@ pub fn run(engine: &mut dyn Engine) -> Result<Outcome> {
 
 /// Speaks and measures the samples of the checkpoint just saved (`dir` on the reporting rank)
 /// into `e`, warns of drift, and takes their score into the selection on every rank, recording
-/// it in the checkpoint's index (docs/training.md §14.4 and §14.5). Returns
-/// whether the score was the best so far, `None` when there was none (the samples failed: a
-/// warning, and the evaluation counts for nothing).
+/// it in the checkpoint's index (docs/training.md §14.4 and §14.5). Returns whether there was a
+/// score (there is none when the samples failed: a warning, and the evaluation counts for
+/// nothing).
 fn score_samples(
     engine: &mut dyn Engine,
     dir: Option<&std::path::Path>,
@@ -310,38 +312,42 @@ fn score_samples(
     setup: &SampleSetup,
     status: impl Fn(usize, usize) + Sync,
     warn: impl Fn(String),
-) -> Result<Option<bool>> {
+) -> Result<bool> {
     let mut score = f64::NAN;
     if let (Some(dir), true) = (dir, engine.is_reporter()) {
         let started = std::time::Instant::now();
         match speak_samples(engine.options(), dir, &setup.plan, &status) {
-            Ok(v) => {
-                score = samples::score::score(&v);
-                for problem in samples::score::drift(&v) {
+            Ok(spoken) => {
+                score = samples::score::score(&spoken.samples);
+                let problems = spoken
+                    .warnings
+                    .into_iter()
+                    .chain(samples::score::drift(&spoken.samples));
+                for problem in problems {
                     warn(format!(
                         "warning: {}: {problem}",
                         checkpoint::step_dir_name(e.step)
                     ));
                 }
-                e.samples = Some(v);
+                e.samples = Some(spoken.samples);
             }
             Err(err) => warn(format!("warning: no samples at step {}: {err:#}", e.step)),
         }
         e.seconds += started.elapsed().as_secs_f64();
     }
-    let score = engine.reporter_values(&[score])?[0];
+    let score = engine.broadcast_from_reporter(&[score])?[0];
     if !score.is_finite() {
-        return Ok(None);
+        return Ok(false);
     }
     e.score = Some(score);
     let mut sel = engine.selection().clone();
-    let improved = sel.observe_score(e.step, score);
+    sel.observe_score(e.step, score);
     if let (Some(dir), true) = (dir, engine.is_reporter()) {
         // The checkpoint was written before its samples were scored.
         checkpoint::write_selection(dir, &sel)?;
     }
     engine.set_selection(sel);
-    Ok(Some(improved))
+    Ok(true)
 }
 
 /// Speaks the samples of checkpoint `dir` (docs/training.md §14.4) on the CPU's pool.
@@ -350,25 +356,28 @@ fn speak_samples(
     dir: &std::path::Path,
     plan: &[samples::plan::PlannedSample],
     progress: impl FnMut(usize, usize) + Send,
-) -> Result<Vec<samples::SampleMetrics>> {
+) -> Result<samples::Spoken> {
     let job = samples::SampleJob {
         files: &opts.files,
         checkpoint: dir,
         workspace: &opts.base_dir,
         speaker_name: &opts.config.speaker_name,
         plan,
-        whisper: opts.whisper.as_deref(),
+        whisper: match &opts.whisper {
+            samples::Listener::Whisper(w) => Some(w.as_ref()),
+            samples::Listener::Missing(_) => None,
+        },
     };
     crate::kernels::pool::on_pool(|| samples::speak(&job, progress))
 }
 
 /// Rewrites `checkpoints/report.html` from the metrics (docs/training.md §14.6).
-fn write_report(opts: &TrainOptions, log: &MetricsLog, chosen: usize) -> Result<()> {
+fn write_report(opts: &TrainOptions, log: &MetricsLog, chosen: Option<usize>) -> Result<()> {
     super::report::write(&super::report::ReportInput {
         checkpoints: &opts.checkpoints,
         steps: &log.read_all()?,
         evals: &log.read_evals()?,
-        chosen: Some(chosen),
+        chosen,
         select: opts.config.select,
         references: &opts.references,
     })

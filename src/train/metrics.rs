@@ -20,15 +20,21 @@ pub const PLOT_FILE: &str = "loss.svg";
 pub struct StepMetrics {
     pub step: usize,
     pub epoch: usize,
+    #[serde(deserialize_with = "number_or_nan")]
     pub loss: f64,
+    #[serde(deserialize_with = "number_or_nan")]
     pub loss_talker: f64,
+    #[serde(deserialize_with = "number_or_nan")]
     pub loss_sub: f64,
     /// Global gradient L2 norm before clipping.
+    #[serde(deserialize_with = "number_or_nan")]
     pub grad_norm: f64,
+    #[serde(deserialize_with = "number_or_nan")]
     pub lr: f64,
     /// Audio frames in the step's batches.
     pub frames: usize,
     /// Wall time of the step.
+    #[serde(deserialize_with = "number_or_nan")]
     pub seconds: f64,
 }
 
@@ -38,12 +44,16 @@ pub struct StepMetrics {
 pub struct EvalMetrics {
     pub step: usize,
     /// The training objective over the held-out set, and its talker and sub parts.
+    #[serde(deserialize_with = "number_or_nan")]
     pub val_loss: f64,
+    #[serde(deserialize_with = "number_or_nan")]
     pub val_loss_talker: f64,
+    #[serde(deserialize_with = "number_or_nan")]
     pub val_loss_sub: f64,
     /// Utterances of the held-out set.
     pub val_utterances: usize,
     /// Wall time of the evaluation (the validation loss, and the samples when there are).
+    #[serde(deserialize_with = "number_or_nan")]
     pub seconds: f64,
     /// The samples spoken with the checkpoint of this step, and their score
     /// (docs/training.md §14.4 and §14.5).
@@ -51,6 +61,12 @@ pub struct EvalMetrics {
     pub samples: Option<Vec<SampleMetrics>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub score: Option<f64>,
+}
+
+/// A number of `metrics.jsonl`: serde_json writes a value that is not finite as `null`, which
+/// reads back as NaN (so that the line is kept, not taken for a broken one).
+pub fn number_or_nan<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
 }
 
 /// The step a line of `metrics.jsonl` belongs to, whichever kind it is; `None` for a line
@@ -220,6 +236,19 @@ mod tests {
         let log = MetricsLog::open(dir.path(), 3).unwrap();
         let steps: Vec<usize> = log.read_all().unwrap().iter().map(|m| m.step).collect();
         assert_eq!(steps, [1, 2, 3]);
+        assert_eq!(log.read_evals().unwrap(), [eval(2)]);
+        // A validation loss that is not finite is written as null and read back as NaN: the
+        // line stays, also through a resume.
+        log.append_eval(&EvalMetrics {
+            val_loss: f64::NAN,
+            ..eval(3)
+        })
+        .unwrap();
+        let log = MetricsLog::open(dir.path(), 3).unwrap();
+        let evals = log.read_evals().unwrap();
+        assert_eq!(evals.len(), 2);
+        assert!(evals[1].val_loss.is_nan() && evals[1].step == 3);
+        let log = MetricsLog::open(dir.path(), 2).unwrap();
         assert_eq!(log.read_evals().unwrap(), [eval(2)]);
         log.plot().unwrap();
         let svg = fs::read_to_string(dir.path().join(PLOT_FILE)).unwrap();

@@ -207,9 +207,8 @@ pub struct TrainOptions {
     /// Each speaker's reference clip (its lower-cased name as the export names it, and the
     /// clip), shown beside the samples in the report (docs/training.md §14.6).
     pub references: Vec<(String, PathBuf)>,
-    /// The speech recognizer that transcribes the samples for their word error rate
-    /// (docs/training.md §14.4); `None`: no WER.
-    pub whisper: Option<Arc<dyn crate::prep::transcribe::Transcriber>>,
+    /// What transcribes the samples for their word error rate (docs/training.md §14.4).
+    pub whisper: samples::Listener,
 }
 
 /// How a run ended.
@@ -713,7 +712,7 @@ impl driver::Engine for Trainer {
     fn any_rank(&self, flag: bool) -> Result<bool> {
         Ok(flag)
     }
-    fn reporter_values(&self, values: &[f64]) -> Result<Vec<f64>> {
+    fn broadcast_from_reporter(&self, values: &[f64]) -> Result<Vec<f64>> {
         Ok(values.to_vec())
     }
     fn is_reporter(&self) -> bool {

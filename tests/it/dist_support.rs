@@ -322,7 +322,13 @@ pub fn free_ports(span: u16) -> u16 {
         .ok()
         .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
         .unwrap_or(32768);
-    let (first, last) = (20_000u16, low.saturating_sub(span).max(20_001));
+    // Where the system's range starts too low to leave room, the ports are drawn from 20000 to
+    // 30000 and may collide (rarely) with its.
+    let first = 20_000u16;
+    let last = match low.checked_sub(span) {
+        Some(end) if end > first + 1000 => end,
+        _ => 30_000,
+    };
     let mut x = std::collections::hash_map::RandomState::new()
         .build_hasher()
         .finish();

@@ -141,7 +141,7 @@ fn training_on_cuda_follows_the_official_trajectory_within_bf16() {
             backend: voiceclone::train::Backend::Autograd(voiceclone::train::Storage::Bf16),
             hooks: std::sync::Arc::new(voiceclone::train::hooks::NoHooks),
             references: Vec::new(),
-            whisper: None,
+            whisper: voiceclone::train::samples::Listener::Missing("not in this test".into()),
         };
         let mut trainer = voiceclone::train::Trainer::new(opts, false).unwrap();
         trainer.schedule = voiceclone::train::optim::Schedule {

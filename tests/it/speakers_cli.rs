@@ -109,7 +109,7 @@ fn every_batch_row_carries_its_own_speakers_x_vector() {
         backend: Backend::CpuKernels,
         hooks: std::sync::Arc::new(NoHooks),
         references: Vec::new(),
-        whisper: None,
+        whisper: voiceclone::train::samples::Listener::Missing("not in this test".into()),
     };
     let mut tr = Trainer::new(opts, false).unwrap();
     let h = hidden(MODEL);

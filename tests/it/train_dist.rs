@@ -222,7 +222,7 @@ fn checkpoints_resume_at_any_world_size() {
             backend: voiceclone::train::Backend::CpuKernels,
             hooks: Arc::new(voiceclone::train::hooks::NoHooks),
             references: Vec::new(),
-            whisper: None,
+            whisper: voiceclone::train::samples::Listener::Missing("not in this test".into()),
         }
     };
     // Bound before the ranks start, as the launcher binds it.

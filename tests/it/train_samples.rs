@@ -138,6 +138,12 @@ fn samples_are_measured_as_independent_computations_find_them() {
         let dir = tempfile::tempdir().unwrap();
         let ws = dir.path();
         let x = workspace(ws, model, &whisper_file, "save_every = 2\n");
+        // A reference clip, for the report to play beside the samples.
+        std::fs::copy(
+            crate::common::fixtures().join("audio/ref24k.wav"),
+            ws.join("data/ref.wav"),
+        )
+        .unwrap();
         let mut flags = vec!["--max-steps", "4", "--lr", "5e-2", "--backend", backend];
         if let Some(n) = ranks {
             flags.extend(["--cpu-ranks", n]);
@@ -309,45 +315,44 @@ fn speaking_the_export_gives_the_samples(ws: &Path, eval: &Value) {
 fn the_report_renders_in_a_browser(ws: &Path, evals: &[Value]) {
     let page = ws.join("checkpoints/report.html");
     let html = std::fs::read_to_string(&page).unwrap();
-    // Every recorded value of the evaluations, and of the last steps (the summary line).
-    let mut recorded: Vec<f64> = Vec::new();
-    fn numbers(v: &Value, out: &mut Vec<f64>) {
-        match v {
-            Value::Number(n) => out.push(n.as_f64().unwrap()),
-            Value::Array(a) => a.iter().for_each(|x| numbers(x, out)),
-            Value::Object(o) => o.values().for_each(|x| numbers(x, out)),
-            _ => {}
-        }
-    }
-    for line in std::fs::read_to_string(ws.join("checkpoints/metrics.jsonl"))
-        .unwrap()
-        .lines()
-    {
-        numbers(&serde_json::from_str(line).unwrap(), &mut recorded);
-    }
     let cells: Vec<f64> = html
         .split("data-v=\"")
         .skip(1)
         .map(|rest| rest.split('"').next().unwrap().parse::<f64>().unwrap())
         .collect();
-    // Per evaluation: its 6 numbers; per sample: similarity, rate ratio, frames per token,
-    // frames, frame limit and (with Whisper) the WER.
-    let per_sample = |s: &Value| 5 + usize::from(!s["wer"].is_null());
-    let want: usize = evals
-        .iter()
-        .map(|e| {
-            6 + e["samples"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(per_sample)
-                .sum::<usize>()
-        })
-        .sum();
-    assert_eq!(cells.len(), want, "one cell per recorded value");
-    for v in &cells {
-        assert!(recorded.contains(v), "{v} is not in metrics.jsonl");
+    // The numbers in the order the tables show them: each evaluation's six, then per sample
+    // (newest evaluation first) similarity, rate ratio, frames per token, frames, frame limit
+    // and (with Whisper) the WER.
+    let mut want: Vec<f64> = Vec::new();
+    for e in evals {
+        for k in [
+            "val_loss",
+            "val_loss_talker",
+            "val_loss_sub",
+            "val_utterances",
+            "score",
+        ] {
+            want.push(f(&e[k]));
+        }
+        want.push(f(&e["seconds"]));
     }
+    for e in evals.iter().rev() {
+        for s in e["samples"].as_array().unwrap() {
+            for k in [
+                "similarity",
+                "rate_ratio",
+                "frames_per_token",
+                "frames",
+                "cap",
+            ] {
+                want.push(f(&s[k]));
+            }
+            if !s["wer"].is_null() {
+                want.push(f(&s["wer"]));
+            }
+        }
+    }
+    assert_eq!(cells, want, "the report's numbers, against metrics.jsonl");
     for src in html.split("src=\"").skip(1) {
         let link = src.split('"').next().unwrap();
         assert!(!link.starts_with("http"), "{link}");
@@ -355,6 +360,10 @@ fn the_report_renders_in_a_browser(ws: &Path, evals: &[Value]) {
         assert!(file.is_file(), "the player's {link} is not there");
     }
     assert!(!html.contains("<script"), "the page runs no script");
+    assert!(
+        html.contains("speaker <audio controls preload=\"none\" src=\"../data/ref.wav\">"),
+        "the reference clip's player"
+    );
     let chosen = std::fs::read_to_string(ws.join("checkpoints/best")).unwrap();
     let chosen_step: u64 = chosen.trim().trim_start_matches("step-").parse().unwrap();
     assert!(html.contains(&format!("<b>★ step {chosen_step}</b>")));
@@ -563,6 +572,39 @@ fn sample_texts_are_spoken_by_the_speaker_and_samples_can_be_turned_off() {
     assert!(!o.status.success());
     assert!(
         text(&o).contains("train.select = \"score\" chooses by the samples' score"),
+        "{}",
+        text(&o)
+    );
+    // Nothing held out: no evaluations, so no samples, even with texts of their own; said at
+    // the start, and a choice by score refused.
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path();
+    make_workspace(
+        ws,
+        M,
+        &synthetic_rows(12, 21),
+        &xvector(hidden(M), 3),
+        "[train]\nval_fraction = 0\n",
+    );
+    let own = [
+        "--max-steps",
+        "2",
+        "--save-every",
+        "2",
+        "--sample-text",
+        "Words.",
+    ];
+    let o = train(ws, &own);
+    ok(&o);
+    assert!(
+        text(&o).contains("no samples at evaluations: nothing is held out"),
+        "{}",
+        text(&o)
+    );
+    assert!(!ws.join("checkpoints/step-0000002/samples").exists());
+    let o = train(ws, &[&own[..], &["--select", "score", "--fresh"]].concat());
+    assert!(
+        !o.status.success() && text(&o).contains("nothing is held out"),
         "{}",
         text(&o)
     );

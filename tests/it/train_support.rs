@@ -205,7 +205,7 @@ pub fn train_options(
         backend,
         hooks: std::sync::Arc::new(voiceclone::train::hooks::NoHooks),
         references: Vec::new(),
-        whisper: None,
+        whisper: voiceclone::train::samples::Listener::Missing("not in this test".into()),
     }
 }
 

@@ -46,7 +46,9 @@ pub struct SampleMetrics {
     pub similarity: Option<f64>,
     /// Frames per text token, and the speaker's own pace over this one: 1 = the speaker's
     /// pace, above 1 faster (docs/training.md §14.4).
+    #[serde(deserialize_with = "crate::train::metrics::number_or_nan")]
     pub frames_per_token: f64,
+    #[serde(deserialize_with = "crate::train::metrics::number_or_nan")]
     pub rate_ratio: f64,
     /// The held-out recording of the same text the rate is measured against (its audio as
     /// the manifest names it); null for a text of `train.sample_texts`, measured against the
@@ -55,6 +57,21 @@ pub struct SampleMetrics {
     /// Word error rate of its transcript against `text` (null without a Whisper model).
     pub wer: Option<f64>,
     pub transcript: Option<String>,
+}
+
+/// What transcribes the samples for their word error rate.
+#[derive(Clone)]
+pub enum Listener {
+    Whisper(std::sync::Arc<dyn Transcriber>),
+    /// None, and why (said at the start).
+    Missing(String),
+}
+
+/// The samples of one checkpoint, and what went wrong measuring them.
+pub struct Spoken {
+    pub samples: Vec<SampleMetrics>,
+    /// Measures that could not be taken (a transcription that failed): their fields are null.
+    pub warnings: Vec<String>,
 }
 
 /// What speaking the samples of one checkpoint needs.
@@ -74,10 +91,7 @@ pub struct SampleJob<'a> {
 
 /// Speaks and measures every planned sample of `job` on the CPU; `progress(done, total)` after
 /// each. The WAVs and codes go to `checkpoint/samples/NN.wav` and `NN.codes.json`.
-pub fn speak(
-    job: &SampleJob,
-    mut progress: impl FnMut(usize, usize),
-) -> Result<Vec<SampleMetrics>> {
+pub fn speak(job: &SampleJob, mut progress: impl FnMut(usize, usize)) -> Result<Spoken> {
     let model = export::checkpoint_as_model(job.files, job.checkpoint, job.speaker_name)?;
     let index = checkpoint::read_index(job.checkpoint)?;
     let references = checkpoint::read_speakers(job.checkpoint, &index)?;
@@ -88,6 +102,7 @@ pub fn speak(
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let rate = synth.codec.output_sample_rate();
     let mut out = Vec::with_capacity(job.plan.len());
+    let mut warnings = Vec::new();
     for (i, p) in job.plan.iter().enumerate() {
         let speech = synth
             .synthesize(
@@ -123,10 +138,14 @@ pub fn speak(
         };
         let frames = speech.frames.len();
         let frames_per_token = frames as f64 / p.text_tokens.max(1) as f64;
-        let (wer, transcript) = match job.whisper {
-            Some(w) => {
-                let (wer, heard) = intelligibility(w, &written, rate, &p.text)?;
-                (wer, Some(heard))
+        let heard = job
+            .whisper
+            .map(|w| intelligibility(w, &written, rate, &p.text));
+        let (wer, transcript) = match heard {
+            Some(Ok((wer, heard))) => (wer, Some(heard)),
+            Some(Err(e)) => {
+                warnings.push(format!("sample {} could not be transcribed: {e:#}", i + 1));
+                (None, None)
             }
             None => (None, None),
         };
@@ -152,7 +171,10 @@ pub fn speak(
         });
         progress(i + 1, job.plan.len());
     }
-    Ok(out)
+    Ok(Spoken {
+        samples: out,
+        warnings,
+    })
 }
 
 /// Talker parameters above which `train.samples = "auto"` leaves samples off on a CPU-only
@@ -172,13 +194,15 @@ pub struct SampleSetup {
 }
 
 impl SampleSetup {
-    /// Plans the samples of a run with `opts` on `train` (held out: `heldout`), or none when
-    /// `train.samples` (or `auto` on the CPU for a large model) turns them off or there is
-    /// nothing to speak. `train.select = "score"` without samples is refused.
+    /// Plans the samples of a run with `opts` on `train` (held out: `heldout`) over `world`
+    /// ranks, or none when `train.samples` (or `auto` on the CPU for a large model) turns them
+    /// off, nothing is held out (there are no evaluations) or there is nothing to speak.
+    /// `train.select = "score"` without samples is refused.
     pub fn new(
         opts: &crate::train::TrainOptions,
         heldout: Option<&crate::train::data::Dataset>,
         train: &crate::train::data::Dataset,
+        world: usize,
     ) -> Result<Self> {
         use crate::config::Select;
         let c = &opts.config;
@@ -187,34 +211,38 @@ impl SampleSetup {
             opts.device.is_cpu(),
             talker_parameters(&opts.files),
         );
-        let tokenizer = opts.files.text_tokenizer()?;
-        let max_frames = DecodeOptions::from_generation_config(&opts.files.generation).max_frames;
-        let plan = plan::plan(
-            &c.sample_texts,
-            heldout,
-            train,
-            &tokenizer,
-            &c.speaker_name,
-            max_frames,
-        )?;
+        let plan = match heldout {
+            Some(heldout) => {
+                let tokenizer = opts.files.text_tokenizer()?;
+                let generation = DecodeOptions::from_generation_config(&opts.files.generation);
+                plan::plan(
+                    &c.sample_texts,
+                    heldout,
+                    train,
+                    &tokenizer,
+                    &c.speaker_name,
+                    generation.max_frames,
+                )?
+            }
+            None => Vec::new(),
+        };
         let frames: usize = plan.iter().map(|p| p.cap).sum();
-        let why_not = match (off, plan.is_empty()) {
-            (Some(why), _) => Some(if plan.is_empty() {
-                why
-            } else {
-                format!(
-                    "{why}; they would speak {} sample(s) of up to {frames} frames at each \
-                     evaluation, about {:.0} s at the pace measured on 2 cores \
-                     (docs/performance.md §12)",
-                    plan.len(),
-                    frames as f64 * frame_bytes(&opts.files) / MEASURED_BYTES_PER_SECOND
-                )
-            }),
-            (None, true) => Some(
-                "nothing is held out and train.sample_texts is empty: there is no text to speak"
+        let seconds = frames as f64 * frame_bytes(&opts.files) / MEASURED_BYTES_PER_SECOND;
+        let why_not = match (off, heldout.is_some(), plan.is_empty()) {
+            (Some(why), _, true) => Some(why),
+            (Some(why), _, false) => Some(format!(
+                "{why}; they would speak {} sample(s) of up to {frames} frames at each \
+                 evaluation, about {seconds:.0} s at the pace measured on 2 cores \
+                 (docs/performance.md §12)",
+                plan.len(),
+            )),
+            (None, false, _) => Some(
+                "nothing is held out (train.val_fraction = 0, or too few utterances), so there \
+                 are no evaluations to speak them at"
                     .to_string(),
             ),
-            (None, false) => None,
+            (None, true, true) => Some("no speaker has a held-out utterance to speak".to_string()),
+            (None, true, false) => None,
         };
         if let Some(why) = why_not {
             if c.select == Select::Score {
@@ -228,17 +256,25 @@ impl SampleSetup {
                 notes: vec![format!("no samples at evaluations: {why}")],
             });
         }
-        let wer = if opts.whisper.is_some() {
-            "and their WER"
-        } else {
-            "no WER (no Whisper model)"
+        let wer = match &opts.whisper {
+            Listener::Whisper(_) => "and their WER".to_string(),
+            Listener::Missing(why) => format!("but no WER ({why})"),
         };
-        let notes = vec![format!(
+        let mut notes = vec![format!(
             "samples: {} at each evaluation (up to {frames} frames in all), spoken on the CPU \
              from the checkpoint as its export would speak them; similarity, speaking rate, end \
              of speech {wer} in checkpoints/metrics.jsonl and report.html",
             plan.len()
         )];
+        // The other ranks wait for the samples in their next collective.
+        if world > 1 && seconds > c.dist_timeout as f64 / 2.0 {
+            notes.push(format!(
+                "warning: the samples may take about {seconds:.0} s at each evaluation while the \
+                 other ranks wait at most train.dist_timeout = {} s for them: raise \
+                 train.dist_timeout, or speak fewer samples (train.sample_texts, train.samples)",
+                c.dist_timeout
+            ));
+        }
         Ok(Self { plan, notes })
     }
 }

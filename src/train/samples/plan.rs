@@ -32,7 +32,7 @@ pub struct PlannedSample {
     pub recording_frames: Option<usize>,
     /// The speaker's own pace in frames per text token: the recording's, or for a text of
     /// `train.sample_texts` the mean of the speaker's held-out utterances (of its training
-    /// utterances when nothing is held out).
+    /// utterances when it has none held out).
     pub reference_rate: f64,
     /// The most frames the sample may take: [`CAP_FACTOR`] × its reference length.
     pub cap: usize,
@@ -44,7 +44,7 @@ pub struct PlannedSample {
 /// bounds every cap (the model's frame limit).
 pub fn plan(
     texts: &[String],
-    heldout: Option<&Dataset>,
+    heldout: &Dataset,
     train: &Dataset,
     tokenizer: &TextTokenizer,
     speaker_name: &str,
@@ -59,12 +59,13 @@ pub fn plan(
             .map(|n| crate::artifacts::speaker::name_key(n))
             .collect()
     };
-    let cap = |frames: f64| ((CAP_FACTOR * frames).ceil() as usize).clamp(MIN_CAP, max_frames);
+    let cap = |frames: f64| {
+        ((CAP_FACTOR * frames).ceil() as usize)
+            .max(MIN_CAP)
+            .min(max_frames.max(1))
+    };
     let mut out = Vec::new();
     if texts.is_empty() {
-        let Some(heldout) = heldout else {
-            return Ok(out);
-        };
         let rows = transcripts(heldout)?;
         let per_speaker = if names.len() == 1 { 2 } else { 1 };
         for (speaker, voice) in names.iter().enumerate() {
@@ -102,9 +103,8 @@ pub fn plan(
             .text()
             .len();
         for (speaker, voice) in names.iter().enumerate() {
-            let own: Vec<Sample> = heldout
-                .filter(|h| h.samples.iter().any(|s| s.speaker == speaker))
-                .unwrap_or(train)
+            let held = heldout.samples.iter().any(|s| s.speaker == speaker);
+            let own: Vec<Sample> = if held { heldout } else { train }
                 .samples
                 .iter()
                 .filter(|s| s.speaker == speaker)

@@ -2,8 +2,8 @@
 //! alarm (docs/training.md §14.5).
 //!
 //! Each sample scores `similarity − |log2(rate_ratio)| − min(WER, 1) − 0.5·[no end of
-//! speech]` (the WER term only when a Whisper model measured it); the evaluation's score is the
-//! mean over its samples. A perfect sample scores its similarity; speaking at double or half the
+//! speech]` (the WER term only when a Whisper model measured it; a sample without similarity
+//! counts −1); the evaluation's score is the mean over its samples. A perfect sample scores its similarity; speaking at double or half the
 //! speaker's pace costs 1, as does a transcript with every word wrong.
 
 use super::SampleMetrics;
@@ -14,9 +14,10 @@ pub const RATE_RANGE: (f64, f64) = (0.8, 1.25);
 /// What a sample loses for running into its frame limit instead of ending.
 const NO_EOS_PENALTY: f64 = 0.5;
 
-/// The score of one sample (higher is better); NaN when a measure is missing.
+/// The score of one sample (higher is better). A sample without a similarity (no audio, or an
+/// x-vector of zeros) counts as the least similar, −1.
 pub fn sample_score(s: &SampleMetrics) -> f64 {
-    let similarity = s.similarity.unwrap_or(f64::NAN);
+    let similarity = s.similarity.filter(|v| v.is_finite()).unwrap_or(-1.0);
     let rate = s.rate_ratio.log2().abs();
     let wer = s.wer.map_or(0.0, |w| w.min(1.0));
     let eos = if s.eos { 0.0 } else { NO_EOS_PENALTY };
@@ -96,7 +97,9 @@ mod tests {
         assert!(score(&[]).is_nan());
         let mut missing = sample(0.5, 1.0, None, true);
         missing.similarity = None;
-        assert!(score(&[missing]).is_nan());
+        assert_eq!(score(&[missing.clone()]), -1.0);
+        missing.similarity = Some(f64::NAN);
+        assert_eq!(score(&[missing]), -1.0);
     }
 
     #[test]

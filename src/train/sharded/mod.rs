@@ -447,7 +447,7 @@ impl driver::Engine for ShardedTrainer {
         let v = if flag { 1.0 } else { 0.0 };
         Ok(self.coll.all_reduce_host(&[v], ReduceOp::Max)?[0] > 0.0)
     }
-    fn reporter_values(&self, values: &[f64]) -> Result<Vec<f64>> {
+    fn broadcast_from_reporter(&self, values: &[f64]) -> Result<Vec<f64>> {
         // The others add zeros: the sum is rank 0's values, bit for bit.
         let mine: Vec<f64> = if self.rank() == 0 {
             values.to_vec()
