@@ -245,3 +245,60 @@ pub fn constant_lr_trainer(
     };
     t
 }
+
+/// The evaluation lines of the workspace's `checkpoints/metrics.jsonl` (docs/training.md §14.2).
+pub fn evals(ws: &Path) -> Vec<Value> {
+    std::fs::read_to_string(ws.join("checkpoints/metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|v| v.get("val_loss").is_some())
+        .collect()
+}
+
+/// Where the early stop of docs/training.md §14.3 ends a run over its evaluations `(step,
+/// value)`, with the best step then: the first evaluation that is the `patience`-th in a row
+/// whose value is not `better` than the best before it (`a < b` for losses, `a > b` for
+/// scores).
+pub fn early_stop_of(
+    evals: &[(u64, f64)],
+    patience: usize,
+    better: impl Fn(f64, f64) -> bool,
+) -> Option<(u64, u64)> {
+    let (mut best, mut best_step, mut since) = (None, 0, 0);
+    for &(step, value) in evals {
+        if best.is_none_or(|b| better(value, b)) {
+            (best, best_step, since) = (Some(value), step, 0);
+        } else {
+            since += 1;
+            if since >= patience {
+                return Some((step, best_step));
+            }
+        }
+    }
+    None
+}
+
+/// The step of the checkpoint an export directory was made from (its marker).
+pub fn export_step(dir: &Path) -> u64 {
+    let marker: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("voiceclone-export.json")).unwrap())
+            .unwrap();
+    marker["step"].as_u64().unwrap()
+}
+
+/// The checkpoint directories of the workspace, sorted.
+pub fn step_dirs(ws: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(ws.join("checkpoints"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("step-"))
+        .collect();
+    names.sort();
+    names
+}
+
+/// A checkpoint directory's name.
+pub fn step_name(step: u64) -> String {
+    format!("step-{step:07}")
+}

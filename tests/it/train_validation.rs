@@ -185,15 +185,6 @@ fn the_validation_loss_is_the_training_objective_on_the_heldout_utterances() {
 }
 
 /// The eval lines of a run's metrics.
-fn evals(ws: &Path) -> Vec<Value> {
-    std::fs::read_to_string(ws.join("checkpoints/metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap())
-        .filter(|v| v.get("val_loss").is_some())
-        .collect()
-}
-
 #[test]
 fn runs_validate_at_checkpoints_and_sharded_runs_agree_with_one_device() {
     let rows = synthetic_rows(12, 21);
@@ -281,50 +272,11 @@ fn a_heldout_manifest_is_validated_on_and_left_out_of_training() {
     assert!(text(&o).contains("train.val_manifest"), "{}", text(&o));
 }
 
-/// The step the rule of docs/training.md §14.3 stops at over validation losses `evals` (step,
-/// loss), with the best step then: the first validation that is the `early_stop`-th in a row
-/// without a loss below the lowest before it.
-fn early_stop_of(evals: &[(u64, f64)], early_stop: usize) -> Option<(u64, u64)> {
-    let (mut best, mut best_step, mut since) = (f64::INFINITY, 0, 0);
-    for &(step, loss) in evals {
-        if loss < best {
-            (best, best_step, since) = (loss, step, 0);
-        } else {
-            since += 1;
-            if since >= early_stop {
-                return Some((step, best_step));
-            }
-        }
-    }
-    None
-}
-
 fn eval_losses(ws: &Path) -> Vec<(u64, f64)> {
     evals(ws)
         .iter()
         .map(|e| (e["step"].as_u64().unwrap(), e["val_loss"].as_f64().unwrap()))
         .collect()
-}
-
-fn export_step(dir: &Path) -> u64 {
-    let marker: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("voiceclone-export.json")).unwrap())
-            .unwrap();
-    marker["step"].as_u64().unwrap()
-}
-
-fn step_dirs(ws: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(ws.join("checkpoints"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("step-"))
-        .collect();
-    names.sort();
-    names
-}
-
-fn step_name(step: u64) -> String {
-    format!("step-{step:07}")
 }
 
 #[test]
@@ -379,7 +331,7 @@ fn the_lowest_validation_loss_is_kept_exported_and_stops_the_run_early() {
         let o = train(ws.path(), &first);
         ok(&o);
         let losses = eval_losses(ws.path());
-        let (stop, best) = early_stop_of(&losses, 2)
+        let (stop, best) = early_stop_of(&losses, 2, |a, b| a < b)
             .unwrap_or_else(|| panic!("{tag}: no early stop in {losses:?}"));
         assert_eq!(losses.last().unwrap().0, stop, "{tag}: ran past the stop");
         assert!(
@@ -437,7 +389,7 @@ fn the_lowest_validation_loss_is_kept_exported_and_stops_the_run_early() {
         let o = train(ws.path(), &again);
         ok(&o);
         let losses = eval_losses(ws.path());
-        let (stop3, best3) = early_stop_of(&losses, 3)
+        let (stop3, best3) = early_stop_of(&losses, 3, |a, b| a < b)
             .unwrap_or_else(|| panic!("{tag}: no early stop at 3 in {losses:?}"));
         assert_eq!(losses.last().unwrap().0, stop3, "{tag}: {losses:?}");
         assert_eq!(export_step(&ws.path().join("model")), best3, "{tag}");

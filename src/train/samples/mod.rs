@@ -46,9 +46,7 @@ pub struct SampleMetrics {
     pub similarity: Option<f64>,
     /// Frames per text token, and the speaker's own pace over this one: 1 = the speaker's
     /// pace, above 1 faster (docs/training.md §14.4).
-    #[serde(deserialize_with = "crate::train::metrics::number_or_nan")]
     pub frames_per_token: f64,
-    #[serde(deserialize_with = "crate::train::metrics::number_or_nan")]
     pub rate_ratio: f64,
     /// The held-out recording of the same text the rate is measured against (its audio as
     /// the manifest names it); null for a text of `train.sample_texts`, measured against the
