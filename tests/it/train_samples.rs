@@ -505,7 +505,8 @@ fn the_wer_of_real_speech_is_low_against_its_text_and_high_against_another() {
     assert_eq!((silent, heard.as_str()), (Some(1.0), ""));
 }
 
-/// Samples off, custom texts, and the refusal of a choice by score without samples.
+/// Samples on by the flag, custom texts, samples off, and the refusal of a choice by score
+/// without samples.
 #[test]
 fn sample_texts_are_spoken_by_the_speaker_and_samples_can_be_turned_off() {
     let none = Path::new("/nonexistent/ggml.bin");
@@ -519,6 +520,8 @@ fn sample_texts_are_spoken_by_the_speaker_and_samples_can_be_turned_off() {
             "2",
             "--save-every",
             "2",
+            "--samples",
+            "true",
             "--sample-text",
             "A text of its own.",
         ],
