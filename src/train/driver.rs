@@ -373,10 +373,11 @@ fn speak_samples(
 
 /// Rewrites `checkpoints/report.html` from the metrics (docs/training.md §14.6).
 fn write_report(opts: &TrainOptions, log: &MetricsLog, chosen: Option<usize>) -> Result<()> {
+    let (steps, evals) = log.read_lines()?;
     super::report::write(&super::report::ReportInput {
         checkpoints: &opts.checkpoints,
-        steps: &log.read_all()?,
-        evals: &log.read_evals()?,
+        steps: &steps,
+        evals: &evals,
         chosen,
         select: opts.config.select,
         references: &opts.references,

@@ -128,9 +128,30 @@ impl MetricsLog {
         read(&self.path)
     }
 
+    /// Every step line and every evaluation line, from one read of the file.
+    pub fn read_lines(&self) -> Result<(Vec<StepMetrics>, Vec<EvalMetrics>)> {
+        let text = match fs::read_to_string(&self.path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(e) => {
+                return Err(e).with_context(|| format!("cannot read {}", self.path.display()))
+            }
+        };
+        let (mut steps, mut evals) = (Vec::new(), Vec::new());
+        for line in text.lines() {
+            if let Ok(m) = serde_json::from_str::<StepMetrics>(line) {
+                steps.push(m);
+            } else if let Ok(e) = serde_json::from_str::<EvalMetrics>(line) {
+                evals.push(e);
+            }
+        }
+        Ok((steps, evals))
+    }
+
     /// Redraws `loss.svg` next to the metrics file.
     pub fn plot(&self) -> Result<()> {
-        let svg = loss_svg(&self.read_all()?, &self.read_evals()?);
+        let (steps, evals) = self.read_lines()?;
+        let svg = loss_svg(&steps, &evals);
         let dest = self.path.with_file_name(PLOT_FILE);
         crate::fsutil::write_atomic(&dest, svg.as_bytes())
     }
@@ -250,6 +271,8 @@ mod tests {
         assert!(evals[1].val_loss.is_nan() && evals[1].step == 3);
         let log = MetricsLog::open(dir.path(), 2).unwrap();
         assert_eq!(log.read_evals().unwrap(), [eval(2)]);
+        let (steps, evals) = log.read_lines().unwrap();
+        assert_eq!((steps, evals), (log.read_all().unwrap(), vec![eval(2)]));
         log.plot().unwrap();
         let svg = fs::read_to_string(dir.path().join(PLOT_FILE)).unwrap();
         assert_eq!(svg.matches("<polyline").count(), 3);

@@ -26,10 +26,9 @@ pub struct PlannedSample {
     pub speaker: usize,
     /// Text tokens of `text` (`Lt`, as the training samples count them).
     pub text_tokens: usize,
-    /// The held-out recording of the same text, when the text is one: its audio (as the
-    /// manifest names it) and its frames.
+    /// The held-out recording of the same text, when the text is one: its audio as the manifest
+    /// names it.
     pub recording: Option<String>,
-    pub recording_frames: Option<usize>,
     /// The speaker's own pace in frames per text token: the recording's, or for a text of
     /// `train.sample_texts` the mean of the speaker's held-out utterances (of its training
     /// utterances when it has none held out).
@@ -88,7 +87,6 @@ pub fn plan(
                     speaker,
                     text_tokens: s.text_len(),
                     recording: audio,
-                    recording_frames: Some(s.frames()),
                     reference_rate: rate(std::slice::from_ref(s)),
                     cap: cap(s.frames() as f64),
                 });
@@ -117,7 +115,6 @@ pub fn plan(
                 speaker,
                 text_tokens: tokens,
                 recording: None,
-                recording_frames: None,
                 reference_rate,
                 cap: cap(reference_rate * tokens.max(1) as f64),
             });
