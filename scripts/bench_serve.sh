@@ -27,7 +27,8 @@
 # decoding that limits a CPU server (docs/performance.md §10.2). CODEC=own (the default of `load`) serves the model's own.
 #
 # Environment: MODEL, CODEC, STREAMS ("1 2 4 8"), FRAMES (50; load: 20), ROUNDS (2), PRECISION (auto:
-# bf16-weights for the bf16 checkpoint; or f32, q8), THREADS (RAYON_NUM_THREADS of the server;
+# bf16-weights for the bf16 checkpoint; or f32, q8), CHUNK (the server's --stream-chunk-frames;
+# default its own), THREADS (RAYON_NUM_THREADS of the server;
 # default all cores), MAX_BATCH (8), REQUESTS (200), CLIENTS (8) and PASSES (2) for load, BIN (default: build
 # target/release/voiceclone), FORCE.
 set -euo pipefail
@@ -94,8 +95,10 @@ fi
 mkdir -p "$WS/data"
 cp "$REF" "$WS/data/ref.wav"
 if [[ -n ${THREADS:-} ]]; then export RAYON_NUM_THREADS=$THREADS; fi
+CHUNK_ARGS=()
+if [[ -n ${CHUNK:-} ]]; then CHUNK_ARGS=(--stream-chunk-frames "$CHUNK"); fi
 "$BIN" --workdir "$WS" serve --port 0 --model "$MODEL" --precision "$PRECISION" \
-    --max-batch "$MAX_BATCH" --max-queue 64 >"$WS/serve.out" 2>"$WS/serve.err" &
+    --max-batch "$MAX_BATCH" --max-queue 64 "${CHUNK_ARGS[@]}" >"$WS/serve.out" 2>"$WS/serve.err" &
 SERVER=$!
 for _ in $(seq 1200); do
     grep -q "listening on http://" "$WS/serve.out" 2>/dev/null && break

@@ -4,7 +4,9 @@
   serve_client.py bench URL --streams "1 2 4 8" --frames 50 [--rounds 2]
       For each concurrency N: N simultaneous greedy requests of exactly FRAMES frames (response
       format pcm, so the first body bytes are audio). Prints, per N: time to first audio
-      (mean / max), per-stream real-time factor (stream wall time / audio seconds, mean), and
+      (mean / max), per-stream real-time factor (stream wall time / audio seconds, mean), how
+      long a player that starts with the first audio and plays in real time waits for data
+      in all (mean; what the server's chunking and speed cost a listener), and
       aggregate audio seconds per second (all audio / wall time from the first request to the
       last byte). Best (highest aggregate) of the rounds.
 
@@ -42,11 +44,14 @@ def connect(url):
 
 def speech(url, body, hang_up=False, raw=None):
     """One request. Returns a dict: status, bytes, first (s to the first body byte), total (s),
-    complete (the body ended as HTTP says), error (text of a non-200 answer)."""
+    complete (the body ended as HTTP says), error (text of a non-200 answer), stall (s a player
+    of 16-bit mono audio at RATE, starting with the first byte, would have waited for data)."""
     conn = connect(url)
     data = raw if raw is not None else json.dumps(body).encode()
     t0 = time.perf_counter()
-    out = {"status": None, "bytes": 0, "first": None, "total": None, "complete": False}
+    out = {"status": None, "bytes": 0, "first": None, "total": None, "complete": False,
+           "stall": 0.0}
+    played_until = None  # when the player will have played every byte received so far
     try:
         conn.request("POST", "/v1/audio/speech", data, {"Content-Type": "application/json"})
         r = conn.getresponse()
@@ -60,8 +65,14 @@ def speech(url, body, hang_up=False, raw=None):
             if not chunk:
                 out["complete"] = True
                 break
+            now = time.perf_counter() - t0
             if out["first"] is None:
-                out["first"] = time.perf_counter() - t0
+                out["first"] = now
+                played_until = now
+            if now > played_until:
+                out["stall"] += now - played_until
+                played_until = now
+            played_until += len(chunk) / 2 / RATE
             out["bytes"] += len(chunk)
             if hang_up:
                 break
@@ -147,6 +158,7 @@ def bench(a):
                 "ttfa_mean_ms": 1e3 * sum(r["first"] for r in res) / n,
                 "ttfa_max_ms": 1e3 * max(r["first"] for r in res),
                 "rtf_mean": sum(r["total"] / s for r, s in zip(res, audio)) / n,
+                "stall_mean_ms": 1e3 * sum(r["stall"] for r in res) / n,
                 "aggregate": agg,
                 "audio_s": sum(audio),
                 "wall_s": wall,
@@ -157,6 +169,7 @@ def bench(a):
         print(
             f"{n} stream(s): time to first audio {best['ttfa_mean_ms']:.0f} ms mean, "
             f"{best['ttfa_max_ms']:.0f} ms max; per-stream RTF {best['rtf_mean']:.3f}; "
+            f"a real-time player waits {best['stall_mean_ms']:.0f} ms after the first audio; "
             f"aggregate {best['aggregate']:.3f} audio s/s ({best['audio_s']:.2f} s of audio "
             f"in {best['wall_s']:.2f} s)",
             flush=True,

@@ -381,6 +381,11 @@ pub struct ServeArgs {
     #[arg(long, value_name = "P")]
     pub precision: Option<String>,
 
+    /// After a stream's first frame, its audio goes out in chunks growing up to N frames,
+    /// which decode cheaper; 1 = every frame at once [speak.stream_chunk_frames].
+    #[arg(long, value_name = "N")]
+    pub stream_chunk_frames: Option<usize>,
+
     /// An adapter directory (`voiceclone export --adapter-only`) served beside the model:
     /// its speakers become voices, or NAME=DIR serves its one speaker as voice NAME;
     /// repeatable, replaces the list [serve.adapters]. Without --model the base model is the
@@ -404,6 +409,11 @@ impl ServeArgs {
                 self.shutdown_seconds,
             )
             .set("speak.precision", "--precision", self.precision.clone())
+            .count(
+                "speak.stream_chunk_frames",
+                "--stream-chunk-frames",
+                self.stream_chunk_frames,
+            )
             .set(
                 "serve.adapters",
                 "--adapter",
@@ -542,6 +552,11 @@ pub struct SpeakArgs {
     #[arg(long, value_name = "N")]
     pub max_chunk_chars: Option<usize>,
 
+    /// With -o -: after the first frame, audio goes out in chunks growing up to N frames,
+    /// which decode cheaper; 1 = every frame at once [speak.stream_chunk_frames].
+    #[arg(long, value_name = "N")]
+    pub stream_chunk_frames: Option<usize>,
+
     /// Number format: auto (the checkpoint's own), f32, bf16-weights (CPU), q8 (8-bit, fastest on a
     /// CPU), bf16 (GPU) [speak.precision].
     #[arg(long, value_name = "P")]
@@ -591,6 +606,11 @@ impl SpeakArgs {
                 "speak.max_chunk_chars",
                 "--max-chunk-chars",
                 self.max_chunk_chars,
+            )
+            .count(
+                "speak.stream_chunk_frames",
+                "--stream-chunk-frames",
+                self.stream_chunk_frames,
             )
             .seed("speak.seed", "--seed", self.seed)
             .set("speak.precision", "--precision", self.precision.clone())

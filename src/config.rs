@@ -377,6 +377,7 @@ pub struct SpeakConfig {
     pub seed: i64,
     pub batch_size: usize,
     pub max_chunk_chars: usize,
+    pub stream_chunk_frames: usize,
     pub precision: Precision,
 }
 
@@ -904,8 +905,13 @@ impl Resolved {
                 return Err(bad(key, format!("{v} is not between 0 and 1")));
             }
         }
-        if s.batch_size == 0 {
-            return Err(bad("speak.batch_size", "must be at least 1".into()));
+        for (key, v) in [
+            ("speak.batch_size", s.batch_size),
+            ("speak.stream_chunk_frames", s.stream_chunk_frames),
+        ] {
+            if v == 0 {
+                return Err(bad(key, "must be at least 1".into()));
+            }
         }
         if s.seed < -1 {
             return Err(bad(

@@ -211,9 +211,10 @@ fn stream_to_stdout(
         " (stopped by the frame limit)"
     };
     eprintln!(
-        "streamed to standard output: {audio:.2} s, {} frames{stopped}; first audio after {:.0} \
-         ms, done in {:.2} s",
+        "streamed to standard output: {audio:.2} s, {} frames{stopped} in {} chunks; first audio \
+         after {:.0} ms, done in {:.2} s",
         streamed.frames.len(),
+        streamed.audio_chunks,
         first_audio.map_or(f64::NAN, |d| d.as_secs_f64() * 1e3),
         started.elapsed().as_secs_f64()
     );
@@ -342,6 +343,7 @@ pub(crate) fn decode_options(synth: &Synthesizer, s: &SpeakConfig) -> DecodeOpti
     }
     o.batch_size = s.batch_size;
     o.max_chunk_chars = s.max_chunk_chars;
+    o.stream_chunk_frames = s.stream_chunk_frames;
     o
 }
 

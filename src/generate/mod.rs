@@ -2,6 +2,7 @@
 //! rules and frame loop of the official generator (docs/model.md §5.2, §5.4, §7), long-text
 //! splitting, and the voice-clone / custom-voice pipelines that turn frames into 24 kHz audio.
 
+pub mod audio_chunks;
 pub mod prompt;
 pub mod rows;
 pub mod sampling;
@@ -10,4 +11,5 @@ pub mod synthesizer;
 pub mod talker_loop;
 pub mod text_split;
 
+pub use audio_chunks::AudioChunks;
 pub use synthesizer::{DecodeOptions, Precision, Request, RowPlan, Speech, Synthesizer, Voice};

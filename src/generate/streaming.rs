@@ -1,16 +1,19 @@
 //! One request spoken as it is generated (`voiceclone speak -o -`): its rows (chunks of a split
-//! text) one after the other through the frame loop of [`super::rows`], each frame decoded by a
-//! [`StreamDecoder`] on a second thread while the next is generated, the samples handed to the
-//! caller as they come —
-//! what `voiceclone serve` does for one stream (docs/serving.md §4), without the server.
+//! text) one after the other through the frame loop of [`super::rows`], the frames decoded by a
+//! [`StreamDecoder`] on a second thread while the next ones are generated, in the chunks
+//! [`AudioChunks`] sets, the samples handed to the caller as they come — what `voiceclone
+//! serve` does for one stream (docs/serving.md §4), without the server.
 //!
 //! The samples are those of [`Synthesizer::synthesize`] for the same request and seed: a row
 //! gives the frames the batched loop gives it alone, and the stream decoder gives the offline
 //! decoder's samples bit for bit; in-context voices may differ by the one-sample shift of the
 //! reference cut (docs/serving.md §4).
 
+use std::sync::mpsc::TryRecvError;
+
 use anyhow::{Context, Result};
 
+use super::audio_chunks::AudioChunks;
 use super::rows::{Outcome, Row, Stepper};
 use super::sampling::RowRng;
 use super::synthesizer::{DecodeOptions, Request, Synthesizer};
@@ -19,13 +22,15 @@ use crate::model::codec::StreamDecoder;
 
 /// What the generating thread hands the decoding one.
 enum ToDecoder {
-    /// A chunk of the text begins (after the pause unless `first`), with its in-context
-    /// reference frames to prime.
-    Chunk {
-        first: bool,
-        ref_codes: Option<Vec<CodeFrame>>,
-    },
+    Chunk(ChunkStart),
     Frame([u32; 16]),
+}
+
+/// A chunk of the text begins (after the pause unless `first`), with its in-context reference
+/// frames to prime.
+struct ChunkStart {
+    first: bool,
+    ref_codes: Option<Vec<CodeFrame>>,
 }
 
 /// What a streamed request made.
@@ -37,6 +42,8 @@ pub struct Streamed {
     pub eos_steps: Vec<Option<usize>>,
     /// Samples handed to the sink (pauses between chunks included).
     pub samples: usize,
+    /// Chunks of frames decoded and handed to the sink ([`AudioChunks`]).
+    pub audio_chunks: usize,
 }
 
 /// A test seam (`test-hooks`): `VOICECLONE_TEST_FRAME_DELAY_MS` slows every frame step of
@@ -57,9 +64,10 @@ pub fn test_frame_delay() -> Option<std::time::Duration> {
 
 impl Synthesizer {
     /// Speaks `req` with `opts` (request line 0 of [`Self::synthesize`]: row `c` draws from
-    /// `RowRng::new(seed, 0, c)`), calling `sink` with the samples of every frame as it is
-    /// decoded and with the pause between chunks. Off the CPU inference path (the candle
-    /// modules, on a GPU), the request is synthesised whole and handed over once.
+    /// `RowRng::new(seed, 0, c)`), calling `sink` with the samples of every chunk of frames
+    /// as it is decoded (`opts.stream_chunk_frames`) and with the pause between text chunks.
+    /// Off the CPU inference path (the candle modules, on a GPU), the request is synthesised
+    /// whole and handed over once.
     pub fn stream(
         &self,
         req: &Request,
@@ -74,6 +82,7 @@ impl Synthesizer {
             sink(&speech.wav)?;
             return Ok(Streamed {
                 samples: speech.wav.len(),
+                audio_chunks: 1,
                 frames: speech.frames,
                 eos_steps: speech.eos_steps,
             });
@@ -84,49 +93,61 @@ impl Synthesizer {
         let pause = self.chunk_pause_samples();
         let decoder = self.codec.decoder();
         let mut out = Streamed::default();
-        // Frames are decoded on a thread of their own while the next ones are generated
-        // (docs/serving.md §4); whatever has piled up meanwhile is decoded in one push.
+        let most = opts.stream_chunk_frames;
+        // Frames are decoded on a thread of their own while the next ones are generated, in
+        // the chunks `AudioChunks` sets (docs/serving.md §4.1).
         let (tx, rx) = std::sync::mpsc::channel::<ToDecoder>();
         std::thread::scope(|scope| -> Result<()> {
-            let decoding = scope.spawn(move || -> Result<usize> {
+            let decoding = scope.spawn(move || -> Result<(usize, usize)> {
                 let mut stream: Option<StreamDecoder<'_>> = None;
-                let mut samples = 0;
-                let mut next = rx.recv().ok();
-                while let Some(msg) = next.take() {
-                    match msg {
-                        ToDecoder::Chunk { first, ref_codes } => {
-                            if !first {
-                                sink(&vec![0f32; pause])?;
-                                samples += pause;
-                            }
-                            let mut s = StreamDecoder::new(decoder);
-                            if let Some(r) = &ref_codes {
-                                crate::kernels::pool::on_pool(|| s.prime(r))?;
-                            }
-                            stream = Some(s);
-                        }
-                        ToDecoder::Frame(f) => {
-                            let mut frames = vec![f];
-                            while let Ok(m) = rx.try_recv() {
-                                match m {
-                                    ToDecoder::Frame(f) => frames.push(f),
-                                    other => {
-                                        next = Some(other);
-                                        break;
-                                    }
-                                }
-                            }
-                            let s = stream.as_mut().context("a frame before its chunk")?;
-                            let wav = crate::kernels::pool::on_pool(|| s.push(&frames))?;
-                            sink(&wav)?;
-                            samples += wav.len();
+                let mut chunks = AudioChunks::new(most);
+                let mut waiting: Vec<[u32; 16]> = Vec::new();
+                // A text chunk that begins after the waiting frames; whether more can come.
+                let mut begins: Option<ChunkStart> = None;
+                let mut open = true;
+                let (mut samples, mut pushes) = (0, 0);
+                loop {
+                    // What has arrived meanwhile, without waiting for more.
+                    while begins.is_none() && open {
+                        match rx.try_recv() {
+                            Ok(ToDecoder::Frame(f)) => waiting.push(f),
+                            Ok(ToDecoder::Chunk(c)) => begins = Some(c),
+                            Err(TryRecvError::Empty) => break,
+                            Err(TryRecvError::Disconnected) => open = false,
                         }
                     }
-                    if next.is_none() {
-                        next = rx.recv().ok();
+                    // A text chunk's last frames go out however few they are.
+                    let ends = begins.is_some() || !open;
+                    if !waiting.is_empty() && (ends || chunks.ready(waiting.len())) {
+                        let s = stream.as_mut().context("a frame before its chunk")?;
+                        let wav = crate::kernels::pool::on_pool(|| s.push(&waiting))?;
+                        chunks.sent(waiting.len());
+                        waiting.clear();
+                        sink(&wav)?;
+                        samples += wav.len();
+                        pushes += 1;
+                    }
+                    if let Some(ChunkStart { first, ref_codes }) = begins.take() {
+                        if !first {
+                            sink(&vec![0f32; pause])?;
+                            samples += pause;
+                        }
+                        let mut s = StreamDecoder::new(decoder);
+                        if let Some(r) = &ref_codes {
+                            crate::kernels::pool::on_pool(|| s.prime(r))?;
+                        }
+                        stream = Some(s);
+                        continue;
+                    }
+                    if !open {
+                        return Ok((samples, pushes));
+                    }
+                    match rx.recv() {
+                        Ok(ToDecoder::Frame(f)) => waiting.push(f),
+                        Ok(ToDecoder::Chunk(c)) => begins = Some(c),
+                        Err(_) => open = false,
                     }
                 }
-                Ok(samples)
             });
             let generated = (|| -> Result<()> {
                 let mut stepper = Stepper::new(talker);
@@ -139,10 +160,10 @@ impl Synthesizer {
                         RowRng::new(opts.seed, 0, c as u64),
                         plan.adapter,
                     )?;
-                    let chunk = ToDecoder::Chunk {
+                    let chunk = ToDecoder::Chunk(ChunkStart {
                         first: c == 0,
                         ref_codes: plan.ref_codes.clone(),
-                    };
+                    });
                     if tx.send(chunk).is_err() {
                         return Ok(()); // The decoding thread stopped: its error says why.
                     }
@@ -175,7 +196,7 @@ impl Synthesizer {
                 .join()
                 .map_err(|_| anyhow::anyhow!("the decoding thread panicked"))?;
             // A decoding or writing error first: generation stops because of it.
-            out.samples = decoded?;
+            (out.samples, out.audio_chunks) = decoded?;
             generated
         })?;
         Ok(out)

@@ -64,6 +64,11 @@ pub struct Request {
     pub non_streaming: bool,
 }
 
+/// The default most frames in one chunk of streamed audio (`speak.stream_chunk_frames`): a push
+/// of 32 frames costs the stream decoder about the offline decoder's share of them
+/// (docs/performance.md §10.6).
+pub const STREAM_CHUNK_FRAMES: usize = 32;
+
 /// Decoding settings shared by a call.
 #[derive(Debug, Clone)]
 pub struct DecodeOptions {
@@ -77,6 +82,9 @@ pub struct DecodeOptions {
     pub batch_size: usize,
     /// Texts longer than this (characters) are split at sentence boundaries; 0 = never.
     pub max_chunk_chars: usize,
+    /// A streamed response's audio goes out in chunks of at most this many frames once it is
+    /// under way ([`super::AudioChunks`]).
+    pub stream_chunk_frames: usize,
 }
 
 impl DecodeOptions {
@@ -101,6 +109,7 @@ impl DecodeOptions {
             seed: 0,
             batch_size: 8,
             max_chunk_chars: 0,
+            stream_chunk_frames: STREAM_CHUNK_FRAMES,
         }
     }
 }

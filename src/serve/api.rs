@@ -16,7 +16,7 @@ use super::scheduler::{GenEvent, Job, Refused};
 use super::stream_decoding::{OpenStream, StreamDecoding};
 use super::State;
 use crate::generate::sampling::Sampling;
-use crate::generate::{DecodeOptions, Request as SpeechJob, Voice};
+use crate::generate::{AudioChunks, DecodeOptions, Request as SpeechJob, Voice};
 
 /// Every request: authentication (all but `GET /health`), then the route.
 pub async fn handle(req: Request<Incoming>, state: Arc<State>) -> Response<RespBody> {
@@ -574,6 +574,7 @@ async fn speech(
     let synth = state.synth.clone();
     let decoding = state.decoding.clone();
     let worker_cancel = cancel.clone();
+    let chunk_frames = state.opts.defaults.stream_chunk_frames;
     tokio::task::spawn_blocking(move || {
         decode_worker(
             &synth,
@@ -584,6 +585,7 @@ async fn speech(
             input_tokens,
             &worker_cancel,
             received,
+            chunk_frames,
         )
     });
     let body = ChannelBody::new(rx, cancel, state.inflight.clone());
@@ -642,6 +644,7 @@ fn decode_worker(
     input_tokens: usize,
     cancel: &AtomicBool,
     received: std::time::Instant,
+    chunk_frames: usize,
 ) {
     let send = |b: Bytes| out.blocking_send(Ok(b)).is_ok();
     let mut first_audio: Option<std::time::Duration> = None;
@@ -656,6 +659,7 @@ fn decode_worker(
     }
     let mut stream: Option<OpenStream> = None;
     let mut pending: Vec<[u32; 16]> = Vec::new();
+    let mut chunks = AudioChunks::new(chunk_frames);
     loop {
         let ev = match events.recv() {
             Ok(ev) => ev,
@@ -666,20 +670,23 @@ fn decode_worker(
                 return;
             }
         };
-        // Frames that are already waiting are decoded together and go out as one chunk: the
-        // stream decoder's samples do not depend on how the frames are grouped
-        // (docs/serving.md §4), and one pass over its weights for several frames is cheaper;
-        // the decoding thread adds the other streams' frames to the same pass.
+        // Frames wait until they make a chunk and are then decoded together: the stream
+        // decoder's samples do not depend on how the frames are grouped (docs/serving.md §4),
+        // and one pass over its weights for several frames is cheaper; the decoding thread
+        // adds the other streams' frames to the same pass.
         let mut next = Some(ev);
         while let Some(GenEvent::Frame(f)) = next {
             pending.push(f.0);
             next = events.try_recv().ok();
         }
-        if !pending.is_empty() {
+        // A chunk of audio is ready when it has the frames `chunks` asks for, or when what
+        // comes next ends the text chunk (docs/serving.md §4.1).
+        if !pending.is_empty() && (next.is_some() || chunks.ready(pending.len())) {
             let Some(s) = stream.as_ref() else {
                 let _ = out.blocking_send(Err(StreamError("a frame before its row".into())));
                 return;
             };
+            chunks.sent(pending.len());
             let decoded = s.push(std::mem::take(&mut pending));
             match decoded {
                 Ok(samples) => {

@@ -177,3 +177,15 @@ pub fn f32_stored_copy(name: &str) -> tempfile::TempDir {
     candle_core::safetensors::save(&tensors, dir.path().join("model.safetensors")).unwrap();
     dir
 }
+
+/// How many chunks a streamed response of `frames` frames goes out in when its decoder never
+/// falls behind, by the rule of docs/serving.md §4.1 (the first frame alone, then each chunk a
+/// quarter of the frames already sent, at least one, at most `most`), computed here on its own.
+pub fn audio_chunks_by_rule(frames: usize, most: usize) -> usize {
+    let (mut sent, mut chunks) = (0, 0);
+    while sent < frames {
+        sent += (sent / 4).max(1).min(most).min(frames - sent);
+        chunks += 1;
+    }
+    chunks
+}

@@ -495,6 +495,56 @@ fn speech_equals_speak_in_every_format_and_streams_while_generating() {
     assert!(done["usage"]["input_tokens"].as_u64().unwrap() > 0);
 }
 
+/// A stream's audio leaves in the chunks of docs/serving.md §4.1 — the first frame alone, then
+/// chunks growing to `speak.stream_chunk_frames` (from the config file, or
+/// `--stream-chunk-frames`) — one SSE delta event each, and the samples are the same whatever
+/// the chunks. In the `test-hooks` build each frame is slowed, so the decoder never falls
+/// behind and the chunks are exactly the rule's.
+#[test]
+fn streamed_audio_leaves_in_growing_chunks_of_the_same_samples() {
+    let ws = crate::speak_cli::reference_workspace(
+        "\n[speak]\nmax_frames = 40\nstream_chunk_frames = 3\n",
+    );
+    let env = slow_frames(20);
+    let body = json!({"model": "m", "voice": "default", "seed": 9,
+        "input": "A text long enough for forty frames of speech, if the model goes on that long.",
+        "response_format": "pcm", "stream_format": "sse"});
+    let mut first: Option<Vec<u8>> = None;
+    for (args, most) in [(&[][..], 3), (&["--stream-chunk-frames", "1"][..], 1)] {
+        let server = Server::start(ws.path(), args, &env_refs(&env));
+        let r = speech(&server.addr, &body);
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        let deltas = std::str::from_utf8(&r.body)
+            .unwrap()
+            .matches("\"speech.audio.delta\"")
+            .count();
+        let (audio, done) = sse_audio(&r.body);
+        let frames = done["usage"]["output_tokens"].as_u64().unwrap() as usize;
+        assert!(
+            frames >= 12,
+            "only {frames} frames: too few to tell chunkings apart"
+        );
+        assert_eq!(audio.len(), frames * SAMPLES_PER_FRAME * 2);
+        if cfg!(feature = "test-hooks") {
+            assert_eq!(
+                deltas,
+                crate::common::audio_chunks_by_rule(frames, most),
+                "{args:?}: {frames} frames"
+            );
+        } else {
+            assert!((1..=frames).contains(&deltas));
+        }
+        match &first {
+            None => first = Some(audio),
+            Some(a) => assert_same_samples(
+                &pcm_samples(&audio),
+                &pcm_samples(a),
+                "chunks of 1 frame vs growing to 3",
+            ),
+        }
+    }
+}
+
 #[test]
 fn concurrent_requests_give_what_each_gives_alone() {
     concurrent_equals_alone("auto");

@@ -4,21 +4,44 @@
 //! for bit, across the chunk boundary, and with in-context reference frames primed in front
 //! (docs/model.md §9.5 says why they can). Pushes of one to a few frames give the decoder's
 //! layers a few rows, which take the GEMM's few-row kernel (`kernels::few_rows`), larger pushes
-//! the `gemm` crate's: the bits must not tell them apart. The fixture models share one codec;
+//! the `gemm` crate's: the bits must not tell them apart. The fixture models share one codec,
+//! stored in f32 as the official one is; every test also runs on a copy stored in bf16 (other
+//! weights, so other samples, and a load path that widens every tensor).
 //! `examples/bench_codec --stream --push N` checks the same on the full-size one.
 
 use crate::common::fixtures;
 
 use candle_core::{DType, Device};
-use voiceclone::hub::ModelSource;
 use voiceclone::model::codec::{Codec, StreamDecoder};
 
-fn codec() -> &'static Codec {
-    static CODEC: std::sync::OnceLock<Codec> = std::sync::OnceLock::new();
-    CODEC.get_or_init(|| {
-        let source = ModelSource::parse(fixtures().join("tiny-0b6").to_str().unwrap()).unwrap();
-        Codec::load(&source).unwrap()
-    })
+/// The fixture codec as stored, and a copy of it stored in bf16.
+fn codecs() -> [(&'static str, &'static Codec); 2] {
+    static F32: std::sync::OnceLock<Codec> = std::sync::OnceLock::new();
+    static BF16: std::sync::OnceLock<Codec> = std::sync::OnceLock::new();
+    let dir = fixtures().join("tiny-0b6/speech_tokenizer");
+    let f32_stored = F32.get_or_init(|| Codec::load_dir(&dir).unwrap());
+    let bf16_stored = BF16.get_or_init(|| {
+        let copy = tempfile::tempdir().unwrap();
+        for name in ["config.json", "preprocessor_config.json"] {
+            std::fs::copy(dir.join(name), copy.path().join(name)).unwrap();
+        }
+        let tensors: std::collections::HashMap<_, _> =
+            candle_core::safetensors::load(dir.join("model.safetensors"), &Device::Cpu)
+                .unwrap()
+                .into_iter()
+                .map(|(k, t)| {
+                    assert_eq!(
+                        t.dtype(),
+                        DType::F32,
+                        "{k}: the fixture codec is stored in f32"
+                    );
+                    (k, t.to_dtype(DType::BF16).unwrap())
+                })
+                .collect();
+        candle_core::safetensors::save(&tensors, copy.path().join("model.safetensors")).unwrap();
+        Codec::load_dir(copy.path()).unwrap()
+    });
+    [("f32-stored", f32_stored), ("bf16-stored", bf16_stored)]
 }
 
 /// The 330 frames the official decoder was recorded on (`scripts/make_fixtures.py`).
@@ -47,8 +70,8 @@ fn differences(a: &[f32], b: &[f32]) -> (usize, f32) {
 }
 
 /// Pushes `codes` in groups of the sizes `groups` cycles through.
-fn streamed(codes: &[Vec<u32>], groups: &[usize], prime: &[Vec<u32>]) -> Vec<f32> {
-    let mut s = StreamDecoder::new(codec().decoder());
+fn streamed(codec: &Codec, codes: &[Vec<u32>], groups: &[usize], prime: &[Vec<u32>]) -> Vec<f32> {
+    let mut s = StreamDecoder::new(codec.decoder());
     if !prime.is_empty() {
         s.prime(prime).unwrap();
     }
@@ -75,36 +98,54 @@ fn streamed(codes: &[Vec<u32>], groups: &[usize], prime: &[Vec<u32>]) -> Vec<f32
 fn streamed_decoding_equals_the_offline_decoder_across_the_chunk_boundary() {
     let codes = long_codes();
     assert_eq!(codes.len(), 330);
-    let offline = codec().decode(&codes).unwrap();
-    for groups in [
-        &[1][..],
-        &[2],
-        &[7],
-        &[300],
-        &[3, 1, 7],
-        &[64],
-        &[299, 2, 29],
-    ] {
-        let (count, err) = differences(&streamed(&codes, groups, &[]), &offline);
-        assert_eq!(
-            count, 0,
-            "groups {groups:?}: {count} streamed samples differ (by up to {err:.3e})"
-        );
+    for (stored, codec) in codecs() {
+        let offline = codec.decode(&codes).unwrap();
+        for groups in [
+            &[1][..],
+            &[2],
+            &[7],
+            &[300],
+            &[3, 1, 7],
+            &[64],
+            &[299, 2, 29],
+        ] {
+            let (count, err) = differences(&streamed(codec, &codes, groups, &[]), &offline);
+            assert_eq!(
+                count, 0,
+                "{stored} codec, groups {groups:?}: {count} streamed samples differ (by up to \
+                 {err:.3e})"
+            );
+        }
     }
+}
+
+#[test]
+fn the_two_stored_codecs_are_different_decoders() {
+    // Else the bf16-stored runs would prove nothing beyond the f32-stored ones.
+    let codes = long_codes();
+    let [(_, a), (_, b)] = codecs();
+    let (count, _) = differences(
+        &a.decode(&codes[..20]).unwrap(),
+        &b.decode(&codes[..20]).unwrap(),
+    );
+    assert!(count > 20 * 1920 / 2, "only {count} samples differ");
 }
 
 #[test]
 fn primed_reference_frames_equal_decoding_them_and_cutting_their_samples() {
     let codes = long_codes();
     let (reference, generated) = (&codes[..40], &codes[40..120]);
-    let whole = codec().decode(&codes[..120]).unwrap();
-    let want = &whole[40 * 1920..];
-    for groups in [&[1][..], &[5, 2]] {
-        let (count, err) = differences(&streamed(generated, groups, reference), want);
-        assert_eq!(
-            count, 0,
-            "primed, groups {groups:?}: {count} samples differ (by up to {err:.3e})"
-        );
+    for (stored, codec) in codecs() {
+        let whole = codec.decode(&codes[..120]).unwrap();
+        let want = &whole[40 * 1920..];
+        for groups in [&[1][..], &[5, 2]] {
+            let (count, err) = differences(&streamed(codec, generated, groups, reference), want);
+            assert_eq!(
+                count, 0,
+                "{stored} codec, primed, groups {groups:?}: {count} samples differ (by up to \
+                 {err:.3e})"
+            );
+        }
     }
 }
 
@@ -115,6 +156,12 @@ fn primed_reference_frames_equal_decoding_them_and_cutting_their_samples() {
 /// must be those of decoding it alone, to the bit, whoever shares its steps.
 #[test]
 fn streams_decoded_together_equal_each_stream_decoded_alone() {
+    for (stored, codec) in codecs() {
+        streams_together(stored, codec);
+    }
+}
+
+fn streams_together(stored: &str, codec: &Codec) {
     let codes = long_codes();
     // Four utterances: the recorded frames from four starting points, of four lengths.
     let utterances: Vec<Vec<Vec<u32>>> = (0..4)
@@ -134,9 +181,9 @@ fn streams_decoded_together_equal_each_stream_decoded_alone() {
         .enumerate()
         .map(|(i, u)| {
             if i == 2 {
-                streamed(u, &[1], reference)
+                streamed(codec, u, &[1], reference)
             } else {
-                codec().decode(u).unwrap()
+                codec.decode(u).unwrap()
             }
         })
         .collect();
@@ -152,7 +199,7 @@ fn streams_decoded_together_equal_each_stream_decoded_alone() {
         for (i, s) in streams.iter_mut().enumerate() {
             // Stream i joins at step 5·i.
             if s.is_none() && step == 5 * i {
-                let mut d = StreamDecoder::new(codec().decoder());
+                let mut d = StreamDecoder::new(codec.decoder());
                 if i == 2 {
                     d.prime(reference).unwrap();
                 }
@@ -190,13 +237,14 @@ fn streams_decoded_together_equal_each_stream_decoded_alone() {
     }
     assert!(
         shared_steps > 100,
-        "the streams shared only {shared_steps} steps"
+        "{stored} codec: the streams shared only {shared_steps} steps"
     );
     for (i, (got, want)) in out.iter().zip(&solo).enumerate() {
         let (count, err) = differences(got, want);
         assert_eq!(
             count, 0,
-            "stream {i}: {count} samples differ from its solo decode (by up to {err:.3e})"
+            "{stored} codec, stream {i}: {count} samples differ from its solo decode (by up \
+             to {err:.3e})"
         );
     }
 }

@@ -481,6 +481,75 @@ fn auto_keeps_an_f32_checkpoint_in_f32() {
     assert!(!auto_codes.is_empty());
 }
 
+/// `speak -o -` sends its first frame alone and then chunks that grow to
+/// `speak.stream_chunk_frames` (docs/serving.md §4.1), from the config file or
+/// `--stream-chunk-frames`; the samples are those of `speak -o FILE` whatever the chunks. In the
+/// `test-hooks` build each frame is slowed, so the decoder never falls behind and the chunks
+/// are exactly the rule's.
+#[test]
+fn speak_to_standard_output_sends_growing_chunks_of_the_same_samples() {
+    let ws = reference_workspace(
+        "[speak]\nmax_frames = 40\nmax_chunk_chars = 0\nstream_chunk_frames = 3\n",
+    );
+    let text = "A text long enough for forty frames of speech, if the model goes on that long.";
+    ok(&speak(ws.path(), &[text, "--seed", "11", "-o", "file.wav"]));
+    let want = wav_samples(&ws.path().join("file.wav"));
+    let frames = want.len() / 1920;
+    assert!(
+        frames >= 12,
+        "only {frames} frames: too few to tell chunkings apart"
+    );
+    let streamed = |flags: &[&str]| {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_voiceclone"))
+            .current_dir(ws.path())
+            .args(["speak", text, "--seed", "11", "-o", "-"])
+            .args(flags)
+            .env_remove("RUST_LOG")
+            .env("VOICECLONE_TEST_FRAME_DELAY_MS", "20")
+            .output()
+            .unwrap();
+        ok(&o);
+        let samples: Vec<i16> = o.stdout[44..]
+            .chunks_exact(2)
+            .map(|b| i16::from_le_bytes([b[0], b[1]]))
+            .collect();
+        let summary = stderr(&o);
+        let before = |word: &str| -> usize {
+            let end = summary
+                .find(word)
+                .unwrap_or_else(|| panic!("no {word:?}: {summary}"));
+            let digits = summary[..end].trim_end();
+            let start = digits.rfind(|c: char| !c.is_ascii_digit()).unwrap() + 1;
+            digits[start..].parse().unwrap()
+        };
+        assert_eq!(before(" frames"), frames, "{summary}");
+        (samples, before(" chunks"))
+    };
+    for (flags, most) in [(&[][..], 3), (&["--stream-chunk-frames", "1"][..], 1)] {
+        let (samples, chunks) = streamed(flags);
+        assert!(
+            samples == want,
+            "{flags:?}: the streamed samples are not the file's"
+        );
+        if cfg!(feature = "test-hooks") {
+            assert_eq!(
+                chunks,
+                common::audio_chunks_by_rule(frames, most),
+                "{flags:?}: {frames} frames"
+            );
+        } else {
+            assert!((1..=frames).contains(&chunks));
+        }
+    }
+    let o = speak(ws.path(), &[text, "-o", "-", "--stream-chunk-frames", "0"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("speak.stream_chunk_frames") && stderr(&o).contains("at least 1"),
+        "{}",
+        stderr(&o)
+    );
+}
+
 /// `speak -o -` writes a WAV to standard output as it is generated: the 44-byte header of a
 /// stream of unknown length, then exactly the samples `speak -o FILE` writes for the same seed —
 /// also for a split text (its pauses) and with the codes saved beside it. In the `test-hooks`

@@ -112,6 +112,7 @@ fn run_model_from(model: &str, dir: &std::path::Path, precision: Precision) {
             seed: 0,
             batch_size: texts.len(),
             max_chunk_chars: 0,
+            stream_chunk_frames: 1,
         };
         let requests: Vec<Request> = texts
             .iter()
