@@ -1,4 +1,4 @@
-//! Quality of the `q8` precision against `f32` on a model directory (issue 13, acceptance 2;
+//! Quality of the `q8` precision against `f32` on a model directory (its
 //! figures in the README and docs/performance.md §3):
 //!
 //! - per matrix: the relative error `‖y_q8 − y_f32‖ / ‖y_f32‖` of its product with random

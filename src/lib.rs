@@ -28,6 +28,9 @@
 //! - [`prep`]: the `prep` pipeline: sources, transcription (Whisper), segmentation, records.
 //! - [`progress`]: progress bars and warnings that do not garble each other.
 //! - [`rng`]: the one random generator (SplitMix64: data order, `speak --seed`).
+//! - [`serve`]: the OpenAI-compatible speech API: HTTP, continuous batching, streaming decode,
+//!   registered voices.
+//! - [`stop_signal`]: Ctrl-C / SIGTERM as a stop request that long work polls.
 //! - [`train`]: fine-tuning: data, batches, the objective's units, optimizer, checkpoints, the
 //!   single-device and the sharded trainer, export.
 //! - [`workspace`]: the directory shared by the chained subcommands; the one owner of its paths.
@@ -55,5 +58,6 @@ pub mod prep;
 pub mod progress;
 pub mod rng;
 pub mod serve;
+pub mod stop_signal;
 pub mod train;
 pub mod workspace;

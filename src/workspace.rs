@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
+use crate::artifacts::VoiceId;
 use crate::hub::ModelSource;
 
 /// File name of the per-workspace configuration.
@@ -136,13 +137,8 @@ impl Workspace {
         self.root.join("serve").join("voices")
     }
 
-    /// The file of registered voice `id`. Ids are made by the server
-    /// (`crate::serve::voices::is_voice_id`), never taken from a client: anything else is a bug.
-    pub fn serve_voice_file(&self, id: &str) -> PathBuf {
-        assert!(
-            crate::serve::voices::is_voice_id(id),
-            "not a voice id: {id:?}"
-        );
+    /// The file of registered voice `id` (its type guarantees a name safe in a path).
+    pub fn serve_voice_file(&self, id: &VoiceId) -> PathBuf {
         self.serve_voices_dir().join(format!("{id}.safetensors"))
     }
 
@@ -207,7 +203,7 @@ mod tests {
         );
         assert_eq!(ws.prep_record("ab"), root.join("data/prep/sources/ab.json"));
         assert_eq!(
-            ws.serve_voice_file("voice_0123456789abcdef0123"),
+            ws.serve_voice_file(&VoiceId::parse("voice_0123456789abcdef0123").unwrap()),
             root.join("serve/voices/voice_0123456789abcdef0123.safetensors")
         );
         assert_eq!(ws.relative(&ws.segment("x.wav")), "data/segments/x.wav");

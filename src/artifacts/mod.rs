@@ -1,13 +1,15 @@
 //! The files the pipeline steps exchange, one type and one reader/writer each
 //! (docs/architecture.md §4): manifest rows (`data/train.jsonl`), audio code frames
-//! (`audio_codes` in the manifest, `{"codes": …}` files), the speaker file (an x-vector), and
-//! the adapter directory of a LoRA export.
+//! (`audio_codes` in the manifest, `{"codes": …}` files), the speaker file (an x-vector), the
+//! adapter directory of a LoRA export, and the id of a voice registered with the server.
 //! Where each file lives is [`crate::workspace::Workspace`]'s business, not theirs.
 
 pub mod adapter;
 pub mod codes;
 pub mod manifest;
 pub mod speaker;
+pub mod voice_id;
 
 pub use codes::{CodeFrame, CODE_GROUPS};
 pub use manifest::{Manifest, ManifestLine, ManifestRow};
+pub use voice_id::VoiceId;

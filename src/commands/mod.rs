@@ -12,6 +12,7 @@ pub mod speakers;
 pub mod train;
 pub mod train_plan;
 pub mod train_ranks;
+pub mod train_setup;
 
 use anyhow::Result;
 

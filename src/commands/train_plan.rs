@@ -15,7 +15,7 @@ use crate::train::plan::choice::{self, Pinned};
 use crate::train::plan::shapes::TensorShape;
 use crate::train::plan::{self, shapes, Estimate, Modes, Setup};
 use crate::train::units::unit_of;
-use crate::train::{params, Backend, Storage};
+use crate::train::{trainable, Backend, Storage};
 use crate::workspace::Workspace;
 
 /// Audio frames per second (the 12 Hz tokenizer's 12.5).
@@ -49,7 +49,7 @@ impl Target {
             };
         }
         Target {
-            cuda: super::train::train_device().is_ok_and(|d| d.is_cuda()),
+            cuda: super::train_setup::train_device().is_ok_and(|d| d.is_cuda()),
             world: 1,
         }
     }
@@ -95,7 +95,7 @@ pub fn setup(ws: &Workspace, config: &Config, target: Target) -> Result<Setup> {
             (l.full, adapters)
         }
         None => (
-            params::select_trainable(named.iter().map(|(n, _)| *n), &config.train.freeze)?.0,
+            trainable::select_trainable(named.iter().map(|(n, _)| *n), &config.train.freeze)?.0,
             Vec::new(),
         ),
     };

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use candle_core::Device;
 
-use super::train::{finish, move_aside_if_fresh, prepare, print_resumed, print_start};
+use super::train_setup::{finish, move_aside_if_fresh, prepare, print_resumed, print_start};
 use crate::cli::TrainArgs;
 use crate::config::Config;
 use crate::dist::env::Launcher;
@@ -31,7 +31,7 @@ pub fn launch(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<()> {
              (or train on CPU ranks with --cpu-ranks {world})"
         );
     }
-    super::train::require_manifest(ws)?;
+    super::train_setup::require_manifest(ws)?;
     let _lock = train::lock::RunLock::acquire(&ws.train_lock())?;
     // One plan for every rank, made here before anything is loaded; the ranks get its choice
     // as flags (docs/training.md §6.9).
@@ -109,7 +109,7 @@ fn rank_main(ws: &Workspace, config: &Config, args: &TrainArgs, env: &RankEnv) -
     // Started by torchrun or Slurm, rank 0 does what our launcher does before the ranks start;
     // the other ranks wait for it in the rendezvous.
     let _lock = if !ours && env.rank == 0 {
-        super::train::require_manifest(ws)?;
+        super::train_setup::require_manifest(ws)?;
         let lock = train::lock::RunLock::acquire(&ws.train_lock())?;
         prepare(ws, config, args)?;
         move_aside_if_fresh(ws, args)?;
@@ -182,16 +182,16 @@ fn train_rank(
         coll.all_reduce_host(&[mine], ReduceOp::Sum)?[0] as u64
     );
     check_shared_filesystem(ws, coll.as_ref(), &tag)?;
-    let files = super::train::model_files(ws, config)?;
-    let prepared = super::train::Prepared {
+    let files = super::train_setup::model_files(ws, config)?;
+    let prepared = super::train_setup::Prepared {
         manifest: ws.manifest(),
-        speaker: super::train::speaker_source(ws)?,
+        speaker: super::train_setup::speaker_source(ws)?,
         model_spec: ws.model_source(&config.model.base)?.stable_spec(),
         files,
     };
     let backend = Backend::resolve(config.train.backend, device)?;
     let opts = prepared.options(ws, config, device.clone(), backend)?;
-    let fresh = super::train::fresh_start(args);
+    let fresh = super::train_setup::fresh_start(args);
     let mut trainer = ShardedTrainer::new(opts, coll.clone(), config.train.shard, tag, fresh)?;
     let state = trainer.state_bytes().total() as f64;
     let most = coll.all_reduce_host(&[state], ReduceOp::Max)?[0];
@@ -217,7 +217,7 @@ fn train_rank(
                 &trainer.dataset,
                 trainer.heldout(),
                 trainer.sampler.steps_per_epoch(config.train.grad_accum),
-                &super::train::placement(backend, device, &config.train),
+                &super::train_setup::placement(backend, device, &config.train),
             ),
         }
         println!(

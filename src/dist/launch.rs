@@ -272,7 +272,7 @@ fn is_stopped(pid: u32) -> bool {
 fn launch_once(spec: &LaunchSpec, attempt: usize) -> Result<Option<Failure>> {
     let reports = ReportDir::create()?;
     let rendezvous = rendezvous_listener()?;
-    crate::train::signal::install();
+    crate::stop_signal::install();
     let mut children: Vec<Option<Child>> = Vec::with_capacity(spec.world);
     for rank in 0..spec.world {
         match spawn_rank(spec, rank, &rendezvous, reports.path(), attempt) {
@@ -282,7 +282,7 @@ fn launch_once(spec: &LaunchSpec, attempt: usize) -> Result<Option<Failure>> {
                     let _ = c.kill();
                     let _ = c.wait();
                 }
-                crate::train::signal::restore();
+                crate::stop_signal::restore();
                 return Err(e);
             }
         }
@@ -295,7 +295,7 @@ fn launch_once(spec: &LaunchSpec, attempt: usize) -> Result<Option<Failure>> {
     let mut first_failure: Option<(usize, Instant)> = None;
     let mut forwarded = false;
     while statuses.iter().any(Option::is_none) {
-        if crate::train::signal::stop_requested() && !forwarded {
+        if crate::stop_signal::stop_requested() && !forwarded {
             forwarded = true;
             #[cfg(unix)]
             for c in children.iter().flatten() {
@@ -325,7 +325,7 @@ fn launch_once(spec: &LaunchSpec, attempt: usize) -> Result<Option<Failure>> {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    crate::train::signal::restore();
+    crate::stop_signal::restore();
     let Some((first, _)) = first_failure else {
         return Ok(None);
     };

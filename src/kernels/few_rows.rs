@@ -18,7 +18,7 @@
 
 use rayon::prelude::*;
 
-use super::gemm::{Acc, Par, K_BLOCK};
+use super::gemm_call::{Acc, Par, K_BLOCK};
 use super::mat::{MatMut, MatRef};
 use super::simd;
 

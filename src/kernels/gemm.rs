@@ -14,36 +14,18 @@
 
 use super::buf::{Init, Uninit};
 use super::few_rows;
+pub use super::gemm_call::{Acc, Par, K_BLOCK};
 use super::mat::{MatMut, MatRef};
 
-/// Whether a product may use several threads.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Par {
-    /// One thread: the caller parallelises (e.g. over row tiles).
-    Seq,
-    /// Every thread of the current rayon pool.
-    Rayon,
-}
-
-impl Par {
-    fn to_gemm(self) -> gemm::Parallelism {
-        match self {
-            Par::Seq => gemm::Parallelism::None,
-            Par::Rayon => match rayon::current_num_threads() {
-                0 | 1 => gemm::Parallelism::None,
-                n => gemm::Parallelism::Rayon(n),
-            },
-        }
+/// The `gemm` crate's name for `par`.
+fn parallelism(par: Par) -> gemm::Parallelism {
+    match par {
+        Par::Seq => gemm::Parallelism::None,
+        Par::Rayon => match rayon::current_num_threads() {
+            0 | 1 => gemm::Parallelism::None,
+            n => gemm::Parallelism::Rayon(n),
+        },
     }
-}
-
-/// What happens to the destination's previous values.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Acc {
-    /// `dst = β·lhs·rhs` (`dst` is not read).
-    Set,
-    /// `dst = dst + β·lhs·rhs`.
-    Add,
 }
 
 fn check_dims(m: usize, n: usize, lhs: &MatRef<'_>, rhs: &MatRef<'_>) -> usize {
@@ -77,10 +59,6 @@ pub fn gemm(mut dst: MatMut<'_>, lhs: MatRef<'_>, rhs: MatRef<'_>, acc: Acc, bet
     // shapes agree (checked above); `out` is borrowed mutably, so it aliases neither operand.
     unsafe { raw(out.as_mut_ptr(), rs, m, n, k, acc, lhs, rhs, beta, par) }
 }
-
-/// Terms per block of the inner dimension: each block is one FMA chain per element, whose sum is
-/// added to the destination in order. 512 is the `gemm` crate's own block for small outputs.
-pub const K_BLOCK: usize = 512;
 
 /// Outputs up to this many elements with both operands contiguous along `k` take the `gemm`
 /// crate's dot-product kernels (`gemm-common`'s horizontal path), whose sums are split over
@@ -248,7 +226,7 @@ unsafe fn crate_gemm(
             false,
             false,
             false,
-            par.to_gemm(),
+            parallelism(par),
         )
     }
 }

@@ -6,6 +6,7 @@
 //! | [`mat`] | bounds-checked matrix views with a lifetime (`MatRef`, `MatMut`) |
 //! | [`gemm`] | the one GEMM wrapper over them (the `gemm` crate), serial or on the rayon pool |
 //! | [`few_rows`] | its products of a few rows, the weights read once (same bits as the crate's) |
+//! | [`gemm_call`] | what a product asks for (threads, overwrite or add, the sums' blocks), for both |
 //! | [`buf`] | new output buffers written once, without a zero-filling pass, in parallel tiles |
 //! | [`simd`] | run-time choice of the AVX2 + FMA build of a loop |
 //! | [`math`] | the polynomial `exp` family every vectorised loop uses |
@@ -54,6 +55,7 @@ pub mod buf;
 pub mod conv;
 pub mod few_rows;
 pub mod gemm;
+pub mod gemm_call;
 pub mod grad;
 pub mod isa;
 pub mod libm;

@@ -1,6 +1,7 @@
 //! The Qwen3-TTS port (described in docs/model.md). Model code knows nothing of the CLI,
 //! the workspace or files beyond the model directory it is given.
 
+pub mod adapted_files;
 pub mod bf16_matmul;
 pub mod code_predictor;
 pub mod codec;

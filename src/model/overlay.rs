@@ -1,20 +1,15 @@
-//! A base model with an adapter directory put on it at load time (docs/training.md §13): the
-//! tensors `voiceclone export` would have written — each adapted matrix merged as
-//! `W + α/r·B·A` in f32, the modules saved whole replaced, each speaker's x-vector in its
-//! codec-embedding row — and the CustomVoice `config.json` entries of the speakers. The
-//! inference loaders read a tensor through [`WeightOverlay::apply`] and then keep it in the
-//! dtype the checkpoint stores it in: on a bf16-stored base (what the export stores, and what
-//! the released models store) speaking with the adapter beside its base model is speaking with
-//! the merged export, bit for bit and at the same speed.
+//! Changes to a checkpoint's tensors applied as they are read (docs/training.md §13): each
+//! adapted matrix merged as `W + α/r·B·A` in f32, modules saved whole replaced, rows set (a
+//! speaker's x-vector in its codec-embedding row). The inference loaders read a tensor through
+//! [`WeightOverlay::apply`] and then keep it in the dtype the checkpoint stores it in: on a
+//! bf16-stored base (what the export stores, and what the released models store) speaking with
+//! an adapter beside its base model is speaking with the merged export, bit for bit and at the
+//! same speed. Which files carry an overlay is [`super::adapted_files`]' business.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use candle_core::{Device, Tensor};
-
-use super::files::ModelFiles;
-use crate::artifacts::adapter::AdapterDir;
 
 /// The codec-embedding row of the first fine-tuned speaker; named speakers take the rows after
 /// it (docs/model.md §10.5).
@@ -56,6 +51,22 @@ impl WeightOverlay {
             .entry(name.to_string())
             .or_default()
             .push(Edit::Replace(values));
+    }
+
+    /// Tensor `name` plus `scale · b·a` (`a` `(r, in)`, `b` `(out, r)`, [`merge_low_rank`]).
+    pub fn add_low_rank(&mut self, name: &str, a: Tensor, b: Tensor, scale: f64) {
+        self.edits
+            .entry(name.to_string())
+            .or_default()
+            .push(Edit::LowRank { a, b, scale });
+    }
+
+    /// Rows of tensor `name` set to these values (row index, the row's values).
+    pub fn set_rows(&mut self, name: &str, rows: Vec<(usize, Vec<f32>)>) {
+        self.edits
+            .entry(name.to_string())
+            .or_default()
+            .push(Edit::Rows(rows));
     }
 
     /// Tensor `name` of `shape` after its edits, from its stored values `base` (f32).
@@ -113,112 +124,4 @@ pub fn merge_low_rank(w: &Tensor, a: &Tensor, b: &Tensor, scale: f64) -> Result<
         );
     }
     Ok((w.to_dtype(f32)? + delta)?)
-}
-
-impl ModelFiles {
-    /// These files with `adapter` put on them: a Base model becomes the CustomVoice model the
-    /// merged export of the same checkpoint is (its speakers in `spk_id`, rows 3000, 3001, …).
-    pub fn with_adapter(self, adapter: &AdapterDir) -> Result<Self> {
-        let what = format!("the adapter {}", adapter.dir.display());
-        let shape_of = |name: &str| -> Result<Vec<usize>> {
-            self.checkpoint
-                .tensor(name)
-                .map(|t| t.shape.clone())
-                .with_context(|| {
-                    format!(
-                        "{what} changes {name}, which {} does not have",
-                        self.source.describe()
-                    )
-                })
-        };
-        let mut overlay = WeightOverlay::default();
-        for (name, v) in &adapter.saved {
-            if shape_of(name)? != v.shape {
-                bail!(
-                    "{what}: {name} is {:?}, the model's {:?}",
-                    v.shape,
-                    shape_of(name)?
-                );
-            }
-            overlay.replace(name, v.data.clone());
-        }
-        for (name, f) in &adapter.factors {
-            let shape = shape_of(name)?;
-            if shape != [f.b.shape[0], f.a.shape[1]] {
-                bail!(
-                    "{what}: the factors of {name} make {:?}, the matrix is {shape:?}",
-                    [f.b.shape[0], f.a.shape[1]]
-                );
-            }
-            let t = |v: &crate::artifacts::adapter::Values| {
-                Tensor::from_vec(v.data.clone(), v.shape.as_slice(), &Device::Cpu)
-            };
-            overlay
-                .edits
-                .entry(name.clone())
-                .or_default()
-                .push(Edit::LowRank {
-                    a: t(&f.a)?,
-                    b: t(&f.b)?,
-                    scale: adapter.scale(),
-                });
-        }
-        self.as_custom_voice(overlay, &adapter.speakers, &what)
-    }
-
-    /// These files as the CustomVoice model an export makes of them (docs/training.md §10):
-    /// the tensors `overlay` changes, each of `speakers` (name, x-vector) in its codec-embedding
-    /// row (3000, 3001, … in order, rounded to bf16 as the export stores it) and in
-    /// `spk_id`. `what` names the source of the changes in errors.
-    pub fn as_custom_voice(
-        mut self,
-        mut overlay: WeightOverlay,
-        speakers: &[(String, Vec<f32>)],
-        what: &str,
-    ) -> Result<Self> {
-        if self.config.tts_model_type != "base" {
-            bail!(
-                "{what} goes on a Base model, but {} is a {} model",
-                self.source.describe(),
-                self.config.tts_model_type
-            );
-        }
-        let hidden = self.config.talker_config.hidden_size;
-        let vocab = self.config.talker_config.vocab_size;
-        if speakers.is_empty() || SPEAKER_ROW + speakers.len() > vocab {
-            bail!(
-                "{what} holds {} speakers; rows {SPEAKER_ROW}..{vocab} hold at most {}",
-                speakers.len(),
-                vocab.saturating_sub(SPEAKER_ROW)
-            );
-        }
-        let mut rows = Vec::new();
-        let tc = &mut self.config.talker_config;
-        for (i, (name, x)) in speakers.iter().enumerate() {
-            if x.len() != hidden {
-                bail!(
-                    "{what}: the x-vector of {name:?} has {} values, the model needs {hidden}",
-                    x.len()
-                );
-            }
-            let row = SPEAKER_ROW + i;
-            rows.push((
-                row,
-                x.iter()
-                    .map(|v| half::bf16::from_f32(*v).to_f32())
-                    .collect(),
-            ));
-            tc.spk_id.insert(name.clone(), row as u32);
-            tc.spk_is_dialect
-                .insert(name.clone(), serde_json::Value::Bool(false));
-        }
-        overlay
-            .edits
-            .entry(CODEC_EMBEDDING.to_string())
-            .or_default()
-            .push(Edit::Rows(rows));
-        self.config.tts_model_type = "custom_voice".into();
-        self.overlay = Some(Arc::new(overlay));
-        Ok(self)
-    }
 }

@@ -10,35 +10,17 @@ use std::sync::RwLock;
 
 use anyhow::{bail, ensure, Context, Result};
 
-use crate::artifacts::CodeFrame;
+use crate::artifacts::{CodeFrame, VoiceId};
 use crate::generate::Voice;
 use crate::workspace::Workspace;
 
 const XVECTOR: &str = "speaker_embedding";
 const REF_CODES: &str = "ref_codes";
-const PREFIX: &str = "voice_";
-const ID_HEX: usize = 20;
-
-/// Whether `s` has the form of a voice id this server makes.
-pub fn is_voice_id(s: &str) -> bool {
-    s.len() == PREFIX.len() + ID_HEX
-        && s.starts_with(PREFIX)
-        && s[PREFIX.len()..]
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-}
-
-fn new_id() -> String {
-    let a: u64 = rand::random();
-    let b: u64 = rand::random();
-    let hex = format!("{a:016x}{b:016x}");
-    format!("{PREFIX}{}", &hex[..ID_HEX])
-}
 
 /// One registered voice.
 #[derive(Debug, Clone)]
 pub struct Entry {
-    pub id: String,
+    pub id: VoiceId,
     pub name: String,
     /// The reference transcript (in-context cloning), if one was given.
     pub transcript: Option<String>,
@@ -71,7 +53,7 @@ impl Entry {
 
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::json!({
-            "id": self.id,
+            "id": self.id.as_str(),
             "object": "voice",
             "name": self.name,
             "mode": self.mode(),
@@ -117,7 +99,7 @@ impl Entry {
         Ok(safetensors::serialize(tensors, Some(meta))?)
     }
 
-    fn read(path: &Path, id: &str, dim: usize) -> Result<Entry> {
+    fn read(path: &Path, id: VoiceId, dim: usize) -> Result<Entry> {
         let bytes = std::fs::read(path)?;
         let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes)?;
         let st = safetensors::SafeTensors::deserialize(&bytes)?;
@@ -162,7 +144,7 @@ impl Entry {
             "it has reference codes without a transcript or the reverse"
         );
         Ok(Entry {
-            id: id.to_string(),
+            id,
             name: meta.get("name").cloned().unwrap_or_default(),
             transcript,
             created: meta
@@ -180,7 +162,7 @@ pub struct Registry {
     ws: Workspace,
     model: String,
     dim: usize,
-    entries: RwLock<BTreeMap<String, Entry>>,
+    entries: RwLock<BTreeMap<VoiceId, Entry>>,
 }
 
 impl Registry {
@@ -198,13 +180,13 @@ impl Registry {
                     .file_name()
                     .and_then(|n| n.to_str())
                     .and_then(|n| n.strip_suffix(".safetensors"))
-                    .filter(|id| is_voice_id(id))
+                    .and_then(VoiceId::parse)
                 else {
                     continue;
                 };
-                match Entry::read(&path, id, dim) {
+                match Entry::read(&path, id.clone(), dim) {
                     Ok(e) => {
-                        entries.insert(id.to_string(), e);
+                        entries.insert(id, e);
                     }
                     Err(e) => tracing::warn!("skipping voice {}: {e:#}", ws.display(&path)),
                 }
@@ -218,11 +200,13 @@ impl Registry {
         })
     }
 
+    /// The voice with id `id`; `None` also for a string that is no voice id.
     pub fn get(&self, id: &str) -> Option<Entry> {
+        let id = VoiceId::parse(id)?;
         self.entries
             .read()
             .unwrap_or_else(|e| e.into_inner())
-            .get(id)
+            .get(&id)
             .cloned()
     }
 
@@ -269,7 +253,7 @@ impl Registry {
             return Err(Full(limit).into());
         }
         let id = loop {
-            let id = new_id();
+            let id = VoiceId::random();
             if !entries.contains_key(&id) {
                 break id;
             }
@@ -291,8 +275,11 @@ impl Registry {
 
     /// Deletes a voice; false when there is none with that id.
     pub fn remove(&self, id: &str) -> Result<bool> {
+        let Some(id) = VoiceId::parse(id) else {
+            return Ok(false);
+        };
         let mut entries = self.entries.write().unwrap_or_else(|e| e.into_inner());
-        let Some(entry) = entries.get(id) else {
+        let Some(entry) = entries.get(&id) else {
             return Ok(false);
         };
         let path = self.ws.serve_voice_file(&entry.id);
@@ -301,7 +288,7 @@ impl Registry {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => bail!("cannot delete {}: {e}", self.ws.display(&path)),
         }
-        entries.remove(id);
+        entries.remove(&id);
         Ok(true)
     }
 }
@@ -358,18 +345,21 @@ mod tests {
                 8,
             )
             .unwrap();
-        assert!(is_voice_id(&a.id) && is_voice_id(&b.id) && a.id != b.id);
-        assert!(!is_voice_id("../etc/passwd") && !is_voice_id("voice_XYZ"));
+        assert_ne!(a.id, b.id);
+        assert!(reg.get("../etc/passwd").is_none() && !reg.remove("voice_XYZ").unwrap());
         let again = Registry::open(&ws, "m", 4).unwrap();
         assert_eq!(again.list().len(), 2);
-        assert_eq!(again.get(&a.id).unwrap().xvector, vec![1.0, 2.0, 3.0, 4.0]);
-        let got = again.get(&b.id).unwrap();
+        assert_eq!(
+            again.get(a.id.as_str()).unwrap().xvector,
+            vec![1.0, 2.0, 3.0, 4.0]
+        );
+        let got = again.get(b.id.as_str()).unwrap();
         assert_eq!(got.ref_codes.as_deref(), Some(&frames[..]));
         assert_eq!(got.mode(), "in-context");
         // Another model's width: skipped.
         assert_eq!(Registry::open(&ws, "m", 8).unwrap().list().len(), 0);
-        assert!(again.remove(&a.id).unwrap());
-        assert!(!again.remove(&a.id).unwrap());
+        assert!(again.remove(a.id.as_str()).unwrap());
+        assert!(!again.remove(a.id.as_str()).unwrap());
         assert!(!again.remove("voice_nonexistent").unwrap());
         assert_eq!(Registry::open(&ws, "m", 4).unwrap().list().len(), 1);
     }

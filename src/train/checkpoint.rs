@@ -31,34 +31,16 @@ use super::params::ParamStore;
 use super::sampler::Cursor;
 use super::stwrite::{self, Entry};
 
-pub const LATEST: &str = "latest";
-pub const INDEX: &str = "index.json";
+pub use super::checkpoint_layout::{
+    rank_file, speaker_file, speakers_file, step_dir_name, INDEX, LATEST,
+};
+
 pub const FORMAT: &str = "voiceclone-train-checkpoint";
 pub const VERSION: u32 = 1;
 /// Version of the batch layout (docs/model.md §10.2) and objective (docs/model.md §10.3); part
 /// of the identity of a run, stored in every checkpoint: the string itself must not change.
 /// doc-refs: allow-next-line
 pub const OBJECTIVE: &str = "qwen3-tts-12hz sft layout §10.2 + corrected objective §10.3, v1";
-
-/// The copy of the speaker file kept in every checkpoint of one unnamed speaker (what the
-/// export uses).
-pub fn speaker_file(dir: &Path) -> PathBuf {
-    dir.join("speaker.safetensors")
-}
-
-/// The x-vectors of a checkpoint of named speakers (docs/training.md §7.1): a speaker table
-/// file ([`crate::artifacts::speaker::read_table`]).
-pub fn speakers_file(dir: &Path) -> PathBuf {
-    dir.join("speakers.safetensors")
-}
-
-pub fn step_dir_name(step: usize) -> String {
-    format!("step-{step:07}")
-}
-
-pub fn rank_file(rank: usize) -> String {
-    format!("rank-{rank:05}.safetensors")
-}
 
 /// What makes two runs the same computation: a checkpoint is only resumed (or exported) when
 /// these agree. Learning rate, schedule, clipping, step limits and saving may change.

@@ -17,9 +17,10 @@ use super::metrics::{EvalMetrics, MetricsLog, StepMetrics};
 use super::sampler::Cursor;
 use super::samples::{self, SampleSetup};
 use super::selection::{self, Selection};
-use super::{checkpoint, signal, Outcome, TrainOptions};
+use super::{checkpoint, Outcome, TrainOptions};
 use crate::config::Select;
 use crate::progress::Progress;
+use crate::stop_signal as signal;
 
 /// What the loop drives.
 pub trait Engine: Send {

@@ -159,7 +159,7 @@ mod env {
             if self.pause_after == Some(step) {
                 eprintln!("test hook: paused after step {step}");
                 let until = Instant::now() + Duration::from_secs(600);
-                while !crate::train::signal::stop_requested() && Instant::now() < until {
+                while !crate::stop_signal::stop_requested() && Instant::now() < until {
                     std::thread::sleep(Duration::from_millis(20));
                 }
             }

@@ -9,7 +9,7 @@ use anyhow::{bail, Result};
 use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 
-use super::params::{Glob, TRAINABLE_PREFIX};
+use super::trainable::{Glob, TRAINABLE_PREFIX};
 use crate::config::TrainConfig;
 use crate::model::layers::{adapter_names, AdapterSpec};
 use crate::rng::SplitMix64;

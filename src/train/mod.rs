@@ -4,7 +4,7 @@
 //! layout.
 //!
 //! Modules, one job each: [`data`] (manifest → samples), [`sampler`] (epoch order, cursor),
-//! [`batch`] (layout), [`loss`] (objective), [`params`] and [`units`] (trained set), [`lora`]
+//! [`batch`] (layout), [`loss`] (objective), [`trainable`], [`params`] and [`units`] (trained set), [`lora`]
 //! (low-rank adapters),
 //! [`optim`] (AdamW, clipping, schedule), [`checkpoint`], [`metrics`], [`export`], the one
 //! training loop ([`driver`]) and what it drives: the single-device step here ([`Trainer`]) or
@@ -14,6 +14,7 @@ pub mod adapter_export;
 pub mod alloc;
 pub mod batch;
 pub mod checkpoint;
+pub mod checkpoint_layout;
 pub mod cpu_ops;
 pub mod data;
 pub mod driver;
@@ -36,12 +37,12 @@ pub mod samples;
 pub mod saved_state;
 pub mod selection;
 pub mod sharded;
-pub mod signal;
 pub mod sparse;
 pub mod stages;
 pub mod stwrite;
 #[cfg(test)]
 pub(crate) mod test_support;
+pub mod trainable;
 pub mod units;
 pub mod validation;
 
@@ -313,7 +314,7 @@ impl Trainer {
         let frozen = opts
             .files
             .load_weights(backend.storage_dtype(), &device, |n| {
-                n.starts_with(params::TRAINABLE_PREFIX) && !trained.contains(n)
+                n.starts_with(trainable::TRAINABLE_PREFIX) && !trained.contains(n)
             })
             .context("cannot load the base model")?;
         params.add_frozen(&frozen)?;

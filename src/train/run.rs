@@ -15,9 +15,9 @@ use super::data::{self, Dataset};
 use super::heldout::Split;
 use super::lora::Lora;
 use super::optim::{AdamW, Schedule};
-use super::params;
 use super::sampler::{Cursor, Sampler};
 use super::selection::Selection;
+use super::trainable;
 use super::units::unit_of;
 use super::{stwrite, TrainOptions};
 use crate::model::config::Qwen3TtsConfig;
@@ -78,7 +78,7 @@ impl RunSetup {
         let checkpoint = &opts.files.checkpoint;
         let mut names: Vec<&str> = checkpoint
             .tensor_names()
-            .filter(|n| n.starts_with(params::TRAINABLE_PREFIX))
+            .filter(|n| n.starts_with(trainable::TRAINABLE_PREFIX))
             .collect();
         names.sort();
         let with_shapes: Vec<(&str, &[usize])> = names
@@ -88,7 +88,7 @@ impl RunSetup {
         let lora = Lora::from_config(c, &with_shapes)?;
         let mut trained = match &lora {
             Some(l) => l.trained(),
-            None => params::select_trainable(names, &c.freeze)?.0,
+            None => trainable::select_trainable(names, &c.freeze)?.0,
         };
         let units = trained
             .iter()

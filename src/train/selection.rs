@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
-use super::checkpoint;
+use super::checkpoint_layout::{step_dir_name, INDEX};
 use crate::config::Select;
 
 /// The file in `checkpoints/` naming the chosen checkpoint (`step-NNNNNNN`).
@@ -93,7 +93,7 @@ impl Selection {
 
 /// Points `root/best` at checkpoint `step` (atomically).
 pub fn write_best(root: &Path, step: usize) -> Result<()> {
-    let name = checkpoint::step_dir_name(step);
+    let name = step_dir_name(step);
     crate::fsutil::write_atomic(&root.join(BEST), format!("{name}\n").as_bytes())
         .with_context(|| format!("cannot write {}", root.join(BEST).display()))
 }
@@ -108,11 +108,7 @@ pub fn point_best(
     newest: usize,
 ) -> Result<Option<String>> {
     let chosen = selection.chosen(select, newest);
-    let complete = |step| {
-        root.join(checkpoint::step_dir_name(step))
-            .join(checkpoint::INDEX)
-            .is_file()
-    };
+    let complete = |step| root.join(step_dir_name(step)).join(INDEX).is_file();
     if complete(chosen) {
         write_best(root, chosen)?;
         return Ok(None);
@@ -121,10 +117,10 @@ pub fn point_best(
     Ok(Some(format!(
         "{}, {}, is no longer in {}; {} now names the newest, {}",
         Selection::describe(select),
-        checkpoint::step_dir_name(chosen),
+        step_dir_name(chosen),
         root.display(),
         BEST,
-        checkpoint::step_dir_name(newest)
+        step_dir_name(newest)
     )))
 }
 
@@ -139,7 +135,7 @@ pub fn find_best(root: &Path) -> Result<Option<PathBuf>> {
         }
     };
     let dir = root.join(text.trim());
-    Ok(dir.join(checkpoint::INDEX).is_file().then_some(dir))
+    Ok(dir.join(INDEX).is_file().then_some(dir))
 }
 
 /// The checkpoint name `root/best` holds (whether or not it is complete), so that pruning
@@ -203,7 +199,7 @@ mod tests {
         assert_eq!(find_best(dir.path()).unwrap(), None, "no such checkpoint");
         let ckpt = dir.path().join("step-0000007");
         std::fs::create_dir(&ckpt).unwrap();
-        std::fs::write(ckpt.join(checkpoint::INDEX), "{}").unwrap();
+        std::fs::write(ckpt.join(INDEX), "{}").unwrap();
         assert_eq!(find_best(dir.path()).unwrap(), Some(ckpt));
     }
 }

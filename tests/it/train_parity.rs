@@ -1,4 +1,4 @@
-//! Issue 6, acceptance 1: the corrected objective (docs/model.md §10.3) on the fixture batch of
+//! The corrected objective (docs/model.md §10.3) on the fixture batch of
 //! `scripts/make_train_refs.py` (official modules, float32) — the batch layout exactly, the
 //! input embeddings and hidden states, L / L_talker / L_sub within 1e-5 relative, the global
 //! gradient norm within 1e-4 relative, per-parameter gradients, and (when recorded) a short

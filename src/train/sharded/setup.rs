@@ -21,9 +21,10 @@ use crate::train::batch::LayoutIds;
 use crate::train::checkpoint::{self, RowReader};
 use crate::train::lora::Lora;
 use crate::train::optim::{AdamState, AdamW};
-use crate::train::params::{self, Param};
+use crate::train::params::Param;
 use crate::train::run::{self, RunSetup};
 use crate::train::saved_state;
+use crate::train::trainable;
 use crate::train::units::{unit_of, Unit};
 use crate::train::{Backend, TrainOptions, TEXT_EMBEDDING};
 
@@ -261,13 +262,13 @@ fn load_frozen(
         storage,
         &opts.device,
         |name, shape| {
-            (name.starts_with(params::TRAINABLE_PREFIX) && !trained.contains(name))
+            (name.starts_with(trainable::TRAINABLE_PREFIX) && !trained.contains(name))
                 .then(|| 0..shape.first().copied().unwrap_or(1))
         },
     )
     .context("cannot load the frozen tensors of the base model")?;
     weights
-        .names_with_prefix(params::TRAINABLE_PREFIX)
+        .names_with_prefix(trainable::TRAINABLE_PREFIX)
         .into_iter()
         .map(|n| {
             let t = weights.get_any(&n)?;
