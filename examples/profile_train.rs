@@ -36,7 +36,7 @@ fn main() -> anyhow::Result<()> {
         .expect("usage: profile_train MODEL_DIR [frames] [talker_len]");
     let frames: usize = args.next().map_or(Ok(230), |a| a.parse())?;
     let len: usize = args.next().map_or(Ok(170), |a| a.parse())?;
-    voiceclone::train::alloc::keep_freed_memory();
+    voiceclone::kernels::alloc::keep_freed_memory();
     let dev = Device::Cpu;
     let files = ModelFiles::resolve(&ModelSource::Local(dir.into()))?;
     let weights = files.load_weights(DType::F32, &dev, |n| n.starts_with("talker."))?;

@@ -14,7 +14,7 @@
 use anyhow::Result;
 use voiceclone::hub::ModelSource;
 use voiceclone::model::files::ModelFiles;
-use voiceclone::model::infer::Talker;
+use voiceclone::model::infer::CpuTalker;
 use voiceclone::model::linear::{Input, WeightFormat};
 use voiceclone::model::weights::MappedWeights;
 
@@ -46,9 +46,9 @@ fn main() -> Result<()> {
     let steps: usize = std::env::args().nth(2).map_or(Ok(500), |s| s.parse())?;
     let files = ModelFiles::resolve(&ModelSource::Local(dir.clone().into()))?;
     let mapped = MappedWeights::open(&files.checkpoint.shards)?;
-    let f32m = Talker::load(&mapped, &files.config, WeightFormat::F32)?;
+    let f32m = CpuTalker::load(&mapped, &files.config, WeightFormat::F32)?;
     let t = std::time::Instant::now();
-    let q8m = Talker::load(&mapped, &files.config, WeightFormat::Q8)?;
+    let q8m = CpuTalker::load(&mapped, &files.config, WeightFormat::Q8)?;
     eprintln!("q8 load + quantize {:.2} s", t.elapsed().as_secs_f64());
     let cfg = &files.config.talker_config;
     let eos = cfg.codec_eos_token_id as usize;

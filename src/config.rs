@@ -378,7 +378,7 @@ pub struct SpeakConfig {
     pub batch_size: usize,
     pub max_chunk_chars: usize,
     pub stream_chunk_frames: usize,
-    pub precision: Precision,
+    pub precision: PrecisionSetting,
 }
 
 /// `[serve]`: the HTTP speech API (docs/serving.md). Synthesis defaults come from `[speak]`.
@@ -420,10 +420,11 @@ pub fn is_voice_name(name: &str) -> bool {
             .all(|c| c.is_alphanumeric() || matches!(c, '-' | '_' | '.'))
 }
 
-/// `speak.precision`: the number format of inference.
+/// `speak.precision`: the number format of inference as asked for (`auto` or a format), which
+/// `speak` and `serve` resolve into a [`crate::generate::Precision`].
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
-pub enum Precision {
+pub enum PrecisionSetting {
     /// Never below what the checkpoint stores: on a CPU bf16-weights for a bf16 checkpoint,
     /// f32 for an f32 one; bf16 on a GPU.
     Auto,
@@ -434,7 +435,7 @@ pub enum Precision {
     Q8,
 }
 
-impl Precision {
+impl PrecisionSetting {
     pub const NAMES: &'static [&'static str] = &["auto", "f32", "bf16-weights", "bf16", "q8"];
 }
 
@@ -455,7 +456,7 @@ impl NonStreaming {
 /// Keys whose string values name one of a fixed set (checked in every layer, so a typo is an
 /// error naming the key, where it was set and the allowed values).
 const CHOICES: &[(&str, &[&str])] = &[
-    ("speak.precision", Precision::NAMES),
+    ("speak.precision", PrecisionSetting::NAMES),
     ("speak.non_streaming", NonStreaming::NAMES),
     ("train.shard", Shard::NAMES),
     ("train.select", Select::NAMES),
@@ -1145,7 +1146,7 @@ mod tests {
             "a.toml",
         )])
         .unwrap();
-        assert_eq!(r.config.speak.precision, Precision::Bf16Weights);
+        assert_eq!(r.config.speak.precision, PrecisionSetting::Bf16Weights);
         assert_eq!(r.config.speak.non_streaming, NonStreaming::False);
         let err = resolve_layers(vec![layer("[speak]\nprecision = \"bf17\"", "a.toml")])
             .unwrap_err()
@@ -1177,14 +1178,14 @@ mod tests {
             }
         }
         let all = [
-            Precision::Auto,
-            Precision::F32,
-            Precision::Bf16Weights,
-            Precision::Bf16,
-            Precision::Q8,
+            PrecisionSetting::Auto,
+            PrecisionSetting::F32,
+            PrecisionSetting::Bf16Weights,
+            PrecisionSetting::Bf16,
+            PrecisionSetting::Q8,
         ];
-        assert_eq!(all.len(), Precision::NAMES.len());
-        for (p, name) in all.iter().zip(Precision::NAMES) {
+        assert_eq!(all.len(), PrecisionSetting::NAMES.len());
+        for (p, name) in all.iter().zip(PrecisionSetting::NAMES) {
             assert_eq!(toml::Value::try_from(p).unwrap().as_str(), Some(*name));
         }
         let modes = [EmbedMode::Ref, EmbedMode::Mean];

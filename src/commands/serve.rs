@@ -15,7 +15,7 @@ use crate::config::{self, Config};
 use crate::generate::{Precision, Synthesizer};
 use crate::hub::ModelSource;
 use crate::model::files::ModelFiles;
-use crate::serve::{self, voices::Registry, AdapterVoice, ServeOptions, State};
+use crate::serve::{self, voices::Registry, AdapterVoice, ServeOptions, ServerState};
 use crate::workspace::Workspace;
 
 pub fn run(ws: &Workspace, config: &Config) -> Result<()> {
@@ -42,7 +42,7 @@ pub fn run(ws: &Workspace, config: &Config) -> Result<()> {
     // The server runs the talker on the CPU inference path (continuous batching with per-row
     // caches, docs/serving.md §3).
     let stored = Precision::stored(&files);
-    use config::Precision as P;
+    use config::PrecisionSetting as P;
     let (precision, why) = match config.speak.precision {
         P::Auto => (
             Precision::auto(stored, false),
@@ -127,7 +127,7 @@ pub fn run(ws: &Workspace, config: &Config) -> Result<()> {
         v
     };
     let auth = opts.api_key.is_some();
-    let state = State::new(synth, opts, voices, default_voice, adapter_voices)?;
+    let state = ServerState::new(synth, opts, voices, default_voice, adapter_voices)?;
     serve::run(state, |addr| {
         println!(
             "voiceclone serve: listening on http://{addr} (voices: {}; {})",

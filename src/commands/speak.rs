@@ -289,10 +289,10 @@ pub(crate) fn check_adapter_base(adapter: &AdapterDir, files: &ModelFiles) -> Re
 /// ([`Precision::auto`]): bf16 on a GPU; on a CPU bf16-weights for bf16-stored matrices and f32
 /// otherwise. `q8` runs on the CPU (a GPU present is not used for it).
 pub(crate) fn compute_device(
-    precision: config::Precision,
+    precision: config::PrecisionSetting,
     files: &ModelFiles,
 ) -> Result<(Device, Precision, String)> {
-    use config::Precision as P;
+    use config::PrecisionSetting as P;
     let device = match precision {
         P::Q8 => Device::Cpu,
         _ => Device::cuda_if_available(0)?,

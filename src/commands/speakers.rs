@@ -17,7 +17,7 @@ use crate::workspace::Workspace;
 
 /// One speaker's row of the report.
 #[derive(Debug, Default)]
-struct Entry {
+struct SpeakerRow {
     /// `None`: the one unnamed speaker.
     name: Option<String>,
     utterances: usize,
@@ -49,7 +49,7 @@ pub fn run(ws: &Workspace, config: &Config, args: &SpeakersArgs) -> Result<()> {
     Ok(())
 }
 
-fn collect(ws: &Workspace, config: &Config) -> Result<Vec<Entry>> {
+fn collect(ws: &Workspace, config: &Config) -> Result<Vec<SpeakerRow>> {
     let manifest = ws.manifest();
     let rows = if manifest.is_file() {
         Some(Manifest::read(&manifest)?)
@@ -58,14 +58,14 @@ fn collect(ws: &Workspace, config: &Config) -> Result<Vec<Entry>> {
     };
     let named = rows.as_ref().map(Manifest::speakers).unwrap_or_default();
     let model = model_speakers(&ws.model_dir());
-    let mut entries: Vec<Entry> = Vec::new();
+    let mut entries: Vec<SpeakerRow> = Vec::new();
     if named.is_empty() {
         let ref_wav = ws.ref_wav();
         let x = ws.speaker_file();
         if rows.is_none() && !ref_wav.is_file() && !x.is_file() && model.is_empty() {
             return Ok(entries);
         }
-        let mut e = Entry {
+        let mut e = SpeakerRow {
             name: None,
             in_manifest: rows.is_some(),
             ref_clip: ref_wav.is_file().then_some(ref_wav),
@@ -87,9 +87,9 @@ fn collect(ws: &Workspace, config: &Config) -> Result<Vec<Entry>> {
         entries.push(e);
         return Ok(entries);
     }
-    let mut by_key: BTreeMap<String, Entry> = BTreeMap::new();
+    let mut by_key: BTreeMap<String, SpeakerRow> = BTreeMap::new();
     for name in &named {
-        let mut e = Entry {
+        let mut e = SpeakerRow {
             name: Some(name.clone()),
             in_manifest: true,
             ..Default::default()
@@ -106,7 +106,7 @@ fn collect(ws: &Workspace, config: &Config) -> Result<Vec<Entry>> {
         for f in dir.flatten() {
             let file = f.file_name().to_string_lossy().into_owned();
             if let Some(name) = file.strip_suffix(".safetensors") {
-                by_key.entry(name_key(name)).or_insert_with(|| Entry {
+                by_key.entry(name_key(name)).or_insert_with(|| SpeakerRow {
                     name: Some(name.to_string()),
                     ..Default::default()
                 });
@@ -114,7 +114,7 @@ fn collect(ws: &Workspace, config: &Config) -> Result<Vec<Entry>> {
         }
     }
     for name in model.keys() {
-        by_key.entry(name.clone()).or_insert_with(|| Entry {
+        by_key.entry(name.clone()).or_insert_with(|| SpeakerRow {
             name: Some(name.clone()),
             ..Default::default()
         });
@@ -130,7 +130,7 @@ fn collect(ws: &Workspace, config: &Config) -> Result<Vec<Entry>> {
     Ok(entries)
 }
 
-fn count(e: &mut Entry, r: &crate::artifacts::ManifestRow) {
+fn count(e: &mut SpeakerRow, r: &crate::artifacts::ManifestRow) {
     e.utterances += 1;
     e.seconds += r.duration.unwrap_or(0.0);
     if r.frames().is_some() {
@@ -138,7 +138,7 @@ fn count(e: &mut Entry, r: &crate::artifacts::ManifestRow) {
     }
 }
 
-fn set_x_vector(e: &mut Entry, path: PathBuf) {
+fn set_x_vector(e: &mut SpeakerRow, path: PathBuf) {
     if !path.is_file() {
         return;
     }
@@ -170,7 +170,7 @@ fn model_speakers(dir: &Path) -> BTreeMap<String, u64> {
         .unwrap_or_default()
 }
 
-fn to_json(ws: &Workspace, e: &Entry) -> Value {
+fn to_json(ws: &Workspace, e: &SpeakerRow) -> Value {
     let path = |p: &Option<PathBuf>| p.as_ref().map(|p| ws.relative(p));
     json!({
         "speaker": e.name,
@@ -185,7 +185,7 @@ fn to_json(ws: &Workspace, e: &Entry) -> Value {
     })
 }
 
-fn render(ws: &Workspace, entries: &[Entry]) -> String {
+fn render(ws: &Workspace, entries: &[SpeakerRow]) -> String {
     let header = [
         "speaker",
         "utterances",

@@ -118,7 +118,7 @@ pub fn require_manifest(ws: &Workspace) -> Result<()> {
 pub fn prepare(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<Prepared> {
     require_manifest(ws)?;
     let manifest = ws.manifest();
-    train::alloc::keep_freed_memory();
+    crate::kernels::alloc::keep_freed_memory();
     let named = embed::workspace_speakers(ws)?;
     if args.speaker_name.is_some() && !named.is_empty() {
         bail!(

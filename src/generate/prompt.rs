@@ -12,7 +12,7 @@ use crate::model::text::{AssistantPrompt, RefPrompt};
 
 /// What the prompt builder needs of a talker: its embeddings (docs/model.md §3.3, §5.4), as
 /// tensors on its device. Implemented by the candle talker and by the CPU inference talker
-/// ([`crate::model::infer::Talker`]).
+/// ([`crate::model::infer::CpuTalker`]).
 pub trait Embed {
     /// `text_projection(text_embedding(ids))` `(n, H)`.
     fn text_embed(&self, ids: &[u32]) -> Result<Tensor>;
@@ -47,15 +47,15 @@ impl Embed for Talker {
     }
 }
 
-impl Embed for crate::model::infer::Talker {
+impl Embed for crate::model::infer::CpuTalker {
     fn text_embed(&self, ids: &[u32]) -> Result<Tensor> {
         let h = self.hidden_size();
-        let v = crate::model::infer::Talker::text_embed(self, ids)?;
+        let v = crate::model::infer::CpuTalker::text_embed(self, ids)?;
         Ok(Tensor::from_vec(v, (ids.len(), h), &Device::Cpu)?)
     }
     fn codec_embed(&self, ids: &[u32]) -> Result<Tensor> {
         let h = self.hidden_size();
-        let v = crate::model::infer::Talker::codec_embed(self, ids)?;
+        let v = crate::model::infer::CpuTalker::codec_embed(self, ids)?;
         Ok(Tensor::from_vec(v, (ids.len(), h), &Device::Cpu)?)
     }
     fn frame_embed(&self, codes: &Tensor) -> Result<Tensor> {
@@ -67,7 +67,7 @@ impl Embed for crate::model::infer::Talker {
                     .map_err(|_| anyhow::anyhow!("a frame has {} codes, expected 16", r.len()))
             })
             .collect::<Result<Vec<_>>>()?;
-        let v = crate::model::infer::Talker::frame_embed(self, &frames)?;
+        let v = crate::model::infer::CpuTalker::frame_embed(self, &frames)?;
         Ok(Tensor::from_vec(
             v,
             (frames.len(), self.hidden_size()),

@@ -6,7 +6,7 @@
 //! A row gives exactly the frames [`super::talker_loop::generate`] gives it alone (`b = 1`):
 //! the same prefill, the same processors and draws from its own stream in the same order, and
 //! per-row arithmetic that does not depend on the other rows (`Decoder::step_rows`). Runs on
-//! the CPU inference path ([`infer::Talker`]).
+//! the CPU inference path ([`infer::CpuTalker`]).
 
 use std::collections::BTreeSet;
 
@@ -38,7 +38,7 @@ pub struct Row {
 
 /// What one [`step`] did for a row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub enum StepOutcome {
     /// A frame; the row goes on.
     Frame(CodeFrame),
     /// A frame, and the frame limit ends the row.
@@ -49,9 +49,9 @@ pub enum Outcome {
 
 impl Row {
     /// Prefills `prompt` alone (as `talker_loop::generate` does for one row), computing with
-    /// `adapter` (put on `talker` with `infer::Talker::add_adapter`) when one is given.
+    /// `adapter` (put on `talker` with `infer::CpuTalker::add_adapter`) when one is given.
     pub fn start(
-        talker: &infer::Talker,
+        talker: &infer::CpuTalker,
         prompt: &TalkerPrompt,
         pad: &candle_core::Tensor,
         opts: LoopOptions,
@@ -112,7 +112,7 @@ pub struct Stepper {
 }
 
 impl Stepper {
-    pub fn new(talker: &infer::Talker) -> Self {
+    pub fn new(talker: &infer::CpuTalker) -> Self {
         Stepper {
             cp_cache: talker.code_predictor.new_cache(),
         }
@@ -120,8 +120,12 @@ impl Stepper {
 
     /// One frame for every row (docs/model.md §7): code 0 from each row's last hidden state,
     /// codebooks 1–15 for the rows that did not stop, then the frames fed back for those that
-    /// go on. Rows that end ([`Outcome::Last`], [`Outcome::Eos`]) must not be stepped again.
-    pub fn step(&mut self, talker: &infer::Talker, rows: &mut [&mut Row]) -> Result<Vec<Outcome>> {
+    /// go on. Rows that end ([`StepOutcome::Last`], [`StepOutcome::Eos`]) must not be stepped again.
+    pub fn step(
+        &mut self,
+        talker: &infer::CpuTalker,
+        rows: &mut [&mut Row],
+    ) -> Result<Vec<StepOutcome>> {
         let n = rows.len();
         if n == 0 {
             return Ok(Vec::new());
@@ -133,7 +137,7 @@ impl Stepper {
         }
         let logits = talker.codec_logits(&last, n);
         let v = logits.len() / n;
-        let mut outcome: Vec<Option<Outcome>> = vec![None; n];
+        let mut outcome: Vec<Option<StepOutcome>> = vec![None; n];
         let mut c0 = Vec::with_capacity(n);
         let mut running = Vec::with_capacity(n);
         for (i, r) in rows.iter_mut().enumerate() {
@@ -142,7 +146,7 @@ impl Stepper {
             p.apply(&mut scores, &r.history, r.step);
             let id = r.opts.code0.pick(&mut scores, &mut r.rng);
             if id == p.eos {
-                outcome[i] = Some(Outcome::Eos(r.step));
+                outcome[i] = Some(StepOutcome::Eos(r.step));
             } else {
                 r.history.insert(id);
                 c0.push(id);
@@ -190,9 +194,9 @@ impl Stepper {
             let row = &mut rows[i];
             row.step += 1;
             if row.step >= row.opts.max_frames {
-                outcome[i] = Some(Outcome::Last(CodeFrame(frame)));
+                outcome[i] = Some(StepOutcome::Last(CodeFrame(frame)));
             } else {
-                outcome[i] = Some(Outcome::Frame(CodeFrame(frame)));
+                outcome[i] = Some(StepOutcome::Frame(CodeFrame(frame)));
                 feed_rows.push(i);
                 feed_frames.push(frame);
             }

@@ -14,7 +14,7 @@ use std::sync::mpsc::TryRecvError;
 use anyhow::{Context, Result};
 
 use super::audio_chunks::AudioChunks;
-use super::rows::{Outcome, Row, Stepper};
+use super::rows::{Row, StepOutcome, Stepper};
 use super::sampling::RowRng;
 use super::synthesizer::{DecodeOptions, Request, Synthesizer};
 use crate::artifacts::CodeFrame;
@@ -170,9 +170,9 @@ impl Synthesizer {
                     loop {
                         let outcome = stepper.step(talker, &mut [&mut row])?[0];
                         let (frame, end) = match outcome {
-                            Outcome::Frame(f) => (Some(f), None),
-                            Outcome::Last(f) => (Some(f), Some(None)),
-                            Outcome::Eos(step) => (None, Some(Some(step))),
+                            StepOutcome::Frame(f) => (Some(f), None),
+                            StepOutcome::Last(f) => (Some(f), Some(None)),
+                            StepOutcome::Eos(step) => (None, Some(Some(step))),
                         };
                         if let Some(f) = frame {
                             out.frames.push(f);

@@ -238,8 +238,8 @@ fn is_matrix(name: &str) -> bool {
 enum Backend {
     /// The candle modules (CUDA, and `bf16` on a CPU).
     Candle(Box<Talker>),
-    /// The CPU inference path ([`infer::Talker`]).
-    Cpu(Box<infer::Talker>),
+    /// The CPU inference path ([`infer::CpuTalker`]).
+    Cpu(Box<infer::CpuTalker>),
 }
 
 /// Pause inserted between the chunks of a split text (seconds).
@@ -270,7 +270,7 @@ impl Synthesizer {
             Some(format) => {
                 let mapped = MappedWeights::open(&files.checkpoint.shards)?
                     .with_overlay(files.overlay.clone());
-                let talker = infer::Talker::load(&mapped, &files.config, format)
+                let talker = infer::CpuTalker::load(&mapped, &files.config, format)
                     .with_context(|| format!("cannot build the talker of {}", source.describe()))?;
                 Backend::Cpu(Box::new(talker))
             }
@@ -360,7 +360,7 @@ impl Synthesizer {
     }
 
     /// The CPU inference talker, when that path runs.
-    pub fn cpu_talker(&self) -> Option<&infer::Talker> {
+    pub fn cpu_talker(&self) -> Option<&infer::CpuTalker> {
         match &self.backend {
             Backend::Cpu(t) => Some(t),
             Backend::Candle(_) => None,

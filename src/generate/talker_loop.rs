@@ -39,10 +39,10 @@ pub trait StepObserver: FnMut(usize) {}
 impl<F: FnMut(usize)> StepObserver for F {}
 
 /// Picks one code per batch row from f32 logits rows, for codebook `j` (1..=15).
-pub type SubCodePick<'a> = crate::model::infer::SubCodePick<'a>;
+pub use crate::model::infer::SubCodePick;
 
 /// A talker with its code predictor as the frame loop drives it: the candle modules
-/// ([`Talker`], CUDA and `bf16`) or the CPU inference path ([`infer::Talker`]).
+/// ([`Talker`], CUDA and `bf16`) or the CPU inference path ([`infer::CpuTalker`]).
 pub trait FrameModel {
     /// Caches and the last hidden state of a running batch.
     type State;
@@ -135,7 +135,7 @@ pub struct CpuState {
     rows: usize,
 }
 
-impl FrameModel for infer::Talker {
+impl FrameModel for infer::CpuTalker {
     type State = CpuState;
 
     fn num_code_groups(&self) -> usize {

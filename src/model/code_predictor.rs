@@ -6,7 +6,7 @@ use candle_core::{DType, Result, Tensor, D};
 
 use super::config::Qwen3TtsConfig;
 use super::grad_kernels;
-use super::layers::{Decoder, DecoderCache, DecoderConfig, TensorSource};
+use super::layers::{DecoderCache, DecoderStack, DecoderStackConfig, TensorSource};
 use super::ops::{embedding, linear, Numerics};
 
 /// Checkpoint prefix of the code predictor.
@@ -25,7 +25,7 @@ pub fn greedy(_codebook: usize, logits: &Tensor) -> Result<Tensor> {
 
 #[derive(Debug, Clone)]
 pub struct CodePredictor {
-    pub decoder: Decoder,
+    pub decoder: DecoderStack,
     /// `model.codec_embedding.{i}` for codebook i+1 (i = 0..G-2), `(vocab, talker_hidden)`.
     pub codec_embedding: Vec<Tensor>,
     /// `lm_head.{j}` predicting codebook j+1, `(vocab, hidden)`.
@@ -60,10 +60,10 @@ impl CodePredictor {
             bail!("code_predictor_config.num_code_groups must be at least 2");
         }
         let n = c.num_code_groups - 1;
-        let decoder = Decoder::load(
+        let decoder = DecoderStack::load(
             src,
             &format!("{PREFIX}.model"),
-            DecoderConfig::code_predictor(c)?,
+            DecoderStackConfig::code_predictor(c)?,
             numerics,
         )?;
         let codec_embedding = (0..if with_embeddings { n } else { 0 })

@@ -17,15 +17,15 @@ use crate::artifacts::adapter::Factors;
 use crate::kernels::{libm, team};
 
 use super::config::Qwen3TtsConfig;
-use super::layers::DecoderConfig;
+use super::layers::DecoderStackConfig;
 use super::linear::{Input, LinearWeight, Table, WeightFormat};
 use super::weights::MappedWeights;
 
 mod adapters;
 mod rows;
 
+use adapters::AdaptedProjection;
 pub use adapters::AdapterId;
-use adapters::Projection;
 
 /// One decoder layer's weights.
 struct Layer {
@@ -33,13 +33,13 @@ struct Layer {
     post_norm: Vec<f32>,
     q_norm: Vec<f32>,
     k_norm: Vec<f32>,
-    q: Projection,
-    k: Projection,
-    v: Projection,
-    o: Projection,
-    gate: Projection,
-    up: Projection,
-    down: Projection,
+    q: AdaptedProjection,
+    k: AdaptedProjection,
+    v: AdaptedProjection,
+    o: AdaptedProjection,
+    gate: AdaptedProjection,
+    up: AdaptedProjection,
+    down: AdaptedProjection,
 }
 
 /// The projections of a layer, named as in the checkpoint after `layers.N.`, in the order
@@ -56,14 +56,14 @@ const PROJECTIONS: [&str; 7] = [
 
 impl Layer {
     /// The projections with their names ([`PROJECTIONS`]).
-    fn projections(&self) -> impl Iterator<Item = (&'static str, &Projection)> {
+    fn projections(&self) -> impl Iterator<Item = (&'static str, &AdaptedProjection)> {
         let all = [
             &self.q, &self.k, &self.v, &self.o, &self.gate, &self.up, &self.down,
         ];
         PROJECTIONS.into_iter().zip(all)
     }
 
-    fn projections_mut(&mut self) -> impl Iterator<Item = (&'static str, &mut Projection)> {
+    fn projections_mut(&mut self) -> impl Iterator<Item = (&'static str, &mut AdaptedProjection)> {
         let all = [
             &mut self.q,
             &mut self.k,
@@ -78,10 +78,10 @@ impl Layer {
 }
 
 /// A Qwen3 decoder stack (layers, final norm, RoPE frequencies).
-pub struct Decoder {
+pub struct CpuDecoderStack {
     layers: Vec<Layer>,
     norm: Vec<f32>,
-    cfg: DecoderConfig,
+    cfg: DecoderStackConfig,
     inv_freq: Vec<f32>,
 }
 
@@ -169,12 +169,12 @@ impl Cache {
     }
 }
 
-impl Decoder {
+impl CpuDecoderStack {
     /// Loads `{prefix}.layers.N.*` and `{prefix}.norm.weight`.
     pub fn load(
         src: &MappedWeights,
         prefix: &str,
-        cfg: DecoderConfig,
+        cfg: DecoderStackConfig,
         format: WeightFormat,
     ) -> Result<Self> {
         if cfg.num_kv_heads == 0 || !cfg.num_heads.is_multiple_of(cfg.num_kv_heads) {
@@ -197,7 +197,7 @@ impl Decoder {
                 let p = format!("{prefix}.layers.{l}");
                 let lin = |name: &str, n: usize, k: usize| {
                     LinearWeight::load(src, &format!("{p}.{name}"), n, k, format)
-                        .map(Projection::new)
+                        .map(AdaptedProjection::new)
                 };
                 let vec = |name: &str, n: usize| src.f32(&format!("{p}.{name}"), &[n]);
                 Ok(Layer {
@@ -228,7 +228,7 @@ impl Decoder {
         })
     }
 
-    pub fn config(&self) -> &DecoderConfig {
+    pub fn config(&self) -> &DecoderStackConfig {
         &self.cfg
     }
 
@@ -242,7 +242,7 @@ impl Decoder {
     }
 
     /// The projection named `{prefix}.layers.N.NAME.weight`, for putting an adapter on it.
-    fn projection_mut(&mut self, prefix: &str, name: &str) -> Option<&mut Projection> {
+    fn projection_mut(&mut self, prefix: &str, name: &str) -> Option<&mut AdaptedProjection> {
         let rest = name.strip_prefix(prefix)?.strip_prefix(".layers.")?;
         let (layer, rest) = rest.split_once('.')?;
         let which = rest.strip_suffix(".weight")?;
@@ -639,8 +639,8 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 // ---------------------------------------------------------------------------------------------
 
 /// The code predictor (docs/model.md §5) for inference.
-pub struct CodePredictor {
-    pub decoder: Decoder,
+pub struct CpuCodePredictor {
+    pub decoder: CpuDecoderStack,
     /// Codebook i+1's table (talker width).
     embeddings: Vec<Table>,
     /// `lm_head[j]` predicts codebook j+1.
@@ -654,7 +654,7 @@ pub struct CodePredictor {
 /// per batch row; returns one code per row.
 pub type SubCodePick<'a> = dyn FnMut(usize, Vec<Vec<f32>>) -> Result<Vec<u32>> + 'a;
 
-impl CodePredictor {
+impl CpuCodePredictor {
     fn load(src: &MappedWeights, cfg: &Qwen3TtsConfig, format: WeightFormat) -> Result<Self> {
         const P: &str = super::code_predictor::PREFIX;
         let t = &cfg.talker_config;
@@ -664,10 +664,10 @@ impl CodePredictor {
             "code_predictor_config.num_code_groups must be at least 2"
         );
         let n = c.num_code_groups - 1;
-        let decoder = Decoder::load(
+        let decoder = CpuDecoderStack::load(
             src,
             &format!("{P}.model"),
-            DecoderConfig::code_predictor(c)?,
+            DecoderStackConfig::code_predictor(c)?,
             format,
         )?;
         let embeddings = (0..n)
@@ -803,22 +803,22 @@ impl CodePredictor {
 }
 
 /// The talker (docs/model.md §3.3, §4) with its code predictor, for inference on the CPU.
-pub struct Talker {
+pub struct CpuTalker {
     text_embedding: Table,
     fc1: LinearWeight,
     fc1_bias: Vec<f32>,
     fc2: LinearWeight,
     fc2_bias: Vec<f32>,
     codec_embedding: Table,
-    pub decoder: Decoder,
+    pub decoder: CpuDecoderStack,
     codec_head: LinearWeight,
-    pub code_predictor: CodePredictor,
+    pub code_predictor: CpuCodePredictor,
     format: WeightFormat,
     /// Adapters put on with [`Self::add_adapter`].
     adapters: usize,
 }
 
-impl Talker {
+impl CpuTalker {
     /// Builds the talker from a mapped checkpoint with its matrices in `format`. The text
     /// projection (used only for prompts) is never quantized: q8 keeps it bf16.
     pub fn load(src: &MappedWeights, cfg: &Qwen3TtsConfig, format: WeightFormat) -> Result<Self> {
@@ -857,7 +857,12 @@ impl Talker {
             )?,
             fc2_bias: src.f32(&name("text_projection.linear_fc2.bias"), &[h])?,
             codec_embedding: table("model.codec_embedding.weight", t.vocab_size, h)?,
-            decoder: Decoder::load(src, &name("model"), DecoderConfig::talker(t)?, format)?,
+            decoder: CpuDecoderStack::load(
+                src,
+                &name("model"),
+                DecoderStackConfig::talker(t)?,
+                format,
+            )?,
             codec_head: LinearWeight::load(
                 src,
                 &name("codec_head.weight"),
@@ -865,7 +870,7 @@ impl Talker {
                 h,
                 format,
             )?,
-            code_predictor: CodePredictor::load(src, cfg, format)?,
+            code_predictor: CpuCodePredictor::load(src, cfg, format)?,
             format,
             adapters: 0,
         })
@@ -965,7 +970,7 @@ impl Talker {
         self.decoder.new_cache(capacity)
     }
 
-    /// Final-norm hidden states `(b, s, H)` (see [`Decoder::forward`]).
+    /// Final-norm hidden states `(b, s, H)` (see [`CpuDecoderStack::forward`]).
     pub fn forward(
         &self,
         x: &[f32],

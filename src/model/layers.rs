@@ -121,7 +121,7 @@ impl TensorSource for RecordingSource<'_> {
 
 /// Shape and numerics of one Qwen3 decoder stack (talker or code predictor).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct DecoderConfig {
+pub struct DecoderStackConfig {
     pub hidden_size: usize,
     pub num_layers: usize,
     pub num_heads: usize,
@@ -132,7 +132,7 @@ pub struct DecoderConfig {
     pub rope_theta: f64,
 }
 
-impl DecoderConfig {
+impl DecoderStackConfig {
     /// The talker: its interleaved M-RoPE always sees three identical position rows
     /// (docs/model.md §4.1), which is exactly 1-D RoPE, so only the default rope type is accepted.
     pub fn talker(c: &TalkerConfig) -> anyhow::Result<Self> {
@@ -472,7 +472,7 @@ pub struct DecoderLayer {
     pub gate_proj: Projection,
     pub up_proj: Projection,
     pub down_proj: Projection,
-    pub cfg: DecoderConfig,
+    pub cfg: DecoderStackConfig,
     pub numerics: Numerics,
 }
 
@@ -481,7 +481,7 @@ impl DecoderLayer {
     pub fn load(
         src: &dyn TensorSource,
         prefix: &str,
-        cfg: DecoderConfig,
+        cfg: DecoderStackConfig,
         numerics: Numerics,
     ) -> anyhow::Result<Self> {
         let (h, hd, i) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
@@ -661,20 +661,20 @@ impl Projection {
 
 /// A decoder stack: layers, final RMSNorm and RoPE. Input embeddings in, normed hidden out.
 #[derive(Debug, Clone)]
-pub struct Decoder {
+pub struct DecoderStack {
     pub layers: Vec<DecoderLayer>,
     pub norm: Tensor,
-    pub cfg: DecoderConfig,
+    pub cfg: DecoderStackConfig,
     rope: Rope,
     numerics: Numerics,
 }
 
-impl Decoder {
+impl DecoderStack {
     /// Loads `{prefix}.layers.N.*` and `{prefix}.norm.weight`.
     pub fn load(
         src: &dyn TensorSource,
         prefix: &str,
-        cfg: DecoderConfig,
+        cfg: DecoderStackConfig,
         numerics: Numerics,
     ) -> anyhow::Result<Self> {
         if cfg.num_kv_heads == 0 || !cfg.num_heads.is_multiple_of(cfg.num_kv_heads) {

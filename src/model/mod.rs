@@ -6,7 +6,6 @@ pub mod bf16_matmul;
 pub mod code_predictor;
 pub mod codec;
 pub mod config;
-pub mod fast_math;
 pub mod files;
 pub mod grad_kernels;
 pub mod infer;

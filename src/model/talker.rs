@@ -6,7 +6,7 @@ use candle_core::{Result, Tensor, D};
 
 use super::code_predictor::{CodePredictor, SubCodePicker};
 use super::config::{Qwen3TtsConfig, TalkerConfig};
-use super::layers::{Decoder, DecoderCache, DecoderConfig, TensorSource};
+use super::layers::{DecoderCache, DecoderStack, DecoderStackConfig, TensorSource};
 use super::ops::{embedding, linear, Numerics};
 use super::weights::Weights;
 
@@ -38,7 +38,7 @@ pub struct Talker {
     pub text_projection: TextProjection,
     /// `model.codec_embedding` `(codec_vocab, hidden)`.
     pub codec_embedding: Tensor,
-    pub decoder: Decoder,
+    pub decoder: DecoderStack,
     /// `codec_head` `(codec_vocab, hidden)`, no bias.
     pub codec_head: Tensor,
     pub code_predictor: CodePredictor,
@@ -78,10 +78,10 @@ impl Talker {
             text_embedding: get("model.text_embedding.weight", &[t.text_vocab_size, th])?,
             text_projection,
             codec_embedding: get("model.codec_embedding.weight", &[t.vocab_size, h])?,
-            decoder: Decoder::load(
+            decoder: DecoderStack::load(
                 src,
                 &format!("{PREFIX}.model"),
-                DecoderConfig::talker(t)?,
+                DecoderStackConfig::talker(t)?,
                 numerics,
             )?,
             codec_head: get("codec_head.weight", &[t.vocab_size, h])?,

@@ -9,17 +9,17 @@ use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{json, Map, Value};
 
-use super::audio_out::{Encoder, Format, Framing};
+use super::audio_out::{Format, Framing, ResponseEncoder};
 use super::http::{self, ApiError, ChannelBody, RespBody, StreamError};
 use super::multipart;
 use super::scheduler::{GenEvent, Job, Refused};
 use super::stream_decoding::{OpenStream, StreamDecoding};
-use super::State;
+use super::ServerState;
 use crate::generate::sampling::Sampling;
 use crate::generate::{AudioChunks, DecodeOptions, Request as SpeechJob, Voice};
 
 /// Every request: authentication (all but `GET /health`), then the route.
-pub async fn handle(req: Request<Incoming>, state: Arc<State>) -> Response<RespBody> {
+pub async fn handle(req: Request<Incoming>, state: Arc<ServerState>) -> Response<RespBody> {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let started = std::time::Instant::now();
@@ -56,7 +56,7 @@ fn authorized(req: &Request<Incoming>, key: &str) -> bool {
 
 async fn route(
     req: Request<Incoming>,
-    state: &Arc<State>,
+    state: &Arc<ServerState>,
     method: &Method,
     path: &str,
 ) -> Result<Response<RespBody>, ApiError> {
@@ -100,7 +100,7 @@ async fn route(
     }
 }
 
-fn health(state: &State) -> Response<RespBody> {
+fn health(state: &ServerState) -> Response<RespBody> {
     let (running, waiting) = state.scheduler.load();
     http::json(
         StatusCode::OK,
@@ -120,7 +120,7 @@ fn health(state: &State) -> Response<RespBody> {
     )
 }
 
-fn models(state: &State) -> Response<RespBody> {
+fn models(state: &ServerState) -> Response<RespBody> {
     http::json(
         StatusCode::OK,
         &json!({"object": "list", "data": [{
@@ -133,7 +133,7 @@ fn models(state: &State) -> Response<RespBody> {
 }
 
 /// The voices a speech request may name.
-fn voice_names(state: &State) -> Vec<String> {
+fn voice_names(state: &ServerState) -> Vec<String> {
     let mut names = Vec::new();
     if state.default_voice.is_some() {
         names.push("default".to_string());
@@ -143,7 +143,7 @@ fn voice_names(state: &State) -> Vec<String> {
     names
 }
 
-fn list_voices(state: &State) -> Response<RespBody> {
+fn list_voices(state: &ServerState) -> Response<RespBody> {
     let mut data: Vec<Value> = Vec::new();
     if state.default_voice.is_some() {
         data.push(
@@ -164,7 +164,7 @@ fn list_voices(state: &State) -> Response<RespBody> {
     http::json(StatusCode::OK, &json!({"object": "list", "data": data}))
 }
 
-fn delete_voice(id: &str, state: &State) -> Result<Response<RespBody>, ApiError> {
+fn delete_voice(id: &str, state: &ServerState) -> Result<Response<RespBody>, ApiError> {
     let not_found = || {
         ApiError::new(
             StatusCode::NOT_FOUND,
@@ -186,7 +186,7 @@ fn delete_voice(id: &str, state: &State) -> Result<Response<RespBody>, ApiError>
     }
 }
 
-fn resolve_voice(state: &State, name: &str) -> Result<Voice, ApiError> {
+fn resolve_voice(state: &ServerState, name: &str) -> Result<Voice, ApiError> {
     if let Some(e) = state.voices.get(name) {
         return Ok(e.voice());
     }
@@ -251,7 +251,7 @@ fn field_type(param: &str, want: &str) -> ApiError {
     )
 }
 
-fn parse_speech(state: &State, body: &[u8]) -> Result<SpeechParams, ApiError> {
+fn parse_speech(state: &ServerState, body: &[u8]) -> Result<SpeechParams, ApiError> {
     let v: Value = serde_json::from_slice(body).map_err(|e| {
         ApiError::invalid(
             None,
@@ -500,7 +500,7 @@ fn parse_speech(state: &State, body: &[u8]) -> Result<SpeechParams, ApiError> {
 
 async fn speech(
     req: Request<Incoming>,
-    state: &Arc<State>,
+    state: &Arc<ServerState>,
 ) -> Result<Response<RespBody>, ApiError> {
     if state.closing.load(Ordering::SeqCst) {
         return Err(shutting_down());
@@ -568,7 +568,7 @@ async fn speech(
         }
         Err(Refused::ShuttingDown) => return Err(shutting_down()),
     }
-    let encoder = Encoder::new(p.format, p.framing, state.synth.codec.output_sample_rate());
+    let encoder = ResponseEncoder::new(p.format, p.framing, state.synth.codec.output_sample_rate());
     let content_type = encoder.content_type();
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, StreamError>>(64);
     let synth = state.synth.clone();
@@ -640,7 +640,7 @@ fn decode_worker(
     decoding: &StreamDecoding,
     events: mpsc::Receiver<GenEvent>,
     out: tokio::sync::mpsc::Sender<Result<Bytes, StreamError>>,
-    encoder: Encoder,
+    encoder: ResponseEncoder,
     input_tokens: usize,
     cancel: &AtomicBool,
     received: std::time::Instant,
@@ -744,7 +744,7 @@ fn decode_worker(
 
 fn fail(
     out: &tokio::sync::mpsc::Sender<Result<Bytes, StreamError>>,
-    encoder: &Encoder,
+    encoder: &ResponseEncoder,
     why: String,
 ) {
     tracing::error!("{why}");
@@ -764,7 +764,7 @@ fn too_many_voices(full: &super::voices::Full) -> ApiError {
 
 async fn register_voice(
     req: Request<Incoming>,
-    state: &Arc<State>,
+    state: &Arc<ServerState>,
 ) -> Result<Response<RespBody>, ApiError> {
     if state.synth.config().tts_model_type != "base" {
         return Err(ApiError::invalid(

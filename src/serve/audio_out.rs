@@ -72,15 +72,15 @@ pub fn pcm16(samples: &[f32]) -> Vec<u8> {
 }
 
 /// Turns decoded samples into the response's byte chunks.
-pub struct Encoder {
+pub struct ResponseEncoder {
     pub format: Format,
     pub framing: Framing,
     rate: u32,
 }
 
-impl Encoder {
+impl ResponseEncoder {
     pub fn new(format: Format, framing: Framing, rate: u32) -> Self {
-        Encoder {
+        ResponseEncoder {
             format,
             framing,
             rate,
@@ -166,7 +166,7 @@ mod tests {
 
     #[test]
     fn sse_chunks_carry_base64_of_the_audio_bytes() {
-        let e = Encoder::new(Format::Pcm, Framing::Sse, 24_000);
+        let e = ResponseEncoder::new(Format::Pcm, Framing::Sse, 24_000);
         let b = e.samples(&[0.5, -1.0]);
         let text = std::str::from_utf8(&b).unwrap();
         assert!(text.starts_with("data: ") && text.ends_with("\n\n"));

@@ -63,7 +63,7 @@ pub struct AdapterVoice {
 }
 
 /// What the handlers share.
-pub struct State {
+pub struct ServerState {
     pub synth: Arc<Synthesizer>,
     pub opts: ServeOptions,
     pub scheduler: scheduler::Scheduler,
@@ -77,7 +77,7 @@ pub struct State {
     pub closing: AtomicBool,
 }
 
-impl State {
+impl ServerState {
     pub fn new(
         synth: Synthesizer,
         opts: ServeOptions,
@@ -88,7 +88,7 @@ impl State {
         let synth = Arc::new(synth);
         let scheduler = scheduler::Scheduler::start(synth.clone(), opts.max_batch, opts.max_queue)?;
         let decoding = Arc::new(stream_decoding::StreamDecoding::start(synth.clone())?);
-        Ok(State {
+        Ok(ServerState {
             synth,
             opts,
             scheduler,
@@ -121,7 +121,7 @@ impl State {
 /// Serves until SIGTERM or Ctrl-C, then lets in-flight requests finish (at most
 /// `shutdown_grace`), ends what is left cleanly and returns. `ready` is called with the bound
 /// address once the server accepts connections.
-pub fn run(state: State, ready: impl FnOnce(SocketAddr)) -> Result<()> {
+pub fn run(state: ServerState, ready: impl FnOnce(SocketAddr)) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("voiceclone-http")
@@ -136,7 +136,7 @@ pub fn run(state: State, ready: impl FnOnce(SocketAddr)) -> Result<()> {
     result
 }
 
-async fn serve(state: Arc<State>, ready: impl FnOnce(SocketAddr)) -> Result<()> {
+async fn serve(state: Arc<ServerState>, ready: impl FnOnce(SocketAddr)) -> Result<()> {
     use hyper::server::conn::http1;
     use hyper_util::rt::TokioIo;
     use tokio::signal::unix::{signal, SignalKind};

@@ -11,7 +11,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use anyhow::{Context, Result};
 
 use crate::artifacts::CodeFrame;
-use crate::generate::rows::{Outcome, Row, Stepper};
+use crate::generate::rows::{Row, StepOutcome, Stepper};
 use crate::generate::sampling::RowRng;
 use crate::generate::talker_loop::LoopOptions;
 use crate::generate::{RowPlan, Synthesizer};
@@ -296,9 +296,9 @@ fn generation_loop(
         let mut keep = Vec::with_capacity(active.len());
         for (mut a, outcome) in active.drain(..).zip(outcomes) {
             let (frame, ended) = match outcome {
-                Outcome::Frame(f) => (Some(f), None),
-                Outcome::Last(f) => (Some(f), Some(None)),
-                Outcome::Eos(step) => (None, Some(Some(step))),
+                StepOutcome::Frame(f) => (Some(f), None),
+                StepOutcome::Last(f) => (Some(f), Some(None)),
+                StepOutcome::Eos(step) => (None, Some(Some(step))),
             };
             let mut gone = false;
             if let Some(f) = frame {

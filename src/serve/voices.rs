@@ -19,7 +19,7 @@ const REF_CODES: &str = "ref_codes";
 
 /// One registered voice.
 #[derive(Debug, Clone)]
-pub struct Entry {
+pub struct RegisteredVoice {
     pub id: VoiceId,
     pub name: String,
     /// The reference transcript (in-context cloning), if one was given.
@@ -30,7 +30,7 @@ pub struct Entry {
     pub ref_codes: Option<Vec<CodeFrame>>,
 }
 
-impl Entry {
+impl RegisteredVoice {
     /// The voice the synthesizer takes (docs/model.md §7).
     pub fn voice(&self) -> Voice {
         match (&self.ref_codes, &self.transcript) {
@@ -99,7 +99,7 @@ impl Entry {
         Ok(safetensors::serialize(tensors, Some(meta))?)
     }
 
-    fn read(path: &Path, id: VoiceId, dim: usize) -> Result<Entry> {
+    fn read(path: &Path, id: VoiceId, dim: usize) -> Result<RegisteredVoice> {
         let bytes = std::fs::read(path)?;
         let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes)?;
         let st = safetensors::SafeTensors::deserialize(&bytes)?;
@@ -143,7 +143,7 @@ impl Entry {
             ref_codes.is_some() == transcript.is_some(),
             "it has reference codes without a transcript or the reverse"
         );
-        Ok(Entry {
+        Ok(RegisteredVoice {
             id,
             name: meta.get("name").cloned().unwrap_or_default(),
             transcript,
@@ -162,7 +162,7 @@ pub struct Registry {
     ws: Workspace,
     model: String,
     dim: usize,
-    entries: RwLock<BTreeMap<VoiceId, Entry>>,
+    entries: RwLock<BTreeMap<VoiceId, RegisteredVoice>>,
 }
 
 impl Registry {
@@ -184,7 +184,7 @@ impl Registry {
                 else {
                     continue;
                 };
-                match Entry::read(&path, id.clone(), dim) {
+                match RegisteredVoice::read(&path, id.clone(), dim) {
                     Ok(e) => {
                         entries.insert(id, e);
                     }
@@ -201,7 +201,7 @@ impl Registry {
     }
 
     /// The voice with id `id`; `None` also for a string that is no voice id.
-    pub fn get(&self, id: &str) -> Option<Entry> {
+    pub fn get(&self, id: &str) -> Option<RegisteredVoice> {
         let id = VoiceId::parse(id)?;
         self.entries
             .read()
@@ -210,7 +210,7 @@ impl Registry {
             .cloned()
     }
 
-    pub fn list(&self) -> Vec<Entry> {
+    pub fn list(&self) -> Vec<RegisteredVoice> {
         self.entries
             .read()
             .unwrap_or_else(|e| e.into_inner())
@@ -237,7 +237,7 @@ impl Registry {
         xvector: Vec<f32>,
         ref_codes: Option<Vec<CodeFrame>>,
         limit: usize,
-    ) -> Result<Entry> {
+    ) -> Result<RegisteredVoice> {
         ensure!(
             xvector.len() == self.dim,
             "x-vector of {} values for a talker of width {}",
@@ -258,7 +258,7 @@ impl Registry {
                 break id;
             }
         };
-        let entry = Entry {
+        let entry = RegisteredVoice {
             id: id.clone(),
             name,
             transcript,

@@ -24,7 +24,7 @@ use candle_core::{DType, Tensor};
 use serde_json::json;
 
 use super::lora::LoraIdentity;
-use super::stwrite::{self, Entry};
+use super::safetensors_stream::{self, TensorHeader};
 use crate::artifacts::adapter::{write_speakers, CONFIG, PEFT_PREFIX, SPEAKERS, WEIGHTS};
 use crate::model::weights::Weights;
 
@@ -77,9 +77,9 @@ pub fn write(
             );
         }
     }
-    let entries: Vec<Entry> = tensors
+    let entries: Vec<TensorHeader> = tensors
         .iter()
-        .map(|(n, t)| Entry {
+        .map(|(n, t)| TensorHeader {
             name: n.clone(),
             dtype: safetensors::Dtype::F32,
             shape: t.dims().to_vec(),
@@ -91,7 +91,9 @@ pub fn write(
     let file =
         fs::File::create(&path).with_context(|| format!("cannot create {}", path.display()))?;
     let mut w = BufWriter::new(file);
-    stwrite::write(&mut w, &entries, &meta, |i| stwrite::f32_bytes(values[i]))?;
+    safetensors_stream::write(&mut w, &entries, &meta, |i| {
+        safetensors_stream::f32_bytes(values[i])
+    })?;
     w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
 
     let config = json!({

@@ -28,8 +28,8 @@ use sha2::{Digest, Sha256};
 use super::hooks::{CheckpointPhase, TrainHooks};
 use super::optim::AdamState;
 use super::params::ParamStore;
+use super::safetensors_stream::{self, TensorHeader};
 use super::sampler::Cursor;
-use super::stwrite::{self, Entry};
 
 pub use super::checkpoint_layout::{
     rank_file, speaker_file, speakers_file, step_dir_name, INDEX, LATEST,
@@ -358,7 +358,7 @@ fn sample_file(path: &Path, h: &mut Sha256) -> Result<()> {
 
 /// Rows `[start, end)` of a tensor held by `rank`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Shard {
+pub struct RankRows {
     pub rank: usize,
     pub rows: [usize; 2],
 }
@@ -367,7 +367,7 @@ pub struct Shard {
 pub struct ParamInfo {
     pub shape: Vec<usize>,
     pub unit: String,
-    pub shards: Vec<Shard>,
+    pub shards: Vec<RankRows>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -432,7 +432,7 @@ impl Index {
                     ParamInfo {
                         shape: p.shape().to_vec(),
                         unit: p.unit.to_string(),
-                        shards: vec![Shard {
+                        shards: vec![RankRows {
                             rank: 0,
                             rows: [0, rows],
                         }],
@@ -444,7 +444,7 @@ impl Index {
 }
 
 /// Everything a checkpoint saves besides the index.
-pub struct State<'a> {
+pub struct TrainingState<'a> {
     pub params: &'a ParamStore,
     pub adam: &'a AdamState,
     pub mode: crate::config::OptimizerState,
@@ -547,7 +547,7 @@ impl PendingCheckpoint {
 pub fn save(
     root: &Path,
     index: &Index,
-    state: &State,
+    state: &TrainingState,
     keep: usize,
     hooks: &dyn TrainHooks,
     extra: impl FnOnce(&Path) -> Result<()>,
@@ -565,7 +565,7 @@ pub fn save(
     pending.commit(index, keep, hooks)
 }
 
-fn write_rank_file(path: &Path, state: &State) -> Result<()> {
+fn write_rank_file(path: &Path, state: &TrainingState) -> Result<()> {
     let shapes: Vec<&[usize]> = state.params.params.iter().map(|p| p.shape()).collect();
     write_state(path, state.mode, &state.params.params, state.adam, &shapes)
 }
@@ -605,7 +605,7 @@ pub fn write_state(
                 t.dims(),
                 e.shape
             );
-            entries.push(Entry {
+            entries.push(TensorHeader {
                 name: format!("{}.{}", e.kind, p.name),
                 dtype: e.dtype,
                 shape: e.shape,
@@ -621,14 +621,14 @@ pub fn write_state(
 /// Writes a rank file: `entries` with their bytes from `bytes(i)`, synced to disk.
 pub fn write_tensors(
     path: &Path,
-    entries: &[Entry],
+    entries: &[TensorHeader],
     bytes: impl FnMut(usize) -> Result<Vec<u8>>,
 ) -> Result<()> {
     let meta = BTreeMap::from([("format".to_string(), FORMAT.to_string())]);
     let file =
         fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
     let mut w = BufWriter::new(file);
-    stwrite::write(&mut w, entries, &meta, bytes)?;
+    safetensors_stream::write(&mut w, entries, &meta, bytes)?;
     let file = w.into_inner().map_err(|e| e.into_error())?;
     file.sync_all()?;
     Ok(())

@@ -28,7 +28,7 @@ use serde_json::{json, Value};
 use super::adapter_export;
 use super::checkpoint::{self, ModelIdentity};
 use super::lora::LoraIdentity;
-use super::stwrite::{self, Entry};
+use super::safetensors_stream::{self, TensorHeader};
 use crate::hub::ModelSource;
 use crate::model::files::{self as mf, ModelFiles};
 
@@ -658,7 +658,7 @@ fn write_weights(
             } else {
                 view.dtype()
             };
-            entries.push(Entry {
+            entries.push(TensorHeader {
                 name: name.to_string(),
                 dtype,
                 shape: view.shape().to_vec(),
@@ -668,7 +668,7 @@ fn write_weights(
     }
     let mut order: Vec<usize> = (0..entries.len()).collect();
     order.sort_by(|&a, &b| entries[a].name.cmp(&entries[b].name));
-    let entries: Vec<Entry> = order.iter().map(|&i| entries[i].clone()).collect();
+    let entries: Vec<TensorHeader> = order.iter().map(|&i| entries[i].clone()).collect();
     let origin: Vec<usize> = order.iter().map(|&i| origin[i]).collect();
     if let Some(lora) = &index.identity.lora {
         // S·α/r as the adapter-only export's α' = S·α gives it (α'/r), so both merge alike.
@@ -714,10 +714,10 @@ fn write_weights(
     let file =
         fs::File::create(dest).with_context(|| format!("cannot create {}", dest.display()))?;
     let mut w = BufWriter::new(file);
-    stwrite::write(&mut w, &entries, &meta, |i| {
+    safetensors_stream::write(&mut w, &entries, &meta, |i| {
         let e = &entries[i];
         let mut bytes = match trained.get(&e.name) {
-            Some(t) => stwrite::bf16_bytes(t)?,
+            Some(t) => safetensors_stream::bf16_bytes(t)?,
             None => {
                 let view = files[origin[i]].tensor(&e.name)?;
                 to_bf16_bytes(view.dtype(), view.data())?

@@ -11,7 +11,6 @@
 //! one rank of a sharded run ([`sharded`]).
 
 pub mod adapter_export;
-pub mod alloc;
 pub mod batch;
 pub mod checkpoint;
 pub mod checkpoint_layout;
@@ -32,6 +31,7 @@ pub mod plan;
 pub mod plot;
 pub mod report;
 pub mod run;
+pub mod safetensors_stream;
 pub mod sampler;
 pub mod samples;
 pub mod saved_state;
@@ -39,7 +39,6 @@ pub mod selection;
 pub mod sharded;
 pub mod sparse;
 pub mod stages;
-pub mod stwrite;
 #[cfg(test)]
 pub(crate) mod test_support;
 pub mod trainable;
@@ -54,7 +53,7 @@ use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor, Var};
 
 use self::batch::{Batch, LayoutIds};
-use self::checkpoint::{Identity, Index, State};
+use self::checkpoint::{Identity, Index, TrainingState};
 use self::data::Dataset;
 use self::hooks::TrainHooks;
 use self::metrics::{EvalMetrics, StepMetrics};
@@ -636,7 +635,7 @@ impl Trainer {
             selection: &self.selection,
         }
         .index(Index::describe_params(&self.params));
-        let state = State {
+        let state = TrainingState {
             params: &self.params,
             adam: &self.adam,
             mode: self.opts.config.optimizer_state,

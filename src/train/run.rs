@@ -19,7 +19,7 @@ use super::sampler::{Cursor, Sampler};
 use super::selection::Selection;
 use super::trainable;
 use super::units::unit_of;
-use super::{stwrite, TrainOptions};
+use super::{safetensors_stream, TrainOptions};
 use crate::model::config::Qwen3TtsConfig;
 
 /// The parts of a run that do not depend on how it is computed.
@@ -128,7 +128,7 @@ impl RunSetup {
             shuffle: c.shuffle,
             seed: c.seed,
             speaker_sha256: {
-                let bytes = stwrite::f32_bytes(&speaker)?;
+                let bytes = safetensors_stream::f32_bytes(&speaker)?;
                 format!("{:x}", Sha256::digest(&bytes))
             },
             speakers: checkpoint::SpeakerId::of(&dataset.speakers, &speaker)?,

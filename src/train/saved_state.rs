@@ -19,7 +19,7 @@ use candle_core::{DType, Device, Tensor};
 
 use super::moments::{Codes8, Moment, Which};
 use super::params::Param;
-use super::stwrite;
+use super::safetensors_stream;
 use crate::config::OptimizerState;
 use crate::kernels::moment8;
 
@@ -101,9 +101,9 @@ pub fn tensors(p: &Param, m: &Moment, v: &Moment) -> Result<Vec<Tensor>> {
 /// Little-endian bytes of `t` as `dtype` (the dtype the entry was declared with).
 pub fn bytes(t: &Tensor, dtype: safetensors::Dtype) -> Result<Vec<u8>> {
     Ok(match dtype {
-        safetensors::Dtype::F32 => stwrite::f32_bytes(t)?,
+        safetensors::Dtype::F32 => safetensors_stream::f32_bytes(t)?,
         // Exact for the bf16 weights and compensations this is called with.
-        safetensors::Dtype::BF16 => stwrite::bf16_bytes(t)?,
+        safetensors::Dtype::BF16 => safetensors_stream::bf16_bytes(t)?,
         safetensors::Dtype::U8 => t.to_dtype(DType::U8)?.flatten_all()?.to_vec1::<u8>()?,
         other => anyhow::bail!("no checkpoint entry is {other:?}"),
     })

@@ -73,7 +73,7 @@ fn rotate(y: &mut [f32], x: &[f32], c: &[f32], s: &[f32], sign: f32) {
 /// Half-width RoPE tables `(P, S, half)` (P = 1 when every batch row shares its positions,
 /// else B), as slices.
 #[derive(Clone, Copy, Debug)]
-pub struct Rope<'a> {
+pub struct RopeSlices<'a> {
     pub cos: &'a [f32],
     pub sin: &'a [f32],
     pub rows: usize,
@@ -81,7 +81,7 @@ pub struct Rope<'a> {
     pub half: usize,
 }
 
-impl Rope<'_> {
+impl RopeSlices<'_> {
     /// `(cos, sin)` rows of batch row `b`, position `s`.
     fn at(&self, b: usize, s: usize) -> (&[f32], &[f32]) {
         let p = if self.rows == 1 { 0 } else { b };
@@ -107,7 +107,7 @@ impl Rope<'_> {
 
 /// Per-head RMSNorm (weight `w`, one head wide) then rotation of `x` `(B, S, width)`,
 /// token-major.
-pub fn norm_rope(x: &[f32], width: usize, w: &[f32], rope: Rope<'_>, eps: f32) -> Vec<f32> {
+pub fn norm_rope(x: &[f32], width: usize, w: &[f32], rope: RopeSlices<'_>, eps: f32) -> Vec<f32> {
     let d = w.len();
     rope.check(x.len(), width, d);
     let s = rope.seq;
@@ -132,7 +132,7 @@ pub fn norm_rope_grad(
     x: &[f32],
     width: usize,
     w: &[f32],
-    rope: Rope<'_>,
+    rope: RopeSlices<'_>,
     eps: f32,
     dy: &[f32],
 ) -> (Vec<f32>, Vec<f32>) {
@@ -199,7 +199,7 @@ mod tests {
         let angles: Vec<f32> = (0..b * s * half).map(|i| i as f32 * 0.3).collect();
         let cos: Vec<f32> = angles.iter().map(|a| a.cos()).collect();
         let sin: Vec<f32> = angles.iter().map(|a| a.sin()).collect();
-        let rope = Rope {
+        let rope = RopeSlices {
             cos: &cos,
             sin: &sin,
             rows: b,

@@ -122,13 +122,13 @@ pub struct TransformerDims {
 /// Keys and values of the positions [`Transformer::forward_cached`] has seen, per layer:
 /// positions `first..len`, `kv_heads · head_dim` values each.
 #[derive(Debug, Clone, Default)]
-pub struct KvCache {
+pub struct WindowKvCache {
     layers: Vec<(Vec<f32>, Vec<f32>)>,
     first: usize,
     len: usize,
 }
 
-impl KvCache {
+impl WindowKvCache {
     /// Positions seen so far.
     pub fn len(&self) -> usize {
         self.len
@@ -284,8 +284,8 @@ impl Transformer {
     }
 
     /// A cache for [`Self::forward_cached`].
-    pub fn new_cache(&self) -> KvCache {
-        KvCache {
+    pub fn new_cache(&self) -> WindowKvCache {
+        WindowKvCache {
             layers: vec![(Vec::new(), Vec::new()); self.layers.len()],
             first: 0,
             len: 0,
@@ -296,7 +296,7 @@ impl Transformer {
     /// continue from `cache.len()`): the same layers as [`Self::forward`] for the streaming
     /// decoder, giving the same floats for every row (docs/model.md §9.5). With a sliding window
     /// the cache keeps only the keys a later query can still see.
-    pub fn forward_cached(&self, x: &Seq, cache: &mut KvCache) -> Seq {
+    pub fn forward_cached(&self, x: &Seq, cache: &mut WindowKvCache) -> Seq {
         let mut out = self.forward_cached_many(std::slice::from_ref(x), &mut [cache]);
         out.pop().expect("one sequence in, one out")
     }
@@ -305,7 +305,7 @@ impl Transformer {
     /// batched decoding step): their rows share every projection and MLP product (the weights
     /// read once), each attends to its own cache. Each output is the one `forward_cached`
     /// gives for its sequence alone, to the bit (row-invariant products, docs/model.md §9.5).
-    pub fn forward_cached_many(&self, xs: &[Seq], caches: &mut [&mut KvCache]) -> Vec<Seq> {
+    pub fn forward_cached_many(&self, xs: &[Seq], caches: &mut [&mut WindowKvCache]) -> Vec<Seq> {
         assert_eq!(xs.len(), caches.len(), "one cache per sequence");
         let d = &self.dims;
         let hd = d.head_dim;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use candle_core::{bail, CpuStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
 
 use super::{cpu_f32, new_tensor, with_values};
-use crate::kernels::grad::norm::{self as kernel, Rope};
+use crate::kernels::grad::norm::{self as kernel, RopeSlices};
 
 /// `x · rsqrt(mean(x²) + eps) · weight` over the last dimension (docs/model.md §4.1), with
 /// gradients for `x` and `weight`.
@@ -102,8 +102,8 @@ impl RopeHalfTables {
     }
 
     /// The tables as slices.
-    fn view(&self) -> Rope<'_> {
-        Rope {
+    fn view(&self) -> RopeSlices<'_> {
+        RopeSlices {
             cos: &self.cos,
             sin: &self.sin,
             rows: self.rows,

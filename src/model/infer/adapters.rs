@@ -1,6 +1,6 @@
 //! Low-rank adapters kept factored on the CPU inference path (docs/serving.md §7): one base
 //! model in memory, several adapters beside it, and each batch row computing with its own. A
-//! decoder-layer matrix becomes a [`Projection`]: the base matrix in the precision's format and,
+//! decoder-layer matrix becomes a [`AdaptedProjection`]: the base matrix in the precision's format and,
 //! per adapter that changes it, `scale · B·A` as its two f32 factors.
 //!
 //! A row with adapter `a` gets `x·Wᵀ + scale·(x·Aᵀ)·Bᵀ` — what training computes
@@ -16,20 +16,20 @@ use crate::kernels::team;
 
 use crate::model::linear::{Input, LinearWeight};
 
-/// An adapter put on a [`super::Talker`], numbered in the order they were added.
+/// An adapter put on a [`super::CpuTalker`], numbered in the order they were added.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct AdapterId(pub(super) usize);
 
 /// `scale · B·A` of one `(out, in)` matrix, factored: `a` `(r, in)` and `b` transposed,
 /// `bt` `(r, out)`, so that both products of a row run over contiguous rows.
-pub(super) struct LowRank {
+pub(super) struct FactoredDelta {
     a: Vec<f32>,
     bt: Vec<f32>,
     rank: usize,
     scale: f32,
 }
 
-impl LowRank {
+impl FactoredDelta {
     /// Adds `scale·B·(A·x)` to `y` for one input row `x`: `r` dot products of the input width,
     /// then `r` scaled row additions of the output width, each output value summed over `q` in
     /// order. `split` spreads both over the team (one row alone); the values are the same.
@@ -73,15 +73,15 @@ impl LowRank {
 }
 
 /// A decoder-layer matrix with the adapters that change it.
-pub(super) struct Projection {
+pub(super) struct AdaptedProjection {
     pub weight: LinearWeight,
     /// By [`AdapterId`]; `None` where that adapter leaves this matrix alone.
-    deltas: Vec<Option<LowRank>>,
+    deltas: Vec<Option<FactoredDelta>>,
 }
 
-impl Projection {
+impl AdaptedProjection {
     pub fn new(weight: LinearWeight) -> Self {
-        Projection {
+        AdaptedProjection {
             weight,
             deltas: Vec::new(),
         }
@@ -117,7 +117,7 @@ impl Projection {
                 bt[q * n + o] = *v;
             }
         }
-        self.deltas[id.0] = Some(LowRank {
+        self.deltas[id.0] = Some(FactoredDelta {
             a,
             bt,
             rank,
@@ -129,7 +129,7 @@ impl Projection {
     /// f32 values the adapters hold on this matrix.
     #[cfg(test)]
     pub fn adapter_values(&self) -> usize {
-        self.deltas.iter().flatten().map(LowRank::len).sum()
+        self.deltas.iter().flatten().map(FactoredDelta::len).sum()
     }
 
     /// `x (m, k) · Wᵀ`, plus each row's adapter correction: row `t` of `x` (its raw f32
@@ -149,7 +149,7 @@ impl Projection {
             rows.is_empty() || rows.len() * k == x.len(),
             "one adapter per row"
         );
-        let adapted: Vec<(usize, &LowRank)> = (0..rows.len())
+        let adapted: Vec<(usize, &FactoredDelta)> = (0..rows.len())
             .filter_map(|t| delta(t).map(|d| (t, d)))
             .collect();
         match adapted[..] {
@@ -181,7 +181,7 @@ mod tests {
     fn rows_compute_with_their_own_adapter() {
         let (n, k, r) = (50, 7, 3);
         let w = values(n * k, 1);
-        let mut p = Projection::new(LinearWeight::F32 { w: w.clone(), n, k });
+        let mut p = AdaptedProjection::new(LinearWeight::F32 { w: w.clone(), n, k });
         let factors = [
             (values(r * k, 2), values(n * r, 3), 2.0),
             (values(r * k, 4), values(n * r, 5), 0.5),

@@ -2,7 +2,7 @@
 //! `voiceclone serve` (docs/serving.md §3), where requests join and leave the running batch at
 //! frame boundaries, so their caches have different lengths.
 //!
-//! Every row gets exactly the arithmetic of [`Decoder::forward`] on that row alone with one new
+//! Every row gets exactly the arithmetic of [`CpuDecoderStack::forward`] on that row alone with one new
 //! token: the matrix products are shared (one pass over the weights for all rows) but the
 //! kernels compute each output row on its own, in the same order whatever the number of rows
 //! (`src/kernels/`), and norms, RoPE and attention run per row through the same functions. So a
@@ -12,11 +12,11 @@ use anyhow::{ensure, Result};
 
 use crate::kernels::{libm, team};
 
-use super::{attend, plan, rms_norm_rows, AdapterId, Cache, Decoder, Layer, RopeRows};
+use super::{attend, plan, rms_norm_rows, AdapterId, Cache, CpuDecoderStack, Layer, RopeRows};
 
-impl Decoder {
+impl CpuDecoderStack {
     /// `x` `(n, H)`: one new token for each of `n` rows, row `i` with its own one-row cache
-    /// `caches[i]` (prefilled by [`Decoder::forward`] with `b = 1`) and the adapter that cache
+    /// `caches[i]` (prefilled by [`CpuDecoderStack::forward`] with `b = 1`) and the adapter that cache
     /// binds it to. Returns the final-norm hidden states `(n, H)` and appends each token to its
     /// row's cache.
     pub fn step_rows(&self, x: &[f32], caches: &mut [&mut Cache]) -> Result<Vec<f32>> {
@@ -70,7 +70,7 @@ impl Decoder {
         Ok(x)
     }
 
-    /// [`Decoder::layer`] for one token per row, each row attending to its own cache.
+    /// [`CpuDecoderStack::layer`] for one token per row, each row attending to its own cache.
     #[allow(clippy::too_many_arguments)]
     fn layer_rows(
         &self,

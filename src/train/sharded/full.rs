@@ -10,7 +10,7 @@ use candle_core::{DType, Tensor, Var};
 
 use super::{accumulate_vars, add_into, scalar, Local, Micro, Pass, ShardedTrainer};
 use crate::model::code_predictor::CodePredictor;
-use crate::model::layers::{DecoderConfig, DecoderLayer};
+use crate::model::layers::{DecoderLayer, DecoderStackConfig};
 use crate::train::stages::{
     sub_loss, Embedded, EmbeddingUnit, HeadUnit, TextRows, SUB_LOSS_WEIGHT,
 };
@@ -61,7 +61,7 @@ impl ShardedTrainer {
     pub(super) fn forward(&self, mine: &[Micro], rows: Option<&Tensor>) -> Result<Forward> {
         let numerics = self.backend.numerics();
         let cfg = &self.cfg;
-        let tcfg = DecoderConfig::talker(&cfg.talker_config)?;
+        let tcfg = DecoderStackConfig::talker(&cfg.talker_config)?;
         let (emb_u, layer_u, head_u, cp_u) = self.unit_indices()?;
         let layer_name = |l: usize| format!("talker.model.layers.{l}");
         let table = self.text_table(rows)?;
@@ -157,7 +157,7 @@ impl ShardedTrainer {
         let in_place = self.backend.in_place();
         let grad_dtype = self.opts.config.reduce_dtype.dtype();
         let cfg = &self.cfg;
-        let tcfg = DecoderConfig::talker(&cfg.talker_config)?;
+        let tcfg = DecoderStackConfig::talker(&cfg.talker_config)?;
         let (emb_u, layer_u, head_u, cp_u) = self.unit_indices()?;
         let layer_name = |l: usize| format!("talker.model.layers.{l}");
         let table = self.text_table(rows)?;

@@ -9,7 +9,7 @@ use anyhow::{bail, Context, Result};
 
 use super::ShardedTrainer;
 use crate::dist::ReduceOp;
-use crate::train::checkpoint::{self, ParamInfo, PendingCheckpoint, Shard};
+use crate::train::checkpoint::{self, ParamInfo, PendingCheckpoint, RankRows};
 use crate::train::run::IndexParts;
 
 impl ShardedTrainer {
@@ -23,7 +23,7 @@ impl ShardedTrainer {
                 let shards = (0..world)
                     .filter_map(|q| {
                         let own = self.splits[i].owned(q);
-                        (!own.is_empty()).then_some(Shard {
+                        (!own.is_empty()).then_some(RankRows {
                             rank: q,
                             rows: [own.start, own.end],
                         })

@@ -20,7 +20,7 @@ use std::collections::VecDeque;
 use anyhow::{ensure, Result};
 
 use super::super::conv::{ConvWindow, Seq};
-use super::super::transformer::{rms_norm_rows, KvCache};
+use super::super::transformer::{rms_norm_rows, WindowKvCache};
 use super::{clamp_unit, Decoder, CHUNK_FRAMES, LEFT_CONTEXT_FRAMES};
 
 /// The last `keep` input rows of one causal operation, and how many rows it has seen.
@@ -59,7 +59,7 @@ impl Hist {
 #[derive(Debug, Clone)]
 struct ChunkState {
     pre_conv: Hist,
-    kv: KvCache,
+    kv: WindowKvCache,
     /// Per upsampling stage: the transposed conv's and the ConvNeXt dwconv's inputs.
     upsample: Vec<(Hist, Hist)>,
     first: Hist,
@@ -339,7 +339,7 @@ impl<'d> StreamDecoder<'d> {
         let h = d
             .input_proj
             .forward(&Seq::stack(&pc, d.input_proj.cin), None);
-        let mut caches: Vec<&mut KvCache> = states.iter_mut().map(|st| &mut st.kv).collect();
+        let mut caches: Vec<&mut WindowKvCache> = states.iter_mut().map(|st| &mut st.kv).collect();
         let hs = d
             .transformer
             .forward_cached_many(&h.split(&rows), &mut caches);

@@ -10,23 +10,23 @@ use candle_core::{DType, Tensor};
 
 /// One tensor of the file: its name, dtype and shape.
 #[derive(Debug, Clone)]
-pub struct Entry {
+pub struct TensorHeader {
     pub name: String,
     pub dtype: safetensors::Dtype,
     pub shape: Vec<usize>,
 }
 
-impl Entry {
+impl TensorHeader {
     pub fn byte_len(&self) -> usize {
         self.shape.iter().product::<usize>() * self.dtype.bitsize() / 8
     }
 }
 
 /// Writes a safetensors file: `entries` in order, `data(i)` returning the bytes of entry `i`
-/// (exactly [`Entry::byte_len`] long, little-endian).
+/// (exactly [`TensorHeader::byte_len`] long, little-endian).
 pub fn write(
     out: &mut impl Write,
-    entries: &[Entry],
+    entries: &[TensorHeader],
     metadata: &BTreeMap<String, String>,
     mut data: impl FnMut(usize) -> Result<Vec<u8>>,
 ) -> Result<()> {
@@ -94,12 +94,12 @@ mod tests {
         let a = Tensor::new(&[[1.0f32, 2.5], [-3.0, 4.0]], &dev).unwrap();
         let b = Tensor::new(&[0.1f32, 1e-3, 7.0], &dev).unwrap();
         let entries = vec![
-            Entry {
+            TensorHeader {
                 name: "a".into(),
                 dtype: safetensors::Dtype::F32,
                 shape: vec![2, 2],
             },
-            Entry {
+            TensorHeader {
                 name: "b".into(),
                 dtype: safetensors::Dtype::BF16,
                 shape: vec![3],
