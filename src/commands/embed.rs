@@ -52,8 +52,8 @@ pub fn run(ws: &Workspace, config: &Config, args: &EmbedArgs) -> Result<()> {
                 output.display()
             );
         }
-        let encoder = Encoder::load(ws, config)?;
-        let job = Job {
+        let encoder = LoadedSpeakerEncoder::load(ws, config)?;
+        let job = XVectorJob {
             speaker: args.speaker.clone(),
             clips: vec![path.clone()],
             mode: EmbedMode::Ref,
@@ -88,7 +88,7 @@ pub fn run(ws: &Workspace, config: &Config, args: &EmbedArgs) -> Result<()> {
         }
         jobs
     };
-    let encoder = Encoder::load(ws, config)?;
+    let encoder = LoadedSpeakerEncoder::load(ws, config)?;
     for job in &jobs {
         encoder.run(ws, config, job)?;
     }
@@ -102,7 +102,7 @@ pub fn embed_speakers(ws: &Workspace, config: &Config, names: &[String]) -> Resu
         .iter()
         .map(|n| speaker_job(ws, config, n))
         .collect::<Result<Vec<_>>>()?;
-    let encoder = Encoder::load(ws, config)?;
+    let encoder = LoadedSpeakerEncoder::load(ws, config)?;
     for job in &jobs {
         encoder.run(ws, config, job)?;
     }
@@ -136,7 +136,7 @@ pub fn workspace_speakers(ws: &Workspace) -> Result<Vec<String>> {
 }
 
 /// One x-vector file to compute.
-struct Job {
+struct XVectorJob {
     speaker: Option<String>,
     /// The reference clip (`Ref`) or the utterances to average (`Mean`).
     clips: Vec<PathBuf>,
@@ -144,7 +144,7 @@ struct Job {
     output: PathBuf,
 }
 
-fn single_speaker_job(ws: &Workspace, config: &Config) -> Result<Job> {
+fn single_speaker_job(ws: &Workspace, config: &Config) -> Result<XVectorJob> {
     let output = ws.speaker_file();
     match config.embed.mode {
         EmbedMode::Ref => {
@@ -158,14 +158,14 @@ fn single_speaker_job(ws: &Workspace, config: &Config) -> Result<Job> {
                     ws.root().display()
                 );
             }
-            Ok(Job {
+            Ok(XVectorJob {
                 speaker: None,
                 clips: vec![path],
                 mode: EmbedMode::Ref,
                 output,
             })
         }
-        EmbedMode::Mean => Ok(Job {
+        EmbedMode::Mean => Ok(XVectorJob {
             speaker: None,
             clips: mean_clips(ws, None, config.embed.mean_clips)?,
             mode: EmbedMode::Mean,
@@ -174,7 +174,7 @@ fn single_speaker_job(ws: &Workspace, config: &Config) -> Result<Job> {
     }
 }
 
-fn speaker_job(ws: &Workspace, config: &Config, name: &str) -> Result<Job> {
+fn speaker_job(ws: &Workspace, config: &Config, name: &str) -> Result<XVectorJob> {
     let output = ws.speaker_file_of(name);
     let clips = match config.embed.mode {
         EmbedMode::Ref => {
@@ -191,7 +191,7 @@ fn speaker_job(ws: &Workspace, config: &Config, name: &str) -> Result<Job> {
         }
         EmbedMode::Mean => mean_clips(ws, Some(name), config.embed.mean_clips)?,
     };
-    Ok(Job {
+    Ok(XVectorJob {
         speaker: Some(name.to_string()),
         clips,
         mode: config.embed.mode,
@@ -243,11 +243,11 @@ fn mean_clips(ws: &Workspace, speaker: Option<&str>, n: usize) -> Result<Vec<Pat
 }
 
 /// The speaker encoder of `model.base`, loaded once.
-struct Encoder {
+struct LoadedSpeakerEncoder {
     encoder: SpeakerEncoder,
 }
 
-impl Encoder {
+impl LoadedSpeakerEncoder {
     fn load(ws: &Workspace, config: &Config) -> Result<Self> {
         let source = ws.model_source(&config.model.base)?;
         let encoder = SpeakerEncoder::from_model(&source, &Device::Cpu)
@@ -263,7 +263,7 @@ impl Encoder {
             .with_context(|| format!("cannot compute the speaker embedding of {}", clip.display()))
     }
 
-    fn run(&self, ws: &Workspace, config: &Config, job: &Job) -> Result<()> {
+    fn run(&self, ws: &Workspace, config: &Config, job: &XVectorJob) -> Result<()> {
         let vectors = job
             .clips
             .iter()

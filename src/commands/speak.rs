@@ -356,7 +356,7 @@ pub(crate) struct VoiceSpec {
     pub x_vector_only: bool,
 }
 
-struct Job {
+struct SpeakJob {
     text: String,
     language: Option<String>,
     non_streaming: Option<bool>,
@@ -366,7 +366,7 @@ struct Job {
     context: String,
 }
 
-fn read_jobs(args: &SpeakArgs) -> Result<Vec<Job>> {
+fn read_jobs(args: &SpeakArgs) -> Result<Vec<SpeakJob>> {
     let flags = VoiceSpec {
         speaker: args.speaker.clone(),
         ref_audio: args.ref_audio.clone(),
@@ -376,7 +376,7 @@ fn read_jobs(args: &SpeakArgs) -> Result<Vec<Job>> {
     let Some(input) = &args.input else {
         let text = args.text.clone().unwrap_or_default();
         ensure!(!text.trim().is_empty(), "the text to speak is empty");
-        return Ok(vec![Job {
+        return Ok(vec![SpeakJob {
             text,
             language: None,
             non_streaming: None,
@@ -398,7 +398,7 @@ fn read_jobs(args: &SpeakArgs) -> Result<Vec<Job>> {
         let job = if line.starts_with('{') {
             parse_json_line(line, &flags, base).with_context(|| context.clone())?
         } else {
-            Job {
+            SpeakJob {
                 text: line.to_string(),
                 language: None,
                 non_streaming: None,
@@ -407,13 +407,13 @@ fn read_jobs(args: &SpeakArgs) -> Result<Vec<Job>> {
                 context: context.clone(),
             }
         };
-        jobs.push(Job { context, ..job });
+        jobs.push(SpeakJob { context, ..job });
     }
     ensure!(!jobs.is_empty(), "{} contains no text", input.display());
     Ok(jobs)
 }
 
-fn parse_json_line(line: &str, flags: &VoiceSpec, base: &Path) -> Result<Job> {
+fn parse_json_line(line: &str, flags: &VoiceSpec, base: &Path) -> Result<SpeakJob> {
     let v: Value = serde_json::from_str(line).context("not valid JSON")?;
     let obj = v.as_object().context("expected a JSON object")?;
     const KNOWN: &[&str] = &[
@@ -473,7 +473,7 @@ fn parse_json_line(line: &str, flags: &VoiceSpec, base: &Path) -> Result<Job> {
             "\"output\" must be a plain file name inside the output directory, not {o:?}"
         );
     }
-    Ok(Job {
+    Ok(SpeakJob {
         text,
         language: string("language")?,
         non_streaming: boolean("non_streaming")?,
@@ -489,7 +489,7 @@ struct Output {
 }
 
 /// Output paths, checked before any work: existing files are only replaced with --overwrite.
-fn plan_outputs(jobs: &[Job], args: &SpeakArgs, batch: bool) -> Result<Vec<Output>> {
+fn plan_outputs(jobs: &[SpeakJob], args: &SpeakArgs, batch: bool) -> Result<Vec<Output>> {
     let mut outputs = Vec::with_capacity(jobs.len());
     if !batch {
         outputs.push(Output {
@@ -681,7 +681,7 @@ fn no_voice(ws: &Workspace) -> String {
 /// Before any weight is downloaded or loaded: a text that asks for no voice needs one from the
 /// workspace (a reference clip, an x-vector, named speakers) or from the model itself (its
 /// speakers, read from its config.json alone).
-fn refuse_without_a_voice(ws: &Workspace, source: &ModelSource, jobs: &[Job]) -> Result<()> {
+fn refuse_without_a_voice(ws: &Workspace, source: &ModelSource, jobs: &[SpeakJob]) -> Result<()> {
     let asks_none = |v: &VoiceSpec| v.speaker.is_none() && v.ref_audio.is_none();
     if !jobs.iter().any(|j| asks_none(&j.voice)) {
         return Ok(());

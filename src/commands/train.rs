@@ -30,7 +30,7 @@ pub fn run(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<()> {
     let _lock = train::lock::RunLock::acquire(&ws.train_lock())?;
     // Planned before anything is loaded (docs/training.md §6.9).
     let (config, chosen) =
-        super::train_plan::choose(ws, config, super::train_plan::Target::of(config))?;
+        super::train_plan::choose(ws, config, super::train_plan::PlanTarget::of(config))?;
     let config = &config;
     let c = &config.train;
     if let Some(line) = chosen {

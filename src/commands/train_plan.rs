@@ -26,29 +26,29 @@ const TOKENS_PER_SECOND: f64 = 5.0;
 
 /// Where a run trains, as the plan sees it.
 #[derive(Debug, Clone, Copy)]
-pub struct Target {
+pub struct PlanTarget {
     pub cuda: bool,
     pub world: usize,
 }
 
-impl Target {
+impl PlanTarget {
     /// `train.gpus` (or `--gpus`) GPUs; else CPU ranks; else one device: the first GPU when
     /// this build has CUDA and sees one, otherwise the CPU.
     pub fn of(config: &Config) -> Self {
         let c = &config.train;
         if c.gpus > 0 {
-            return Target {
+            return PlanTarget {
                 cuda: true,
                 world: c.gpus,
             };
         }
         if c.cpu_ranks > 0 {
-            return Target {
+            return PlanTarget {
                 cuda: false,
                 world: c.cpu_ranks,
             };
         }
-        Target {
+        PlanTarget {
             cuda: super::train_setup::train_device().is_ok_and(|d| d.is_cuda()),
             world: 1,
         }
@@ -66,7 +66,7 @@ impl Target {
 /// The plan's view of the run: the model's shapes from its `config.json` (nothing else of the
 /// model is read; a hub model fetches just that file), the trained set, and the longest
 /// utterance of the manifest (or of `prep.max_seconds` when there is none yet).
-pub fn setup(ws: &Workspace, config: &Config, target: Target) -> Result<Setup> {
+pub fn setup(ws: &Workspace, config: &Config, target: PlanTarget) -> Result<Setup> {
     let source = ws.model_source(&config.model.base)?;
     let path = source
         .file("config.json")
@@ -179,7 +179,7 @@ pub fn pinned(config: &Config) -> Pinned {
 
 /// Bytes per device the plan may fill: `train.gpu_memory`, else the device's own figure (a
 /// GPU's total memory; the machine's memory for a CPU run).
-pub fn capacity(config: &Config, target: Target) -> Result<usize> {
+pub fn capacity(config: &Config, target: PlanTarget) -> Result<usize> {
     let gib = config.train.gpu_memory;
     if gib > 0.0 {
         return Ok((gib * (1u64 << 30) as f64) as usize);
@@ -224,7 +224,7 @@ fn gpu_total_memory() -> Result<usize> {
 
 /// `voiceclone train --plan [--json]`.
 pub fn print(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<()> {
-    let target = Target::of(config);
+    let target = PlanTarget::of(config);
     let setup = setup(ws, config, target)?;
     let pins = pinned(config);
     let capacity = match capacity(config, target) {
@@ -295,7 +295,7 @@ fn json(setup: &Setup, all: &[Estimate], chosen: Option<usize>, capacity: Option
 
 fn print_table(
     setup: &Setup,
-    target: Target,
+    target: PlanTarget,
     all: &[Estimate],
     chosen: Option<usize>,
     capacity: Option<usize>,
@@ -375,7 +375,11 @@ fn print_table(
 /// `train.memory = "auto"` before a run loads anything: the configuration with the memory
 /// settings the user left open set to the plan's choice, and the line that says so; an error
 /// naming what would fit when nothing does. `manual` returns the configuration unchanged.
-pub fn choose(ws: &Workspace, config: &Config, target: Target) -> Result<(Config, Option<String>)> {
+pub fn choose(
+    ws: &Workspace,
+    config: &Config,
+    target: PlanTarget,
+) -> Result<(Config, Option<String>)> {
     if config.train.memory == MemoryPolicy::Manual {
         return Ok((config.clone(), None));
     }

@@ -36,7 +36,7 @@ pub fn launch(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<()> {
     // One plan for every rank, made here before anything is loaded; the ranks get its choice
     // as flags (docs/training.md §6.9).
     let (config, chosen) =
-        super::train_plan::choose(ws, config, super::train_plan::Target::of(config))?;
+        super::train_plan::choose(ws, config, super::train_plan::PlanTarget::of(config))?;
     let config = &config;
     if let Some(line) = chosen {
         println!("{line}");
@@ -143,7 +143,7 @@ fn rank_main(ws: &Workspace, config: &Config, args: &TrainArgs, env: &RankEnv) -
     install_failure_handlers(coll.clone(), env.rank);
     // Ranks of our launcher come with its plan's choice (and `--memory manual`); under torchrun
     // or Slurm every rank makes the same plan, after rank 0 prepared the data.
-    let target = super::train_plan::Target {
+    let target = super::train_plan::PlanTarget {
         cuda: device.is_cuda(),
         world: env.world,
     };

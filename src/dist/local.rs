@@ -15,10 +15,10 @@ use super::collective::{Collective, ReduceOp};
 pub struct Local {
     rank: usize,
     world: usize,
-    shared: Arc<Shared>,
+    shared: Arc<WorldState>,
 }
 
-struct Shared {
+struct WorldState {
     tensors: Mutex<Vec<Option<Tensor>>>,
     values: Mutex<Vec<Vec<f64>>>,
     barrier: Barrier,
@@ -27,7 +27,7 @@ struct Shared {
 impl Local {
     /// The `n` ranks of a new world (move each to its own thread).
     pub fn world(n: usize) -> Vec<Local> {
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(WorldState {
             tensors: Mutex::new(vec![None; n]),
             values: Mutex::new(vec![Vec::new(); n]),
             barrier: Barrier::new(n),

@@ -235,7 +235,7 @@ fn is_matrix(name: &str) -> bool {
 }
 
 /// Which implementation runs the talker.
-enum Backend {
+enum TalkerBackend {
     /// The candle modules (CUDA, and `bf16` on a CPU).
     Candle(Box<Talker>),
     /// The CPU inference path ([`infer::CpuTalker`]).
@@ -247,7 +247,7 @@ const CHUNK_PAUSE_SECONDS: f32 = 0.12;
 
 pub struct Synthesizer {
     pub files: ModelFiles,
-    backend: Backend,
+    backend: TalkerBackend,
     precision: Precision,
     device: Device,
     pub tokenizer: TextTokenizer,
@@ -272,7 +272,7 @@ impl Synthesizer {
                     .with_overlay(files.overlay.clone());
                 let talker = infer::CpuTalker::load(&mapped, &files.config, format)
                     .with_context(|| format!("cannot build the talker of {}", source.describe()))?;
-                Backend::Cpu(Box::new(talker))
+                TalkerBackend::Cpu(Box::new(talker))
             }
             None => {
                 ensure!(
@@ -298,7 +298,7 @@ impl Synthesizer {
                 }
                 let talker = Talker::load(&weights, &files.config, Numerics::Fused)
                     .with_context(|| format!("cannot build the talker of {}", source.describe()))?;
-                Backend::Candle(Box::new(talker))
+                TalkerBackend::Candle(Box::new(talker))
             }
         };
         let codec = Codec::from_files(&files.speech_tokenizer()?)?;
@@ -315,10 +315,10 @@ impl Synthesizer {
         })
     }
 
-    fn embedder_of(backend: &Backend) -> &dyn Embed {
+    fn embedder_of(backend: &TalkerBackend) -> &dyn Embed {
         match backend {
-            Backend::Candle(t) => t.as_ref(),
-            Backend::Cpu(t) => t.as_ref(),
+            TalkerBackend::Candle(t) => t.as_ref(),
+            TalkerBackend::Cpu(t) => t.as_ref(),
         }
     }
 
@@ -333,8 +333,8 @@ impl Synthesizer {
     pub fn describe_backend(&self) -> String {
         let isa = crate::kernels::isa::Isa::detected();
         match &self.backend {
-            Backend::Candle(_) => format!("{} on {:?} (candle)", self.precision, self.device),
-            Backend::Cpu(t) => {
+            TalkerBackend::Candle(_) => format!("{} on {:?} (candle)", self.precision, self.device),
+            TalkerBackend::Cpu(t) => {
                 let bytes: usize = t.matrices().iter().map(|(_, w)| w.bytes()).sum();
                 let per_frame = t.step_weight_bytes() + t.code_predictor.weight_bytes_per_frame();
                 let kernels = match self.precision {
@@ -362,16 +362,16 @@ impl Synthesizer {
     /// The CPU inference talker, when that path runs.
     pub fn cpu_talker(&self) -> Option<&infer::CpuTalker> {
         match &self.backend {
-            Backend::Cpu(t) => Some(t),
-            Backend::Candle(_) => None,
+            TalkerBackend::Cpu(t) => Some(t),
+            TalkerBackend::Candle(_) => None,
         }
     }
 
     /// The candle talker, when that path runs.
     pub fn candle_talker(&self) -> Option<&Talker> {
         match &self.backend {
-            Backend::Candle(t) => Some(t),
-            Backend::Cpu(_) => None,
+            TalkerBackend::Candle(t) => Some(t),
+            TalkerBackend::Cpu(_) => None,
         }
     }
 
@@ -411,7 +411,7 @@ impl Synthesizer {
             "{what} holds no speaker (its speakers.safetensors is empty)"
         );
         let h = self.config().talker_config.hidden_size;
-        let Backend::Cpu(talker) = &mut self.backend else {
+        let TalkerBackend::Cpu(talker) = &mut self.backend else {
             bail!(
                 "{what}: adapters kept beside the base model run on the CPU inference path \
                  (precision f32, bf16-weights or q8), not {}",
@@ -532,7 +532,7 @@ impl Synthesizer {
                 .collect();
             let observe = |frames| progress(done, rows.len(), frames);
             let out = match &self.backend {
-                Backend::Candle(t) => talker_loop::generate(
+                TalkerBackend::Candle(t) => talker_loop::generate(
                     t.as_ref(),
                     &prompts,
                     &self.special.pad,
@@ -540,7 +540,7 @@ impl Synthesizer {
                     &mut rngs,
                     observe,
                 )?,
-                Backend::Cpu(t) => talker_loop::generate(
+                TalkerBackend::Cpu(t) => talker_loop::generate(
                     t.as_ref(),
                     &prompts,
                     &self.special.pad,

@@ -82,14 +82,14 @@ impl Q8Matrix {
     /// Quantizes a row-major f32 matrix `(n, k)`.
     pub fn from_f32(w: &[f32], n: usize, k: usize) -> Result<Self, Q8Error> {
         check_len(w.len(), n, k)?;
-        Self::build(n, k, Source::F32(w))
+        Self::build(n, k, QuantSource::F32(w))
     }
 
     /// Quantizes a row-major bf16 matrix `(n, k)` given as raw bf16 bits (the checkpoint's
     /// values; bf16 → f32 is exact).
     pub fn from_bf16(w: &[u16], n: usize, k: usize) -> Result<Self, Q8Error> {
         check_len(w.len(), n, k)?;
-        Self::build(n, k, Source::Bf16(w))
+        Self::build(n, k, QuantSource::Bf16(w))
     }
 
     /// Rows, columns.
@@ -106,7 +106,7 @@ impl Q8Matrix {
         self.n.div_ceil(TILE)
     }
 
-    fn build(n: usize, k: usize, src: Source<'_>) -> Result<Self, Q8Error> {
+    fn build(n: usize, k: usize, src: QuantSource<'_>) -> Result<Self, Q8Error> {
         let fast_bf16 = cfg!(target_arch = "x86_64") && Isa::detected().avx512;
         let kb = k.div_ceil(BLOCK);
         let kp = kb * BLOCK;
@@ -125,7 +125,7 @@ impl Q8Matrix {
                                 let r = t * TILE + i;
                                 match src {
                                     #[cfg(target_arch = "x86_64")]
-                                    Source::Bf16(w) if fast_bf16 && k == kp => {
+                                    QuantSource::Bf16(w) if fast_bf16 && k == kp => {
                                         // SAFETY: the CPU has AVX-512 F/BW/VL (checked above);
                                         // row, bytes and scales have the lengths it asserts.
                                         unsafe {
@@ -136,13 +136,13 @@ impl Q8Matrix {
                                             )
                                         };
                                     }
-                                    Source::Bf16(w) => {
+                                    QuantSource::Bf16(w) => {
                                         for (o, b) in row.iter_mut().zip(&w[r * k..(r + 1) * k]) {
                                             *o = f32::from_bits((*b as u32) << 16);
                                         }
                                         quantize_weight_row(row, q, d);
                                     }
-                                    Source::F32(w) => {
+                                    QuantSource::F32(w) => {
                                         row[..k].copy_from_slice(&w[r * k..(r + 1) * k]);
                                         quantize_weight_row(row, q, d);
                                     }
@@ -276,7 +276,7 @@ impl Q8Matrix {
 
 /// The values a matrix is quantized from, row-major.
 #[derive(Clone, Copy)]
-enum Source<'a> {
+enum QuantSource<'a> {
     F32(&'a [f32]),
     /// Raw bf16 bits.
     Bf16(&'a [u16]),

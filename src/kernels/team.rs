@@ -30,7 +30,7 @@ use rayon::prelude::*;
 const SPIN: Duration = Duration::from_micros(if cfg!(miri) { 0 } else { 500 });
 
 /// One call of [`for_each_chunk`], on the caller's stack while any thread can reach it.
-struct Job {
+struct TeamCall {
     /// The type-erased chunk runner; valid for as long as the job is published.
     run: *const (dyn Fn(usize) + Sync),
     next: AtomicUsize,
@@ -39,7 +39,7 @@ struct Job {
     panic: Mutex<Option<Box<dyn Any + Send>>>,
 }
 
-impl Job {
+impl TeamCall {
     /// Claims and runs chunks until none are left. A panicking chunk still counts as done (its
     /// payload is kept for the caller), so the caller never waits for a chunk that cannot end.
     fn work(&self) {
@@ -65,7 +65,7 @@ impl Job {
 struct Team {
     helpers: usize,
     /// The published job, or null.
-    job: AtomicPtr<Job>,
+    job: AtomicPtr<TeamCall>,
     /// Helpers that may be touching the published job (entered before checking it).
     inside: AtomicUsize,
     /// Set while a caller owns the team.
@@ -182,14 +182,15 @@ pub fn for_each_chunk<T: Send>(data: &mut [T], chunk: usize, f: impl Fn(usize, &
     // SAFETY: only the lifetime is erased; the job is withdrawn and every helper has left it
     // before `run` goes out of scope (below), and no helper touches a withdrawn job.
     let run_ptr: *const (dyn Fn(usize) + Sync) = unsafe { std::mem::transmute(run_ref) };
-    let job = Job {
+    let job = TeamCall {
         run: run_ptr,
         next: AtomicUsize::new(0),
         done: AtomicUsize::new(0),
         total,
         panic: Mutex::new(None),
     };
-    team.job.store(&job as *const Job as *mut Job, SeqCst);
+    team.job
+        .store(&job as *const TeamCall as *mut TeamCall, SeqCst);
     if team.parked.load(SeqCst) > 0 {
         let _guard = team.lock.lock().unwrap_or_else(|e| e.into_inner());
         team.wake.notify_all();

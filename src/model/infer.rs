@@ -28,7 +28,7 @@ use adapters::AdaptedProjection;
 pub use adapters::AdapterId;
 
 /// One decoder layer's weights.
-struct Layer {
+struct CpuLayer {
     input_norm: Vec<f32>,
     post_norm: Vec<f32>,
     q_norm: Vec<f32>,
@@ -43,7 +43,7 @@ struct Layer {
 }
 
 /// The projections of a layer, named as in the checkpoint after `layers.N.`, in the order
-/// [`Layer::projections`] gives them.
+/// [`CpuLayer::projections`] gives them.
 const PROJECTIONS: [&str; 7] = [
     "self_attn.q_proj",
     "self_attn.k_proj",
@@ -54,7 +54,7 @@ const PROJECTIONS: [&str; 7] = [
     "mlp.down_proj",
 ];
 
-impl Layer {
+impl CpuLayer {
     /// The projections with their names ([`PROJECTIONS`]).
     fn projections(&self) -> impl Iterator<Item = (&'static str, &AdaptedProjection)> {
         let all = [
@@ -79,7 +79,7 @@ impl Layer {
 
 /// A Qwen3 decoder stack (layers, final norm, RoPE frequencies).
 pub struct CpuDecoderStack {
-    layers: Vec<Layer>,
+    layers: Vec<CpuLayer>,
     norm: Vec<f32>,
     cfg: DecoderStackConfig,
     inv_freq: Vec<f32>,
@@ -200,7 +200,7 @@ impl CpuDecoderStack {
                         .map(AdaptedProjection::new)
                 };
                 let vec = |name: &str, n: usize| src.f32(&format!("{p}.{name}"), &[n]);
-                Ok(Layer {
+                Ok(CpuLayer {
                     input_norm: vec("input_layernorm.weight", h)?,
                     post_norm: vec("post_attention_layernorm.weight", h)?,
                     q_norm: vec("self_attn.q_norm.weight", hd)?,
@@ -339,7 +339,7 @@ impl CpuDecoderStack {
     #[allow(clippy::too_many_arguments)]
     fn layer(
         &self,
-        l: &Layer,
+        l: &CpuLayer,
         li: usize,
         x: &mut [f32],
         b: usize,
@@ -412,7 +412,7 @@ impl CpuDecoderStack {
     /// adapter `adapters[t]` (empty: none).
     fn qkv(
         &self,
-        l: &Layer,
+        l: &CpuLayer,
         x: &[f32],
         rows: usize,
         rope: &RopeRows<'_>,
@@ -448,7 +448,7 @@ impl CpuDecoderStack {
     /// `o_proj` and the residual, then the MLP block.
     fn finish_layer(
         &self,
-        l: &Layer,
+        l: &CpuLayer,
         x: &mut [f32],
         att: &[f32],
         rows: usize,

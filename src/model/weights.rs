@@ -18,7 +18,7 @@ use super::overlay::WeightOverlay;
 
 /// For a tensor (name, shape on disk): the dtype to load it in and the rows of dimension 0 to load,
 /// or `None` to skip it.
-type Select<'a> = dyn Fn(&str, &[usize]) -> Option<(DType, std::ops::Range<usize>)> + 'a;
+type LoadSelect<'a> = dyn Fn(&str, &[usize]) -> Option<(DType, std::ops::Range<usize>)> + 'a;
 
 /// All tensors of one or more safetensors files, converted to `dtype` on `device`.
 pub struct Weights {
@@ -89,7 +89,7 @@ impl Weights {
         Ok(w)
     }
 
-    fn load_file(&mut self, path: &Path, select: &Select) -> Result<()> {
+    fn load_file(&mut self, path: &Path, select: &LoadSelect) -> Result<()> {
         let file = std::fs::File::open(path)?;
         // SAFETY: the mapping is read-only and private to this function; checkpoint files are
         // not expected to change while they load (as with every mmap-based loader).

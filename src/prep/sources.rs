@@ -24,18 +24,18 @@ pub struct Discovery {
 }
 
 /// A file or folder by what it is, not by the path that reached it: device and inode.
-type Identity = (u64, u64);
+type FileIdentity = (u64, u64);
 
-fn identity(m: &std::fs::Metadata) -> Identity {
+fn identity(m: &std::fs::Metadata) -> FileIdentity {
     (m.dev(), m.ino())
 }
 
 /// What a walk has seen: the folders it searched (a folder reached again — through a link that
 /// loops, or a second link to it — is not searched twice) and what it must not enter.
 struct Walk<'a> {
-    visited: HashSet<Identity>,
+    visited: HashSet<FileIdentity>,
     /// The workspace: never searched, however it is reached (docs/architecture.md §1).
-    workspace: Option<Identity>,
+    workspace: Option<FileIdentity>,
     exclude: &'a Path,
 }
 
@@ -81,7 +81,7 @@ pub fn discover(inputs: &[PathBuf], exclude_root: &Path, exclude: &Path) -> Disc
 fn one_path_per_file(mut files: Vec<SourceFile>) -> Vec<SourceFile> {
     files.sort();
     files.dedup();
-    let mut chosen: HashMap<Identity, usize> = HashMap::new();
+    let mut chosen: HashMap<FileIdentity, usize> = HashMap::new();
     let mut keep = vec![true; files.len()];
     let direct = |p: &Path| std::fs::canonicalize(p).is_ok_and(|c| c == p);
     for (i, f) in files.iter().enumerate() {

@@ -65,7 +65,7 @@ struct Queue {
     closed: bool,
 }
 
-struct Shared {
+struct SchedulerState {
     queue: Mutex<Queue>,
     wake: Condvar,
     running: AtomicUsize,
@@ -76,7 +76,7 @@ struct Shared {
 
 /// Handle of the generation thread.
 pub struct Scheduler {
-    shared: Arc<Shared>,
+    shared: Arc<SchedulerState>,
     max_queue: usize,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
@@ -90,7 +90,7 @@ impl Scheduler {
              bf16-weights or q8); {} is not one of them",
             synth.precision()
         );
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(SchedulerState {
             queue: Mutex::new(Queue {
                 jobs: VecDeque::new(),
                 closed: false,
@@ -215,7 +215,7 @@ fn start_chunk(synth: &Synthesizer, job: &Job, chunk: usize) -> Result<Row> {
 
 fn generation_loop(
     synth: &Synthesizer,
-    shared: &Shared,
+    shared: &SchedulerState,
     max_batch: usize,
     delay: Option<std::time::Duration>,
 ) {

@@ -26,7 +26,7 @@ pub type Frame = [u32; 16];
 /// other, a step takes tens of milliseconds.
 const GATHER: Duration = Duration::from_millis(2);
 
-enum Command {
+enum DecoderCommand {
     Open {
         id: u64,
         prime: Option<Vec<Frame>>,
@@ -55,7 +55,7 @@ pub struct DecodingStats {
 
 /// The decoding thread and the way to it.
 pub struct StreamDecoding {
-    commands: mpsc::Sender<Command>,
+    commands: mpsc::Sender<DecoderCommand>,
     next_id: AtomicU64,
     pub stats: Arc<DecodingStats>,
 }
@@ -83,7 +83,7 @@ impl StreamDecoding {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (reply, answer) = mpsc::channel();
         self.commands
-            .send(Command::Open { id, prime, reply })
+            .send(DecoderCommand::Open { id, prime, reply })
             .map_err(|_| gone())?;
         answer.recv().map_err(|_| gone())??;
         Ok(OpenStream {
@@ -100,7 +100,7 @@ fn gone() -> anyhow::Error {
 /// A stream open on the decoding thread; closed when dropped.
 pub struct OpenStream {
     id: u64,
-    commands: mpsc::Sender<Command>,
+    commands: mpsc::Sender<DecoderCommand>,
 }
 
 impl OpenStream {
@@ -109,7 +109,7 @@ impl OpenStream {
     pub fn push(&self, frames: Vec<Frame>) -> Result<Vec<f32>> {
         let (reply, answer) = mpsc::channel();
         self.commands
-            .send(Command::Push {
+            .send(DecoderCommand::Push {
                 id: self.id,
                 frames,
                 reply,
@@ -122,7 +122,7 @@ impl OpenStream {
 impl Drop for OpenStream {
     fn drop(&mut self) {
         // The thread may be gone already (shutting down): nothing left to close then.
-        let _ = self.commands.send(Command::Close { id: self.id });
+        let _ = self.commands.send(DecoderCommand::Close { id: self.id });
     }
 }
 
@@ -133,7 +133,7 @@ struct Waiting {
     reply: mpsc::Sender<Result<Vec<f32>>>,
 }
 
-fn run(synth: &Synthesizer, commands: &mpsc::Receiver<Command>, stats: &DecodingStats) {
+fn run(synth: &Synthesizer, commands: &mpsc::Receiver<DecoderCommand>, stats: &DecodingStats) {
     let decoder = synth.codec.decoder();
     let mut streams: HashMap<u64, StreamDecoder<'_>> = HashMap::new();
     let mut waiting: Vec<Waiting> = Vec::new();
@@ -164,12 +164,12 @@ fn run(synth: &Synthesizer, commands: &mpsc::Receiver<Command>, stats: &Decoding
 /// Applies a command; a push joins the next pass.
 fn take<'d>(
     decoder: &'d Decoder,
-    cmd: Command,
+    cmd: DecoderCommand,
     streams: &mut HashMap<u64, StreamDecoder<'d>>,
     waiting: &mut Vec<Waiting>,
 ) {
     match cmd {
-        Command::Open { id, prime, reply } => {
+        DecoderCommand::Open { id, prime, reply } => {
             let mut s = StreamDecoder::new(decoder);
             let primed = match prime {
                 Some(frames) => crate::kernels::pool::on_pool(|| s.prime(&frames)),
@@ -180,8 +180,8 @@ fn take<'d>(
             }
             let _ = reply.send(primed);
         }
-        Command::Push { id, frames, reply } => waiting.push(Waiting { id, frames, reply }),
-        Command::Close { id } => {
+        DecoderCommand::Push { id, frames, reply } => waiting.push(Waiting { id, frames, reply }),
+        DecoderCommand::Close { id } => {
             streams.remove(&id);
         }
     }

@@ -84,7 +84,7 @@ enum Mlp {
 }
 
 #[derive(Debug, Clone)]
-struct Layer {
+struct CodecLayer {
     input_norm: Norm,
     /// q, k, v projections side by side.
     qkv: Linear,
@@ -142,7 +142,7 @@ impl WindowKvCache {
 #[derive(Debug, Clone)]
 pub struct Transformer {
     dims: TransformerDims,
-    layers: Vec<Layer>,
+    layers: Vec<CodecLayer>,
     /// `theta^(−2i/head_dim)`, f32 as HF computes it.
     inv_freq: Vec<f32>,
 }
@@ -215,7 +215,7 @@ impl Transformer {
             };
             let mut o = linear(w, &format!("{p}self_attn.o_proj.weight"), h, qd)?;
             o.scale_outputs(&attn_scale);
-            layers.push(Layer {
+            layers.push(CodecLayer {
                 input_norm: norm(&format!("{p}input_layernorm"))?,
                 qkv: Linear::concat(&[
                     linear(w, &format!("{p}self_attn.q_proj.weight"), qd, h)?,
@@ -262,7 +262,7 @@ impl Transformer {
     }
 
     /// `h + MLP(post_norm(h))` (the LayerScale is folded into the output projection).
-    fn mlp(&self, layer: &Layer, h: &Seq) -> Seq {
+    fn mlp(&self, layer: &CodecLayer, h: &Seq) -> Seq {
         let m = layer.post_norm.forward(h);
         match &layer.mlp {
             Mlp::Gelu { fc1, fc2 } => {

@@ -29,14 +29,14 @@ pub fn attention(
                 bail!("attention bias must be (B, 1, S, T), got {:?}", b.dims());
             }
             let values = b.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-            Some(Arc::new(Bias { values, rows, s, t }))
+            Some(Arc::new(MaskValues { values, rows, s, t }))
         }
         None => None,
     };
     q.contiguous()?.apply_op3(
         &k.contiguous()?,
         &v.contiguous()?,
-        Attention {
+        AttentionOp {
             head_dim,
             scale: scale as f32,
             bias,
@@ -44,17 +44,17 @@ pub fn attention(
     )
 }
 
-struct Bias {
+struct MaskValues {
     values: Vec<f32>,
     rows: usize,
     s: usize,
     t: usize,
 }
 
-struct Attention {
+struct AttentionOp {
     head_dim: usize,
     scale: f32,
-    bias: Option<Arc<Bias>>,
+    bias: Option<Arc<MaskValues>>,
 }
 
 /// The shapes of one call, checked.
@@ -79,7 +79,7 @@ fn dims(q: &[usize], k: &[usize], v: &[usize], d: usize) -> Result<Dims> {
     })
 }
 
-impl Attention {
+impl AttentionOp {
     fn check_bias(&self, dims: &Dims) -> Result<()> {
         if let Some(bias) = &self.bias {
             if bias.s != dims.s || bias.t != dims.t || (bias.rows != 1 && bias.rows != dims.b) {
@@ -112,7 +112,7 @@ impl Attention {
     }
 }
 
-impl CustomOp3 for Attention {
+impl CustomOp3 for AttentionOp {
     fn name(&self) -> &'static str {
         "attention-grad"
     }

@@ -13,14 +13,14 @@ pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
     let x = x.contiguous()?;
     let w = w.contiguous()?;
     match b {
-        None => x.apply_op2(&w, Linear),
-        Some(b) => x.apply_op3(&w, &b.contiguous()?, Linear),
+        None => x.apply_op2(&w, LinearOp),
+        Some(b) => x.apply_op3(&w, &b.contiguous()?, LinearOp),
     }
 }
 
-struct Linear;
+struct LinearOp;
 
-impl Linear {
+impl LinearOp {
     fn shapes(x: &[usize], w: &[usize]) -> Result<(usize, usize, usize, Shape)> {
         let (&[out, inp], Some(&last)) = (w, x.last()) else {
             bail!("linear: weight {w:?} must be (out, in) and the input non-scalar")
@@ -83,7 +83,7 @@ impl Linear {
     }
 }
 
-impl CustomOp2 for Linear {
+impl CustomOp2 for LinearOp {
     fn name(&self) -> &'static str {
         "linear-grad"
     }
@@ -116,7 +116,7 @@ impl CustomOp2 for Linear {
     }
 }
 
-impl CustomOp3 for Linear {
+impl CustomOp3 for LinearOp {
     fn name(&self) -> &'static str {
         "linear-bias-grad"
     }

@@ -12,7 +12,7 @@ use anyhow::{ensure, Result};
 
 use crate::kernels::{libm, team};
 
-use super::{attend, plan, rms_norm_rows, AdapterId, Cache, CpuDecoderStack, Layer, RopeRows};
+use super::{attend, plan, rms_norm_rows, AdapterId, Cache, CpuDecoderStack, CpuLayer, RopeRows};
 
 impl CpuDecoderStack {
     /// `x` `(n, H)`: one new token for each of `n` rows, row `i` with its own one-row cache
@@ -74,7 +74,7 @@ impl CpuDecoderStack {
     #[allow(clippy::too_many_arguments)]
     fn layer_rows(
         &self,
-        l: &Layer,
+        l: &CpuLayer,
         li: usize,
         x: &mut [f32],
         rope: &RopeRows<'_>,

@@ -8,7 +8,7 @@
 use anyhow::Result;
 use candle_core::{DType, Tensor, Var};
 
-use super::{accumulate_vars, add_into, scalar, Local, Micro, Pass, ShardedTrainer};
+use super::{accumulate_vars, add_into, scalar, Micro, Pass, RankLosses, ShardedTrainer};
 use crate::model::code_predictor::CodePredictor;
 use crate::model::layers::{DecoderLayer, DecoderStackConfig};
 use crate::train::stages::{
@@ -38,7 +38,7 @@ pub(super) struct Forward {
     inputs: Vec<Vec<Tensor>>,
     head_in: Vec<Tensor>,
     frame_hidden: Vec<Tensor>,
-    pub(super) local: Vec<Local>,
+    pub(super) local: Vec<RankLosses>,
 }
 
 impl ShardedTrainer {
@@ -127,7 +127,7 @@ impl ShardedTrainer {
         let mut local = Vec::with_capacity(mine.len());
         for ((m, lt), &ls) in mine.iter().zip(&l_talker).zip(&l_sub) {
             let lt = scalar(lt)?;
-            local.push(Local {
+            local.push(RankLosses {
                 index: m.index,
                 total: lt + SUB_LOSS_WEIGHT * ls,
                 talker: lt,

@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use candle_core::{Tensor, Var};
 
 use super::units::UnitSource;
-use super::{add_into, scalar, Local, Micro, Pass, ShardedTrainer};
+use super::{add_into, scalar, Micro, Pass, RankLosses, ShardedTrainer};
 use crate::model::talker::Talker;
 use crate::train::loss;
 use crate::train::stages::TextRows;
@@ -142,7 +142,7 @@ impl ShardedTrainer {
                     ids: &m.text_ids,
                 }),
             )?;
-            local.push(Local {
+            local.push(RankLosses {
                 index: m.index,
                 total: scalar(&l.total)?,
                 talker: scalar(&l.talker)?,

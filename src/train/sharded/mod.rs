@@ -131,7 +131,7 @@ struct Micro {
 }
 
 /// A rank's loss values of one micro-batch.
-struct Local {
+struct RankLosses {
     index: usize,
     total: f64,
     talker: f64,
@@ -353,7 +353,7 @@ impl ShardedTrainer {
     /// loss is not finite, every rank fails with the same message naming its manifest lines.
     fn agree_losses(
         &self,
-        local: &[Local],
+        local: &[RankLosses],
         micro: &[Vec<usize>],
         epoch: usize,
     ) -> Result<StepSums> {
