@@ -21,7 +21,7 @@
 # runs anyway and says so). `load` checks behaviour, not speed, and runs on a busy machine too.
 #
 # CODEC=DIR serves MODEL with the speech tokenizer in DIR instead of its own (the model's files
-# linked into a temporary directory, removed at exit). For `bench` the default is
+# linked into the temporary workspace, removed at exit). For `bench` the default is
 # `.big-fixtures/codec-full`, the codec of the real size (`scripts/bench_codec_official.py
 # --make-full-size` writes it): the small random codec of the default model leaves out the
 # decoding that limits a CPU server (docs/performance.md §10.2). CODEC=own (the default of `load`) serves the model's own.
@@ -55,16 +55,9 @@ if [[ $MODE == bench ]]; then
     require_quiet "before starting"
     echo "== $LOAD_NOTE"
 fi
-if [[ ! -f $MODEL/model.safetensors ]]; then
-    echo "error: no model at $MODEL (scripts/make_fixtures.py --full-size $MODEL writes the" \
-        "0.6B-shaped random one, see scripts/bench_speak.sh)" >&2
-    exit 1
-fi
-if [[ -z ${BIN:-} ]]; then
-    echo "== building voiceclone (release)" >&2
-    cargo build --release --quiet --bin voiceclone
-    BIN=target/release/voiceclone
-fi
+source scripts/bench_model.sh
+require_model "$MODEL"
+ensure_bin
 
 WS=$(mktemp -d)
 SERVER=""
@@ -74,23 +67,12 @@ cleanup() {
         wait "$SERVER" || true
     fi
     rm -rf "$WS"
-    if [[ -n ${WITH_CODEC:-} ]]; then rm -rf "$WITH_CODEC"; fi
 }
 trap cleanup EXIT
 if [[ $CODEC != own ]]; then
-    if [[ ! -f $CODEC/model.safetensors || ! -f $CODEC/config.json ]]; then
-        echo "error: no speech tokenizer at $CODEC (model.safetensors and config.json;" \
-            "scripts/bench_codec_official.py --make-full-size $CODEC writes the full-size one," \
-            "CODEC=own serves the model's own)" >&2
-        exit 1
-    fi
-    WITH_CODEC=$(mktemp -d)
-    for f in "$MODEL"/*; do
-        [[ $(basename "$f") == speech_tokenizer ]] || ln -s "$(realpath "$f")" "$WITH_CODEC/"
-    done
-    ln -s "$(realpath "$CODEC")" "$WITH_CODEC/speech_tokenizer"
+    model_with_codec "$MODEL" "$CODEC" "$WS/with-codec"
     echo "== $MODEL with the speech tokenizer of $CODEC"
-    MODEL=$WITH_CODEC
+    MODEL=$WS/with-codec
 fi
 mkdir -p "$WS/data"
 cp "$REF" "$WS/data/ref.wav"

@@ -30,32 +30,16 @@ TEXT="This is a sentence that is long enough to need about eight seconds of spee
 the cloned voice."
 
 source scripts/quiet.sh
-if [[ ! -f $MODEL/model.safetensors ]]; then
-    echo "error: no model at $MODEL (scripts/make_fixtures.py --full-size $MODEL writes the" \
-        "0.6B-shaped random one, see scripts/bench_speak.sh)" >&2
-    exit 1
-fi
-if [[ -z ${BIN:-} ]]; then
-    echo "== building voiceclone (release)" >&2
-    cargo build --release --quiet --bin voiceclone
-    BIN=target/release/voiceclone
-fi
+source scripts/bench_model.sh
+require_model "$MODEL"
+ensure_bin
 
 WS=$(mktemp -d)
 trap 'rm -rf "$WS"' EXIT
 if [[ $CODEC != own ]]; then
-    if [[ ! -f $CODEC/model.safetensors || ! -f $CODEC/config.json ]]; then
-        echo "error: no speech tokenizer at $CODEC (scripts/bench_codec_official.py" \
-            "--make-full-size $CODEC writes the full-size one; CODEC=own keeps the model's)" >&2
-        exit 1
-    fi
-    mkdir "$WS/model"
-    for f in "$MODEL"/*; do
-        [[ $(basename "$f") == speech_tokenizer ]] || ln -s "$(realpath "$f")" "$WS/model/"
-    done
-    ln -s "$(realpath "$CODEC")" "$WS/model/speech_tokenizer"
+    model_with_codec "$MODEL" "$CODEC" "$WS/with-codec"
     echo "== $MODEL with the speech tokenizer of $CODEC, $PRECISION, $FRAMES frames, $(nproc) cores"
-    MODEL=$WS/model
+    MODEL=$WS/with-codec
 fi
 mkdir -p "$WS/data"
 cp tests/fixtures/audio/ref24k.wav "$WS/data/ref.wav"
