@@ -2,7 +2,7 @@
 //!
 //! A push of one frame through the stream decoder reads the early layers' weights for one
 //! row each, so it costs two to three times the offline decoder's share of that frame on a CPU
-//! (docs/performance.md §10.6); a push of 16 frames costs about the offline share. A stream
+//! (docs/performance.md §10.6); a push of 32 frames costs about the offline share. A stream
 //! therefore sends its first frame alone, for the time to first audio, and then lets each
 //! chunk grow to a quarter of the frames already sent, up to a cap: the audio already out
 //! covers the wait for the next chunk while the stream runs faster than real time, and the
