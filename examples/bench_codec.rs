@@ -23,7 +23,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use voiceclone::model::codec::Codec;
+use vc_model::codec::Codec;
 
 /// User + system CPU time of this process (Linux; NaN elsewhere).
 fn cpu_seconds() -> f64 {
@@ -71,14 +71,14 @@ fn main() -> Result<()> {
         bail!("--push and --streams need at least 1");
     }
     // The crate's memory-reuse policy, as the `voiceclone` binary applies it.
-    voiceclone::kernels::alloc::keep_freed_memory();
+    vc_kernels::alloc::keep_freed_memory();
     let audio = audio.context("--audio WAV is required")?;
 
     let t = Instant::now();
     let codec = Codec::load_dir(&codec_dir)?;
     let load_s = t.elapsed().as_secs_f64();
     let sr = codec.sample_rate();
-    let wav = voiceclone::audio::load_mono(&audio, sr)?;
+    let wav = vc_audio::load_mono(&audio, sr)?;
     if wav.is_empty() {
         bail!("{} has no samples", audio.display());
     }
@@ -103,7 +103,7 @@ fn main() -> Result<()> {
     // while generation keeps up with them (`--push N`: N at a time).
     let stream_dec = if stream_too {
         let t = Instant::now();
-        use voiceclone::model::codec::StreamDecoder;
+        use vc_model::codec::StreamDecoder;
         let mut decoders: Vec<StreamDecoder<'_>> = (0..streams)
             .map(|_| StreamDecoder::new(codec.decoder()))
             .collect();
@@ -153,7 +153,7 @@ fn main() -> Result<()> {
         "threads={} load {load_s:.1} s; input={n} samples ({audio_s:.2} s) frames={frames} output={} samples \
          rms={rms:.3} finite={}; encode {:.2}x real time, decode {:.2}x real time{}; process CPU seconds encode {:.1}, \
          decode {:.1}",
-        voiceclone::kernels::num_threads(),
+        vc_kernels::num_threads(),
         out.len(),
         out.iter().all(|v| v.is_finite()),
         audio_s / enc,

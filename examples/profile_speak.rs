@@ -10,12 +10,12 @@
 use std::time::Instant;
 
 use candle_core::Device;
-use voiceclone::generate::{Precision, Synthesizer};
-use voiceclone::hub::ModelSource;
+use vc_core::hub::ModelSource;
+use vc_generate::{Precision, Synthesizer};
 
 fn main() -> anyhow::Result<()> {
     // As `speak` runs its frames: on a worker of the rayon pool (docs/performance.md §2.4).
-    voiceclone::kernels::pool::on_pool(run)
+    vc_kernels::pool::on_pool(run)
 }
 
 fn run() -> anyhow::Result<()> {
@@ -23,7 +23,7 @@ fn run() -> anyhow::Result<()> {
         .nth(1)
         .expect("usage: profile_speak MODEL_DIR [PRECISION] [FRAMES] [ROWS]");
     // The crate's memory-reuse policy, as the `voiceclone` binary applies it.
-    voiceclone::kernels::alloc::keep_freed_memory();
+    vc_kernels::alloc::keep_freed_memory();
     let prec = match std::env::args().nth(2).as_deref() {
         Some("f32") => Precision::F32,
         Some("q8") => Precision::Q8,
@@ -42,7 +42,7 @@ fn run() -> anyhow::Result<()> {
     );
     let talker = s.cpu_talker().expect("the CPU inference path");
     let h = talker.hidden_size();
-    let mut rng = voiceclone::rng::SplitMix64::new(1);
+    let mut rng = vc_core::rng::SplitMix64::new(1);
     let mut noise = |len: usize| -> Vec<f32> {
         (0..len)
             .map(|_| rng.next_f64() as f32 * 2.0 - 1.0)

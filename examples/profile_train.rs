@@ -5,12 +5,12 @@
 use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor, Var};
-use voiceclone::hub::ModelSource;
-use voiceclone::model::files::ModelFiles;
-use voiceclone::model::ops::Numerics;
-use voiceclone::model::talker::Talker;
-use voiceclone::train::loss::cross_entropy;
-use voiceclone::train::params::ParamStore;
+use vc_core::hub::ModelSource;
+use vc_model::files::ModelFiles;
+use vc_model::ops::Numerics;
+use vc_model::talker::Talker;
+use vc_train::loss::cross_entropy;
+use vc_train::params::ParamStore;
 
 fn timed<T>(
     what: &str,
@@ -36,7 +36,7 @@ fn main() -> anyhow::Result<()> {
         .expect("usage: profile_train MODEL_DIR [frames] [talker_len]");
     let frames: usize = args.next().map_or(Ok(230), |a| a.parse())?;
     let len: usize = args.next().map_or(Ok(170), |a| a.parse())?;
-    voiceclone::kernels::alloc::keep_freed_memory();
+    vc_kernels::alloc::keep_freed_memory();
     let dev = Device::Cpu;
     let files = ModelFiles::resolve(&ModelSource::Local(dir.into()))?;
     let weights = files.load_weights(DType::F32, &dev, |n| n.starts_with("talker."))?;
@@ -61,7 +61,7 @@ fn main() -> anyhow::Result<()> {
     let xin = timed("  cp inputs (embeddings, cat)", reps, || {
         let mut inputs = vec![hidden.as_tensor().unsqueeze(1)?, c0e.unsqueeze(1)?];
         for i in 1..g - 1 {
-            inputs.push(voiceclone::model::ops::embedding(
+            inputs.push(vc_model::ops::embedding(
                 &cp.codec_embedding[i - 1],
                 &codes.narrow(1, i, 1)?,
             )?);
@@ -70,7 +70,7 @@ fn main() -> anyhow::Result<()> {
     })?;
     let l0 = &cp.decoder.layers[0];
     let xr = xin.reshape((frames * g, h))?;
-    let gk = voiceclone::model::grad_kernels::linear;
+    let gk = vc_model::grad_kernels::linear;
     let up = timed("  one linear 256->768 (kernel)", reps, || {
         Ok(gk(&xr, &l0.gate_proj.weight, None)?)
     })?;
@@ -94,7 +94,7 @@ fn main() -> anyhow::Result<()> {
         Ok(xr.matmul(&l0.gate_proj.weight.t()?)?)
     })?;
     timed("  rms norm", reps, || {
-        Ok(voiceclone::model::grad_kernels::rms_norm(
+        Ok(vc_model::grad_kernels::rms_norm(
             &xr,
             &l0.input_layernorm,
             1e-6,
@@ -114,7 +114,7 @@ fn main() -> anyhow::Result<()> {
             .collect();
         let bias = Tensor::from_vec(bias, (1, 1, g, g), &dev)?;
         let a = timed("  attention fwd", reps, || {
-            Ok(voiceclone::model::grad_kernels::attention(
+            Ok(vc_model::grad_kernels::attention(
                 q.as_tensor(),
                 k.as_tensor(),
                 k.as_tensor(),
@@ -127,12 +127,12 @@ fn main() -> anyhow::Result<()> {
         timed("  attention bwd", reps, || Ok(a.backward()?))?;
         let u = Var::from_tensor(&up)?;
         let s = timed("  swiglu fwd", reps, || {
-            Ok(voiceclone::model::grad_kernels::swiglu(u.as_tensor(), u.as_tensor())?.sum_all()?)
+            Ok(vc_model::grad_kernels::swiglu(u.as_tensor(), u.as_tensor())?.sum_all()?)
         })?;
         timed("  swiglu bwd", reps, || Ok(s.backward()?))?;
     }
     timed("  swiglu", reps, || {
-        Ok(voiceclone::model::grad_kernels::swiglu(&up, &up)?)
+        Ok(vc_model::grad_kernels::swiglu(&up, &up)?)
     })?;
     let out = timed("  cp decoder forward", reps, || {
         Ok(cp.decoder.forward(&xin, None, None)?)
@@ -141,9 +141,7 @@ fn main() -> anyhow::Result<()> {
         Ok(Tensor::stack(&cp.lm_head, 0)?)
     })?;
     let logits = timed("  cp heads", reps, || {
-        Ok(voiceclone::model::grad_kernels::shifted_heads(
-            &out, &heads,
-        )?)
+        Ok(vc_model::grad_kernels::shifted_heads(&out, &heads)?)
     })?;
     timed("  cp CE", reps, || {
         Ok(cross_entropy(

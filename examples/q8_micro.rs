@@ -8,11 +8,11 @@
 
 use std::time::Instant;
 
-use voiceclone::kernels::q8::{Q8Matrix, Q8Rows};
+use vc_kernels::q8::{Q8Matrix, Q8Rows};
 
 fn main() {
     // As a frame runs its products: from a worker of the rayon pool.
-    voiceclone::kernels::pool::on_pool(run)
+    vc_kernels::pool::on_pool(run)
 }
 
 fn run() {

@@ -12,11 +12,11 @@
 //!
 //!     cargo run --release --example q8_quality -- MODEL_DIR [STEPS]
 use anyhow::Result;
-use voiceclone::hub::ModelSource;
-use voiceclone::model::files::ModelFiles;
-use voiceclone::model::infer::CpuTalker;
-use voiceclone::model::linear::{Input, WeightFormat};
-use voiceclone::model::weights::MappedWeights;
+use vc_core::hub::ModelSource;
+use vc_model::files::ModelFiles;
+use vc_model::infer::CpuTalker;
+use vc_model::linear::{Input, WeightFormat};
+use vc_model::weights::MappedWeights;
 
 fn rel(a: &[f32], b: &[f32]) -> f64 {
     let (mut num, mut den) = (0f64, 0f64);

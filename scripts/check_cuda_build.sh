@@ -12,4 +12,4 @@ bash scripts/build_cuda.sh
 source scripts/cuda_env.sh
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target/cuda}
 # The release profile, as the build above: the kernels are built once per profile.
-cargo check --locked --release --features cuda,nccl --all-targets "$@"
+cargo check --locked --release --workspace --features cuda,nccl --all-targets "$@"

@@ -7,5 +7,5 @@ bash scripts/install_deps.sh
 bash scripts/fetch_test_assets.sh
 cargo fmt --all -- --check
 # The assets were fetched above: a test that finds them missing fails instead of skipping.
-# `test-hooks` builds the seams the training tests drive (src/train/hooks.rs).
-VOICECLONE_REQUIRE_ASSETS=1 cargo test --locked --features test-hooks "$@"
+# `test-hooks` builds the seams the training tests drive (crates/vc-train/src/hooks.rs).
+VOICECLONE_REQUIRE_ASSETS=1 cargo test --locked --workspace --features test-hooks "$@"

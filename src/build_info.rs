@@ -2,7 +2,7 @@
 //! commit, the optional features compiled in, and the CPU code paths it takes on this machine —
 //! those our kernels choose at run time and those whisper.cpp's ggml was compiled for.
 
-use crate::kernels::isa::Isa;
+use vc_kernels::isa::Isa;
 
 /// Facts fixed when the binary was built (the binary's build script finds them).
 #[derive(Debug, Clone, Copy)]
@@ -45,7 +45,7 @@ pub fn describe(build: Build<'_>, isa: Isa) -> String {
         q8 = isa.q8_path(),
         bf16 = isa.bf16_path(),
         ggml = build.ggml_isa,
-        ggml_cpu = crate::prep::ggml_cpu::backend(),
+        ggml_cpu = vc_prep::ggml_cpu::backend(),
     )
 }
 

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::config::Override;
 use toml::Value;
+use vc_core::config::Override;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -422,7 +422,7 @@ impl ServeArgs {
                         .iter()
                         .map(|e| {
                             let exists = |p: &str| std::path::Path::new(p).exists();
-                            toml::Value::String(match crate::config::adapter_entry(e, exists) {
+                            toml::Value::String(match vc_core::config::adapter_entry(e, exists) {
                                 (Some(name), dir) => {
                                     format!("{name}={}", absolutize_if_exists(dir))
                                 }

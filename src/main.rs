@@ -6,11 +6,11 @@ use tracing_subscriber::EnvFilter;
 /// run allocates (docs/training.md §6.9).
 #[cfg(feature = "test-hooks")]
 #[global_allocator]
-static ALLOCATOR: voiceclone::kernels::alloc::Counting = voiceclone::kernels::alloc::Counting;
+static ALLOCATOR: vc_kernels::alloc::Counting = vc_kernels::alloc::Counting;
 
 fn main() -> ExitCode {
-    // The memory-reuse policy of every command (see `voiceclone::kernels::alloc`).
-    voiceclone::kernels::alloc::keep_freed_memory();
+    // The memory-reuse policy of every command (see `vc_kernels::alloc`).
+    vc_kernels::alloc::keep_freed_memory();
     let cli = parse_cli();
     let default_level = match cli.verbose {
         0 => "warn",
@@ -27,7 +27,7 @@ fn main() -> ExitCode {
     let result = voiceclone::commands::run(cli);
     #[cfg(feature = "test-hooks")]
     if std::env::var_os("VOICECLONE_TEST_REPORT_PEAK").is_some() {
-        let (_, peak) = voiceclone::kernels::alloc::Counting::live_and_peak();
+        let (_, peak) = vc_kernels::alloc::Counting::live_and_peak();
         eprintln!("peak allocated bytes: {peak}");
     }
     match result {
@@ -46,7 +46,7 @@ fn parse_cli() -> voiceclone::cli::Cli {
         commit: env!("VOICECLONE_COMMIT"),
         ggml_isa: env!("VOICECLONE_GGML_ISA"),
     };
-    let isa = voiceclone::kernels::isa::Isa::detected();
+    let isa = vc_kernels::isa::Isa::detected();
     // clap keeps the text for the life of the process; made once per process.
     let text: &'static str =
         Box::leak(voiceclone::build_info::describe(build, isa).into_boxed_str());

@@ -1,7 +1,8 @@
 //! Keeps the references from code and scripts to the documentation honest.
 //!
-//! Scanned: every `.rs` and `.md` file under `src/`, `tests/` and `examples/`, every file under
-//! `scripts/` and `.ci/`, `docs/*.md`, `README.md`, `Cargo.toml` and `configs/` (files that are
+//! Scanned: every `.rs` and `.md` file under `src/`, `crates/`, `tests/` and `examples/`, every
+//! file under `scripts/` and `.ci/`, `docs/*.md`, `README.md`, `Cargo.toml`, `build.rs`, each
+//! crate's manifest and build script, and `configs/` (files that are
 //! not UTF-8 text are skipped, and so is this file, which has to spell out the forbidden forms).
 //!
 //! What counts as a reference, and what fails:
@@ -280,7 +281,7 @@ fn load_docs(root: &Path) -> (Docs, Vec<String>) {
 /// The files the test scans, relative to the repository root.
 fn scanned(root: &Path) -> Vec<PathBuf> {
     let mut all = Vec::new();
-    for dir in ["src", "tests", "examples"] {
+    for dir in ["src", "crates", "tests", "examples"] {
         let mut files = Vec::new();
         walk(&root.join(dir), &mut files);
         all.extend(
@@ -292,8 +293,15 @@ fn scanned(root: &Path) -> Vec<PathBuf> {
     for dir in ["scripts", ".ci", "configs", "docs"] {
         walk(&root.join(dir), &mut all);
     }
-    for f in ["README.md", "Cargo.toml"] {
+    for f in ["README.md", "Cargo.toml", "build.rs"] {
         all.push(root.join(f));
+    }
+    // Each crate's manifest and build script.
+    if let Ok(crates) = std::fs::read_dir(root.join("crates")) {
+        for dir in crates.flatten() {
+            all.push(dir.path().join("Cargo.toml"));
+            all.push(dir.path().join("build.rs"));
+        }
     }
     let me = root.join("tests").join("doc_refs.rs");
     all.retain(|f| f.is_file() && *f != me);

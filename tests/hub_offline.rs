@@ -9,8 +9,8 @@ mod common;
 use std::path::Path;
 
 use common::*;
-use voiceclone::hub::{resolve_single_file, ModelSource};
-use voiceclone::model::text::TextTokenizer;
+use vc_core::hub::{resolve_single_file, ModelSource};
+use vc_model::text::TextTokenizer;
 
 /// Lays out `HF_HOME/hub/models--{owner}--{name}` as hf-hub's cache does.
 fn cached_repo(hf_home: &Path, repo: &str, files: &[(&str, &[u8])]) {

@@ -3,12 +3,12 @@
 
 use anyhow::{Context, Result};
 
-use super::codes::load_codec;
-use crate::artifacts::codes::{frames_from_rows, read_codes_file, write_codes_file};
-use crate::audio::{self, wav};
 use crate::cli::CodecCommand;
-use crate::config::Config;
-use crate::workspace::Workspace;
+use vc_audio::{self as audio, wav};
+use vc_core::artifacts::codes::{frames_from_rows, read_codes_file, write_codes_file};
+use vc_core::config::Config;
+use vc_core::workspace::Workspace;
+use vc_prep::codes::load_codec;
 
 /// Existing outputs are only replaced with `--overwrite`, as everywhere else; checked before
 /// any model is loaded.

@@ -1,40 +1,14 @@
-//! `voiceclone codes` and the speech-tokenizer loading it shares with `voiceclone codec`.
+//! `voiceclone codes`: the `codes` step (`vc_prep::codes`) on the workspace's manifest or
+//! `--input`, with the configured speech tokenizer.
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
-use crate::artifacts::codes::{frames_from_rows, CodeFrame};
 use crate::cli::CodesArgs;
-use crate::codes::{self, AudioEncoder, CodesOptions};
-use crate::config::Config;
-use crate::model::codec::Codec;
-use crate::workspace::Workspace;
-
-/// The speech tokenizer named by `codes.tokenizer`, or else the one inside `model.base`.
-pub fn load_codec(ws: &Workspace, config: &Config) -> Result<Codec> {
-    let spec = if config.codes.tokenizer.trim().is_empty() {
-        &config.model.base
-    } else {
-        &config.codes.tokenizer
-    };
-    let source = ws.model_source(spec)?;
-    Codec::load(&source)
-        .with_context(|| format!("cannot load the speech tokenizer of {}", source.describe()))
-}
-
-/// The codec as `codes` sees it: frames of exactly 16 codes.
-struct CodecEncoder<'a>(&'a Codec);
-
-impl AudioEncoder for CodecEncoder<'_> {
-    fn encode_batch(&self, clips: &[&[f32]]) -> Result<Vec<Vec<CodeFrame>>> {
-        self.0
-            .encode_batch(clips)?
-            .iter()
-            .map(|codes| frames_from_rows(codes))
-            .collect()
-    }
-}
+use vc_core::config::Config;
+use vc_core::workspace::Workspace;
+use vc_prep::codes::{self, load_codec, CodesOptions};
 
 pub fn run(ws: &Workspace, config: &Config, args: &CodesArgs) -> Result<()> {
     let input = args.input.clone().unwrap_or_else(|| ws.manifest());
@@ -53,20 +27,9 @@ pub fn run(ws: &Workspace, config: &Config, args: &CodesArgs) -> Result<()> {
         batch_size: config.codes.batch_size,
         force: args.force,
     };
-    let summary = codes::run(&opts, &CodecEncoder(&codec))?;
-    println!(
-        "codes: {} line(s): {} coded ({:.1} s of audio), {} already had codes, {} left unchanged (bad)",
-        summary.lines,
-        summary.coded,
-        summary.audio_seconds,
-        summary.already_coded,
-        summary.bad_lines.len()
-    );
-    for (line, why) in &summary.bad_lines {
-        println!("  {}:{line}: {why}", input.display());
-    }
-    if summary.coded > 0 || output != input {
-        println!("  wrote {}", output.display());
+    let summary = codes::run(&opts, &codec)?;
+    for line in summary.report(&input, &output) {
+        println!("{line}");
     }
     Ok(())
 }

@@ -1,21 +1,17 @@
-//! `voiceclone embed`: the speaker x-vector of the reference clip (docs/model.md §7
-//! `create_voice_clone_prompt`, docs/model.md §8) → `data/speaker.safetensors`, tensor
-//! `speaker_embedding`, shape `(enc_dim,)`, f32. With named speakers (docs/training.md §3.3) one
-//! file per speaker, `data/speakers/NAME.safetensors`; `embed.mode = "mean"` averages (in f32)
-//! the x-vectors of up to `embed.mean_clips` of the speaker's utterances instead.
+//! `voiceclone embed`: the speaker x-vectors of the workspace, or of one reference clip given on
+//! the command line (`vc_prep::xvectors`, which the trainer also calls).
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use anyhow::{bail, Context, Result};
-use candle_core::Device;
+use anyhow::{bail, Result};
 
-use crate::artifacts::manifest::Manifest;
-use crate::artifacts::speaker;
 use crate::cli::EmbedArgs;
-use crate::config::{Config, EmbedMode};
-use crate::model::speaker::SpeakerEncoder;
-use crate::workspace::Workspace;
+use vc_core::artifacts::speaker;
+use vc_core::config::{Config, EmbedMode};
+use vc_core::workspace::Workspace;
+use vc_prep::xvectors::{
+    single_speaker_job, speaker_job, workspace_speakers, LoadedSpeakerEncoder, XVectorJob,
+};
 
 pub fn run(ws: &Workspace, config: &Config, args: &EmbedArgs) -> Result<()> {
     let named = workspace_speakers(ws)?;
@@ -59,7 +55,8 @@ pub fn run(ws: &Workspace, config: &Config, args: &EmbedArgs) -> Result<()> {
             mode: EmbedMode::Ref,
             output,
         };
-        return encoder.run(ws, config, &job);
+        println!("{}", encoder.run(ws, config, &job)?);
+        return Ok(());
     }
     let names: Vec<String> = match &args.speaker {
         Some(name) => vec![name.clone()],
@@ -90,224 +87,9 @@ pub fn run(ws: &Workspace, config: &Config, args: &EmbedArgs) -> Result<()> {
     };
     let encoder = LoadedSpeakerEncoder::load(ws, config)?;
     for job in &jobs {
-        encoder.run(ws, config, job)?;
+        println!("{}", encoder.run(ws, config, job)?);
     }
     Ok(())
-}
-
-/// Computes the x-vector files of the named speakers `names` (what `train` runs for the ones
-/// that are missing), with the configured `embed.mode`.
-pub fn embed_speakers(ws: &Workspace, config: &Config, names: &[String]) -> Result<()> {
-    let jobs = names
-        .iter()
-        .map(|n| speaker_job(ws, config, n))
-        .collect::<Result<Vec<_>>>()?;
-    let encoder = LoadedSpeakerEncoder::load(ws, config)?;
-    for job in &jobs {
-        encoder.run(ws, config, job)?;
-    }
-    Ok(())
-}
-
-/// The named speakers of the workspace's manifest (none without a manifest or names).
-pub fn workspace_speakers(ws: &Workspace) -> Result<Vec<String>> {
-    let path = ws.manifest();
-    if !path.is_file() {
-        return Ok(Vec::new());
-    }
-    let m = Manifest::read(&path)?;
-    let problems = m.speaker_problems();
-    if !problems.is_empty() {
-        const SHOWN: usize = 10;
-        let mut msg = format!(
-            "{} line(s) of {} break the speaker rules:",
-            problems.len(),
-            path.display()
-        );
-        for (line, why) in problems.iter().take(SHOWN) {
-            msg.push_str(&format!("\n  {}:{line}: {why}", path.display()));
-        }
-        if problems.len() > SHOWN {
-            msg.push_str(&format!("\n  … and {} more", problems.len() - SHOWN));
-        }
-        bail!(msg);
-    }
-    Ok(m.speakers())
-}
-
-/// One x-vector file to compute.
-struct XVectorJob {
-    speaker: Option<String>,
-    /// The reference clip (`Ref`) or the utterances to average (`Mean`).
-    clips: Vec<PathBuf>,
-    mode: EmbedMode,
-    output: PathBuf,
-}
-
-fn single_speaker_job(ws: &Workspace, config: &Config) -> Result<XVectorJob> {
-    let output = ws.speaker_file();
-    match config.embed.mode {
-        EmbedMode::Ref => {
-            let path = ws.ref_wav();
-            if !path.is_file() {
-                bail!(
-                    "no reference clip: {} does not exist in workspace {}. Run `voiceclone prep` \
-                     first (it picks or copies the reference clip), or pass one: `voiceclone embed \
-                     REF_AUDIO`",
-                    ws.relative(&path),
-                    ws.root().display()
-                );
-            }
-            Ok(XVectorJob {
-                speaker: None,
-                clips: vec![path],
-                mode: EmbedMode::Ref,
-                output,
-            })
-        }
-        EmbedMode::Mean => Ok(XVectorJob {
-            speaker: None,
-            clips: mean_clips(ws, None, config.embed.mean_clips)?,
-            mode: EmbedMode::Mean,
-            output,
-        }),
-    }
-}
-
-fn speaker_job(ws: &Workspace, config: &Config, name: &str) -> Result<XVectorJob> {
-    let output = ws.speaker_file_of(name);
-    let clips = match config.embed.mode {
-        EmbedMode::Ref => {
-            let path = ws.ref_clip(name);
-            if !path.is_file() {
-                bail!(
-                    "no reference clip for speaker {name:?}: {} does not exist; run `voiceclone \
-                     prep --speaker {name} INPUT...` (it picks the clip), or pass one: \
-                     `voiceclone embed --speaker {name} REF_AUDIO`",
-                    ws.relative(&path)
-                );
-            }
-            vec![path]
-        }
-        EmbedMode::Mean => mean_clips(ws, Some(name), config.embed.mean_clips)?,
-    };
-    Ok(XVectorJob {
-        speaker: Some(name.to_string()),
-        clips,
-        mode: config.embed.mode,
-        output,
-    })
-}
-
-/// Up to `n` utterances of `speaker` (every row when `None`), spread evenly over its manifest
-/// lines (row `⌊i·len/k⌋` for i < k), so that different recordings and sessions are averaged.
-fn mean_clips(ws: &Workspace, speaker: Option<&str>, n: usize) -> Result<Vec<PathBuf>> {
-    let path = ws.manifest();
-    if !path.is_file() {
-        bail!(
-            "embed.mode = \"mean\" averages the utterances of {}, which does not exist; run \
-             `voiceclone prep` first",
-            ws.relative(&path)
-        );
-    }
-    let m = Manifest::read(&path)?;
-    let rows: Vec<(usize, &str)> = m
-        .rows()
-        .filter(|(_, r)| speaker.is_none() || r.speaker.as_deref() == speaker)
-        .filter_map(|(line, r)| r.audio.as_deref().map(|a| (line, a)))
-        .collect();
-    if rows.is_empty() {
-        bail!(
-            "{} has no utterance (a line with \"audio\"){} to average",
-            ws.relative(&path),
-            speaker
-                .map(|s| format!(" of speaker {s:?}"))
-                .unwrap_or_default()
-        );
-    }
-    let k = n.min(rows.len());
-    (0..k)
-        .map(|i| {
-            let (line, audio) = rows[i * rows.len() / k];
-            let clip = ws.resolve(audio);
-            if !clip.is_file() {
-                bail!(
-                    "{}:{line}: the utterance {} does not exist",
-                    ws.relative(&path),
-                    clip.display()
-                );
-            }
-            Ok(clip)
-        })
-        .collect()
-}
-
-/// The speaker encoder of `model.base`, loaded once.
-struct LoadedSpeakerEncoder {
-    encoder: SpeakerEncoder,
-}
-
-impl LoadedSpeakerEncoder {
-    fn load(ws: &Workspace, config: &Config) -> Result<Self> {
-        let source = ws.model_source(&config.model.base)?;
-        let encoder = SpeakerEncoder::from_model(&source, &Device::Cpu)
-            .with_context(|| format!("cannot load the speaker encoder of {}", source.describe()))?;
-        Ok(Self { encoder })
-    }
-
-    fn embed_clip(&self, clip: &Path) -> Result<Vec<f32>> {
-        let rate = self.encoder.config.sample_rate;
-        let wav = crate::audio::load_mono(clip, rate)?;
-        self.encoder
-            .embed(&wav, rate)
-            .with_context(|| format!("cannot compute the speaker embedding of {}", clip.display()))
-    }
-
-    fn run(&self, ws: &Workspace, config: &Config, job: &XVectorJob) -> Result<()> {
-        let vectors = job
-            .clips
-            .iter()
-            .map(|c| self.embed_clip(c))
-            .collect::<Result<Vec<_>>>()?;
-        let embedding = match job.mode {
-            EmbedMode::Ref => vectors.into_iter().next().context("no reference clip")?,
-            EmbedMode::Mean => speaker::mean(&vectors)?,
-        };
-        let mut metadata = HashMap::from([
-            (
-                "format".to_string(),
-                "voiceclone speaker embedding".to_string(),
-            ),
-            ("model".to_string(), config.model.base.clone()),
-            ("mode".to_string(), job.mode.name().to_string()),
-        ]);
-        match job.mode {
-            EmbedMode::Ref => {
-                metadata.insert("ref_audio".into(), job.clips[0].display().to_string());
-            }
-            EmbedMode::Mean => {
-                metadata.insert("clips".into(), job.clips.len().to_string());
-            }
-        }
-        if let Some(name) = &job.speaker {
-            metadata.insert("speaker".into(), name.clone());
-        }
-        speaker::write(&job.output, &embedding, Some(metadata))?;
-        let of = match (&job.speaker, job.mode) {
-            (Some(n), EmbedMode::Mean) => {
-                format!("speaker {n}, mean of {} utterances", job.clips.len())
-            }
-            (None, EmbedMode::Mean) => format!("the mean of {} utterances", job.clips.len()),
-            (Some(n), EmbedMode::Ref) => format!("speaker {n}, {}", ws.display(&job.clips[0])),
-            (None, EmbedMode::Ref) => ws.display(&job.clips[0]),
-        };
-        println!(
-            "wrote {}: {}-dimensional speaker embedding of {of}",
-            ws.display(&job.output),
-            embedding.len(),
-        );
-        Ok(())
-    }
 }
 
 /// Whether two paths name the same existing file.

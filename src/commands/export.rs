@@ -5,10 +5,10 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 
 use crate::cli::ExportArgs;
-use crate::config::Config;
-use crate::model::files::ModelFiles;
-use crate::train::{checkpoint, export, selection};
-use crate::workspace::Workspace;
+use vc_core::config::Config;
+use vc_core::workspace::Workspace;
+use vc_model::files::ModelFiles;
+use vc_train::{checkpoint, export, selection};
 
 pub fn run(ws: &Workspace, config: &Config, args: &ExportArgs) -> Result<()> {
     let dir = match &args.checkpoint {
@@ -97,31 +97,6 @@ pub fn run(ws: &Workspace, config: &Config, args: &ExportArgs) -> Result<()> {
         lora_scale: args.lora_scale,
         adapter_only: args.adapter_only,
     })?;
-    report(ws, &summary);
+    summary.print(ws);
     Ok(())
-}
-
-/// Prints where the export went and how to use it.
-pub fn report(ws: &Workspace, s: &export::ExportSummary) {
-    for note in &s.recovered {
-        eprintln!("note: {note}");
-    }
-    let out = ws.relative(&s.output);
-    let names: Vec<String> = s.speakers.iter().map(|(n, _)| format!("{n:?}")).collect();
-    println!(
-        "{} {out}: step {} ({} tensors, {} trained), speaker{} {}",
-        if s.replaced { "replaced" } else { "exported" },
-        s.step,
-        s.tensors,
-        s.trained_tensors,
-        if names.len() == 1 { "" } else { "s" },
-        names.join(", ")
-    );
-    if s.adapter_only {
-        println!(
-            "  PEFT adapters: PeftModel.from_pretrained(Qwen3TTSModel.from_pretrained(BASE).model, \"{out}\")"
-        );
-    } else if let Some((first, _)) = s.speakers.first() {
-        println!("  speak with: voiceclone speak --model {out} --speaker {first} \"Hello!\" -o hello.wav");
-    }
 }

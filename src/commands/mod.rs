@@ -17,8 +17,8 @@ pub mod train_setup;
 use anyhow::Result;
 
 use crate::cli::{Cli, Command};
-use crate::config::{self, Override};
-use crate::workspace::Workspace;
+use vc_core::config::{self, Override};
+use vc_core::workspace::Workspace;
 
 pub fn run(cli: Cli) -> Result<()> {
     let ws = Workspace::open(&cli.workdir)?;

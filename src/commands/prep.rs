@@ -3,12 +3,12 @@ use std::sync::Arc;
 use anyhow::Result;
 
 use crate::cli::PrepArgs;
-use crate::config::Config;
-use crate::prep::segment::Rules;
-use crate::prep::speakers::{self, SpeakerInputs};
-use crate::prep::transcribe::{Transcriber, WhisperTranscriber};
-use crate::prep::{self, PrepOptions};
-use crate::workspace::Workspace;
+use vc_core::config::Config;
+use vc_core::workspace::Workspace;
+use vc_prep::segment::Rules;
+use vc_prep::speakers::{self, SpeakerInputs};
+use vc_prep::transcribe::{resolve_whisper_spec, Transcriber, WhisperTranscriber};
+use vc_prep::{self as prep, PrepOptions};
 
 pub fn run(ws: &Workspace, config: &Config, args: &PrepArgs) -> Result<()> {
     let p = &config.prep;
@@ -30,7 +30,7 @@ pub fn run(ws: &Workspace, config: &Config, args: &PrepArgs) -> Result<()> {
     };
     let make = || -> Result<Arc<dyn Transcriber>> {
         let spec = resolve_whisper_spec(ws, &p.whisper_model);
-        let model = crate::hub::resolve_single_file(&spec)
+        let model = vc_core::hub::resolve_single_file(&spec)
             .map_err(|e| e.context("cannot find the Whisper model (prep.whisper_model)"))?;
         Ok(Arc::new(WhisperTranscriber::load(&model, &p.language)?))
     };
@@ -58,15 +58,4 @@ pub fn run(ws: &Workspace, config: &Config, args: &PrepArgs) -> Result<()> {
         print!("{}", summary.render());
     }
     Ok(())
-}
-
-/// A relative Whisper path that exists in the workspace is local; anything else is passed on
-/// (absolute paths, and hub references like owner/repo/file).
-pub(crate) fn resolve_whisper_spec(ws: &Workspace, spec: &str) -> String {
-    let local = ws.config_path(spec);
-    if local.exists() {
-        local.to_string_lossy().into_owned()
-    } else {
-        spec.to_string()
-    }
 }

@@ -1,5 +1,5 @@
 //! `voiceclone serve`: load the model and the workspace's voice once, then serve the HTTP API
-//! (`crate::serve`, docs/serving.md) until SIGTERM or Ctrl-C.
+//! (`vc_serve`, docs/serving.md) until SIGTERM or Ctrl-C.
 
 use std::io::Write;
 use std::time::Duration;
@@ -7,16 +7,16 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use candle_core::Device;
 
-use super::speak::{
+use crate::voice_setup::{
     adapter_base, check_adapter_base, decode_options, resolve_voice, speak_model, VoiceSpec,
 };
-use crate::artifacts::adapter::AdapterDir;
-use crate::config::{self, Config};
-use crate::generate::{Precision, Synthesizer};
-use crate::hub::ModelSource;
-use crate::model::files::ModelFiles;
-use crate::serve::{self, voices::Registry, AdapterVoice, ServeOptions, ServerState};
-use crate::workspace::Workspace;
+use vc_core::artifacts::adapter::AdapterDir;
+use vc_core::config::{self, Config};
+use vc_core::hub::ModelSource;
+use vc_core::workspace::Workspace;
+use vc_generate::{Precision, Synthesizer};
+use vc_model::files::ModelFiles;
+use vc_serve::{self as serve, voices::Registry, AdapterVoice, ServeOptions, ServerState};
 
 pub fn run(ws: &Workspace, config: &Config) -> Result<()> {
     let s = &config.serve;
@@ -74,7 +74,7 @@ pub fn run(ws: &Workspace, config: &Config) -> Result<()> {
     let default_voice = match resolve_voice(ws, &mut synth, &VoiceSpec::default()) {
         Ok(v) => Some(v),
         Err(e) => {
-            match e.downcast_ref::<super::speak::SeveralSpeakers>() {
+            match e.downcast_ref::<crate::voice_setup::SeveralSpeakers>() {
                 Some(s) => eprintln!(
                     "no \"default\" voice: {}; each request names one as its \"voice\"",
                     s.which()

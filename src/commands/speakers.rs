@@ -9,11 +9,11 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
 
-use crate::artifacts::manifest::Manifest;
-use crate::artifacts::speaker::name_key;
 use crate::cli::SpeakersArgs;
-use crate::config::Config;
-use crate::workspace::Workspace;
+use vc_core::artifacts::manifest::Manifest;
+use vc_core::artifacts::speaker::name_key;
+use vc_core::config::Config;
+use vc_core::workspace::Workspace;
 
 /// One speaker's row of the report.
 #[derive(Debug, Default)]
@@ -130,7 +130,7 @@ fn collect(ws: &Workspace, config: &Config) -> Result<Vec<SpeakerRow>> {
     Ok(entries)
 }
 
-fn count(e: &mut SpeakerRow, r: &crate::artifacts::ManifestRow) {
+fn count(e: &mut SpeakerRow, r: &vc_core::artifacts::ManifestRow) {
     e.utterances += 1;
     e.seconds += r.duration.unwrap_or(0.0);
     if r.frames().is_some() {
@@ -154,7 +154,7 @@ fn safetensors_metadata(path: &Path) -> Option<std::collections::HashMap<String,
 
 /// `spk_id` of the exported model (lower-case names → codec rows); empty without a model.
 fn model_speakers(dir: &Path) -> BTreeMap<String, u64> {
-    let Ok(text) = std::fs::read_to_string(dir.join(crate::model::files::CONFIG)) else {
+    let Ok(text) = std::fs::read_to_string(dir.join(vc_model::files::CONFIG)) else {
         return BTreeMap::new();
     };
     let Ok(cfg) = serde_json::from_str::<Value>(&text) else {

@@ -11,15 +11,15 @@ use super::train_setup::{
     train_device,
 };
 use crate::cli::TrainArgs;
-use crate::config::Config;
-use crate::train::{self, Trainer};
-use crate::workspace::Workspace;
+use vc_core::config::Config;
+use vc_core::workspace::Workspace;
+use vc_train::{self as train, Trainer};
 
 pub fn run(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<()> {
     if args.plan {
         return super::train_plan::print(ws, config, args);
     }
-    if let Some(env) = crate::dist::RankEnv::from_env()? {
+    if let Some(env) = vc_dist::RankEnv::from_env()? {
         return super::train_ranks::run_rank(ws, config, args, env);
     }
     let c = &config.train;
@@ -42,16 +42,16 @@ pub fn run(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<()> {
     let backend = train::Backend::resolve(c.backend, &device)?;
     let opts = run.options(ws, config, device.clone(), backend)?;
     let where_ = placement(backend, &device, c);
-    if c.recompute == crate::config::Recompute::Layers {
+    if c.recompute == vc_core::config::Recompute::Layers {
         // Recomputing on one device is the `full` pass of a world of one rank: each unit's
         // input is kept, the unit recomputed for the backward pass (docs/training.md §6.7).
-        let coll: Arc<dyn crate::dist::Collective> =
-            Arc::new(crate::dist::local::Local::world(1).remove(0));
+        let coll: Arc<dyn vc_dist::Collective> =
+            Arc::new(vc_dist::local::Local::world(1).remove(0));
         let tag = format!("{:x}", std::process::id());
         let mut trainer = train::sharded::ShardedTrainer::new(
             opts,
             coll,
-            crate::config::Shard::Full,
+            vc_core::config::Shard::Full,
             tag,
             false,
         )?;

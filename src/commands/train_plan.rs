@@ -7,16 +7,16 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 
 use crate::cli::TrainArgs;
-use crate::config::{Config, MemoryPolicy, TrainBackend};
-use crate::model::config::Qwen3TtsConfig;
-use crate::train::lora::Lora;
-use crate::train::plan::activations::Longest;
-use crate::train::plan::choice::{self, Pinned};
-use crate::train::plan::shapes::TensorShape;
-use crate::train::plan::{self, shapes, Estimate, Modes, Setup};
-use crate::train::units::unit_of;
-use crate::train::{trainable, Backend, Storage};
-use crate::workspace::Workspace;
+use vc_core::config::{Config, MemoryPolicy, TrainBackend};
+use vc_core::workspace::Workspace;
+use vc_model::config::Qwen3TtsConfig;
+use vc_train::lora::Lora;
+use vc_train::plan::activations::Longest;
+use vc_train::plan::choice::{self, Pinned};
+use vc_train::plan::shapes::TensorShape;
+use vc_train::plan::{self, shapes, Estimate, Modes, Setup};
+use vc_train::units::unit_of;
+use vc_train::{trainable, Backend, Storage};
 
 /// Audio frames per second (the 12 Hz tokenizer's 12.5).
 const FRAMES_PER_SECOND: f64 = 12.5;
@@ -458,29 +458,29 @@ fn chosen_by_launcher(config: &Config) -> Result<Option<Config>> {
     let (Some(s), Some(o), Some(r), 3) = (
         parts
             .first()
-            .and_then(|v| find(crate::config::OptimizerState::NAMES, v)),
+            .and_then(|v| find(vc_core::config::OptimizerState::NAMES, v)),
         parts
             .get(1)
-            .and_then(|v| find(crate::config::Offload::NAMES, v)),
+            .and_then(|v| find(vc_core::config::Offload::NAMES, v)),
         parts
             .get(2)
-            .and_then(|v| find(crate::config::Recompute::NAMES, v)),
+            .and_then(|v| find(vc_core::config::Recompute::NAMES, v)),
         parts.len(),
     ) else {
         bail!("{CHOSEN_ENV}={value:?} is not \"STATE OFFLOAD RECOMPUTE\"");
     };
     c.optimizer_state = [
-        crate::config::OptimizerState::Fp32,
-        crate::config::OptimizerState::Int8,
-        crate::config::OptimizerState::Bf16Compensated,
+        vc_core::config::OptimizerState::Fp32,
+        vc_core::config::OptimizerState::Int8,
+        vc_core::config::OptimizerState::Bf16Compensated,
     ][s];
     c.offload = [
-        crate::config::Offload::None,
-        crate::config::Offload::Optimizer,
+        vc_core::config::Offload::None,
+        vc_core::config::Offload::Optimizer,
     ][o];
     c.recompute = [
-        crate::config::Recompute::None,
-        crate::config::Recompute::Layers,
+        vc_core::config::Recompute::None,
+        vc_core::config::Recompute::Layers,
     ][r];
     Ok(Some(out))
 }

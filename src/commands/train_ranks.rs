@@ -9,15 +9,15 @@ use candle_core::Device;
 
 use super::train_setup::{finish, move_aside_if_fresh, prepare, print_resumed, print_start};
 use crate::cli::TrainArgs;
-use crate::config::Config;
-use crate::dist::env::Launcher;
-use crate::dist::launch::{self, LaunchSpec};
-use crate::dist::tcp::{Endpoint, TcpCollective};
-use crate::dist::{Collective, RankEnv, ReduceOp};
-use crate::train::driver::{Engine, NonFinite};
-use crate::train::sharded::ShardedTrainer;
-use crate::train::{self, Backend};
-use crate::workspace::Workspace;
+use vc_core::config::Config;
+use vc_core::workspace::Workspace;
+use vc_dist::env::Launcher;
+use vc_dist::launch::{self, LaunchSpec};
+use vc_dist::tcp::{Endpoint, TcpCollective};
+use vc_dist::{Collective, RankEnv, ReduceOp};
+use vc_train::driver::{Engine, NonFinite};
+use vc_train::sharded::ShardedTrainer;
+use vc_train::{self as train, Backend};
 
 /// Starts the rank processes of a run on this machine and waits for them. The data steps
 /// (codes, speaker embedding) and `--fresh` happen here, once, before any rank starts; the
@@ -44,8 +44,8 @@ pub fn launch(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<()> {
     prepare(ws, config, args)?;
     move_aside_if_fresh(ws, args)?;
     let env = match config.train.memory {
-        crate::config::MemoryPolicy::Auto => vec![super::train_plan::chosen_env(config)],
-        crate::config::MemoryPolicy::Manual => Vec::new(),
+        vc_core::config::MemoryPolicy::Auto => vec![super::train_plan::chosen_env(config)],
+        vc_core::config::MemoryPolicy::Manual => Vec::new(),
     };
     let spec = LaunchSpec {
         world,
@@ -82,7 +82,7 @@ fn connect(ep: &Endpoint, device: &Device) -> Result<Arc<dyn Collective>> {
     if device.is_cuda() {
         #[cfg(feature = "nccl")]
         {
-            return Ok(Arc::new(crate::dist::nccl::NcclCollective::connect(
+            return Ok(Arc::new(vc_dist::nccl::NcclCollective::connect(
                 ep, device,
             )?));
         }
@@ -125,7 +125,7 @@ fn rank_main(ws: &Workspace, config: &Config, args: &TrainArgs, env: &RankEnv) -
                 .rsplit_once(':')
                 .and_then(|(_, p)| p.parse::<u16>().ok())
                 .with_context(|| format!("{:?} is not a host:port address", env.rendezvous))?;
-            crate::dist::env::take_inherited_rendezvous(port)?.map(std::sync::Arc::new)
+            vc_dist::env::take_inherited_rendezvous(port)?.map(std::sync::Arc::new)
         }
         _ => None,
     };
@@ -230,8 +230,8 @@ fn train_rank(
                 "CPU, TCP"
             },
             match config.train.shard {
-                crate::config::Shard::Full => "full",
-                crate::config::Shard::GradOp => "grad-op",
+                vc_core::config::Shard::Full => "full",
+                vc_core::config::Shard::GradOp => "grad-op",
             },
             most as u64,
             most / 1e9,
@@ -288,7 +288,7 @@ fn check_shared_filesystem(ws: &Workspace, coll: &dyn Collective, tag: &str) -> 
     if coll.rank() == 0 {
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("cannot create {}", dir.display()))?;
-        crate::fsutil::write_atomic(&marker, tag.as_bytes())?;
+        vc_core::fsutil::write_atomic(&marker, tag.as_bytes())?;
     }
     coll.barrier()?;
     let sees = std::fs::read_to_string(&marker).is_ok_and(|t| t == tag);

@@ -1,6 +1,6 @@
 //! What every way of training needs, whatever runs it — one device ([`super::train`]) or one
 //! rank of a sharded run ([`super::train_ranks`]): the manifest with its codes and the speaker
-//! embeddings made ready (running the `codes` and `embed` steps when they are missing), the
+//! embeddings made ready (the library steps of `codes` and `embed`, run when they are missing), the
 //! base model's files, the training device and test seams, a fresh start's move aside, and what
 //! is printed before and after a run, with the export at its end.
 
@@ -10,13 +10,15 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use candle_core::Device;
 
-use super::{codes, embed};
-use crate::cli::{CodesArgs, EmbedArgs, TokenizerArgs, TrainArgs};
-use crate::config::{Config, EmbedMode};
-use crate::model::files::ModelFiles;
-use crate::train::hooks::TrainHooks;
-use crate::train::{self, checkpoint, data, export, TrainOptions};
-use crate::workspace::Workspace;
+use crate::cli::TrainArgs;
+use vc_core::config::{Config, EmbedMode};
+use vc_core::workspace::Workspace;
+use vc_model::files::ModelFiles;
+use vc_prep::codes::{self, load_codec, CodesOptions};
+use vc_prep::transcribe::resolve_whisper_spec;
+use vc_prep::xvectors::{self, LoadedSpeakerEncoder, XVectorJob};
+use vc_train::hooks::TrainHooks;
+use vc_train::{self as train, checkpoint, data, export, TrainOptions};
 
 /// The device training runs on: the first CUDA GPU when built with `cuda`, else the CPU.
 pub fn train_device() -> Result<Device> {
@@ -71,14 +73,14 @@ impl Prepared {
 
 /// Each speaker's reference clip, by the name the export gives the voice.
 fn references(ws: &Workspace, config: &Config) -> Result<Vec<(String, PathBuf)>> {
-    let named = embed::workspace_speakers(ws)?;
+    let named = xvectors::workspace_speakers(ws)?;
     let clips: Vec<(String, PathBuf)> = if named.is_empty() {
-        let voice = crate::artifacts::speaker::name_key(config.train.speaker_name.trim());
+        let voice = vc_core::artifacts::speaker::name_key(config.train.speaker_name.trim());
         vec![(voice, ws.ref_wav())]
     } else {
         named
             .iter()
-            .map(|n| (crate::artifacts::speaker::name_key(n), ws.ref_clip(n)))
+            .map(|n| (vc_core::artifacts::speaker::name_key(n), ws.ref_clip(n)))
             .collect()
     };
     Ok(clips.into_iter().filter(|(_, p)| p.is_file()).collect())
@@ -88,10 +90,10 @@ fn references(ws: &Workspace, config: &Config) -> Result<Vec<(String, PathBuf)>>
 /// one in the Hugging Face cache — training never downloads it — loaded when a sample is first
 /// transcribed.
 fn sample_listener(ws: &Workspace, config: &Config) -> train::samples::Listener {
-    let spec = super::prep::resolve_whisper_spec(ws, &config.prep.whisper_model);
-    match crate::hub::cached_single_file(&spec) {
+    let spec = resolve_whisper_spec(ws, &config.prep.whisper_model);
+    match vc_core::hub::cached_single_file(&spec) {
         Some(path) => train::samples::Listener::Whisper(Arc::new(
-            crate::prep::transcribe::LazyWhisper::new(&path, &config.prep.language),
+            vc_prep::transcribe::LazyWhisper::new(&path, &config.prep.language),
         )),
         None => train::samples::Listener::Missing(format!(
             "the Whisper model {spec} (prep.whisper_model) is neither a local file nor in the \
@@ -118,8 +120,8 @@ pub fn require_manifest(ws: &Workspace) -> Result<()> {
 pub fn prepare(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<Prepared> {
     require_manifest(ws)?;
     let manifest = ws.manifest();
-    crate::kernels::alloc::keep_freed_memory();
-    let named = embed::workspace_speakers(ws)?;
+    vc_kernels::alloc::keep_freed_memory();
+    let named = xvectors::workspace_speakers(ws)?;
     if args.speaker_name.is_some() && !named.is_empty() {
         bail!(
             "--speaker-name names the one speaker of a single-speaker workspace; {} names its \
@@ -145,7 +147,7 @@ pub fn prepare(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<Prep
 /// Where the trainer finds the x-vectors: `data/speaker.safetensors`, or with named speakers
 /// `data/speakers/` (docs/training.md §3.3).
 pub fn speaker_source(ws: &Workspace) -> Result<PathBuf> {
-    Ok(if embed::workspace_speakers(ws)?.is_empty() {
+    Ok(if xvectors::workspace_speakers(ws)?.is_empty() {
         ws.speaker_file()
     } else {
         ws.speakers_dir()
@@ -178,19 +180,19 @@ pub fn move_aside_if_fresh(ws: &Workspace, args: &TrainArgs) -> Result<()> {
 pub fn placement(
     backend: train::Backend,
     device: &Device,
-    c: &crate::config::TrainConfig,
+    c: &vc_core::config::TrainConfig,
 ) -> String {
     let mut out = String::new();
     if backend != train::Backend::auto(device) {
         out += &format!("; backend {} on {device:?}", backend.name());
     }
-    if c.optimizer_state != crate::config::OptimizerState::Fp32 {
+    if c.optimizer_state != vc_core::config::OptimizerState::Fp32 {
         out += &format!("; optimizer state {}", c.optimizer_state.name());
     }
-    if c.offload == crate::config::Offload::Optimizer {
+    if c.offload == vc_core::config::Offload::Optimizer {
         out += "; masters and moments offloaded to the host";
     }
-    if c.recompute == crate::config::Recompute::Layers {
+    if c.recompute == vc_core::config::Recompute::Layers {
         out += "; each unit recomputed for the backward pass";
     }
     out
@@ -199,7 +201,7 @@ pub fn placement(
 /// `--fresh` applies to the first attempt of a run only: a restarted attempt (voiceclone's
 /// launcher, torchrun, Ray) continues from the checkpoints the first one wrote.
 pub fn fresh_start(args: &TrainArgs) -> bool {
-    args.fresh && crate::dist::env::restart_count() == 0
+    args.fresh && vc_dist::env::restart_count() == 0
 }
 
 pub fn print_resumed(
@@ -275,7 +277,7 @@ pub fn finish(
         );
     }
     if outcome.step == outcome.start_step && outcome.early_stopped {
-        let better = if c.select == crate::config::Select::Score {
+        let better = if c.select == vc_core::config::Select::Score {
             "higher sample score"
         } else {
             "lower validation loss"
@@ -351,11 +353,11 @@ pub fn finish(
         lora_scale: 1.0,
         adapter_only: false,
     })?;
-    super::export::report(ws, &summary);
+    summary.print(ws);
     Ok(())
 }
 
-/// Runs `voiceclone codes` when some manifest lines have no `audio_codes`.
+/// Codes the manifest (what `voiceclone codes` does) when some lines have no `audio_codes`.
 fn ensure_codes(ws: &Workspace, config: &Config, manifest: &Path) -> Result<()> {
     let missing = data::lines_without_codes(manifest)?;
     if missing.is_empty() {
@@ -366,40 +368,35 @@ fn ensure_codes(ws: &Workspace, config: &Config, manifest: &Path) -> Result<()> 
         missing.len(),
         ws.relative(manifest)
     );
-    codes::run(
-        ws,
-        config,
-        &CodesArgs {
-            input: None,
-            output: None,
-            tokenizer: TokenizerArgs {
-                model: None,
-                tokenizer: None,
-            },
-            batch_size: None,
-            force: false,
-        },
-    )
+    let codec = load_codec(ws, config)?;
+    let opts = CodesOptions {
+        input: manifest.to_path_buf(),
+        output: manifest.to_path_buf(),
+        base_dir: ws.root().to_path_buf(),
+        batch_size: config.codes.batch_size,
+        force: false,
+    };
+    let summary = codes::run(&opts, &codec)?;
+    for line in summary.report(manifest, manifest) {
+        println!("{line}");
+    }
+    Ok(())
 }
 
-/// `data/speaker.safetensors`, computed by `voiceclone embed` when missing (from `data/ref.wav`,
+/// `data/speaker.safetensors`, computed as `voiceclone embed` does when missing (from `data/ref.wav`,
 /// else from the first line's `ref_audio`, which is what the official recipe uses).
 fn ensure_speaker(ws: &Workspace, config: &Config, manifest: &Path) -> Result<PathBuf> {
     let path = ws.speaker_file();
     if path.is_file() {
         return Ok(path);
     }
-    let args = |ref_audio| EmbedArgs {
-        ref_audio,
-        speaker: None,
-        mode: None,
-        mean_clips: None,
-        model: None,
-        output: None,
-    };
     if config.embed.mode == EmbedMode::Mean {
         println!("no speaker embedding yet: running `voiceclone embed --mode mean` first");
-        embed::run(ws, config, &args(None))?;
+        let job = xvectors::single_speaker_job(ws, config)?;
+        println!(
+            "{}",
+            LoadedSpeakerEncoder::load(ws, config)?.run(ws, config, &job)?
+        );
         return Ok(path);
     }
     let ref_audio = if ws.ref_wav().is_file() {
@@ -427,12 +424,21 @@ fn ensure_speaker(ws: &Workspace, config: &Config, manifest: &Path) -> Result<Pa
         "no speaker embedding yet: running `voiceclone embed {}` first",
         ws.relative(&ref_audio)
     );
-    embed::run(ws, config, &args(Some(ref_audio)))?;
+    let job = XVectorJob {
+        speaker: None,
+        clips: vec![ref_audio],
+        mode: EmbedMode::Ref,
+        output: path.clone(),
+    };
+    println!(
+        "{}",
+        LoadedSpeakerEncoder::load(ws, config)?.run(ws, config, &job)?
+    );
     Ok(path)
 }
 
-/// `data/speakers/`, with the x-vector file of every named speaker computed (`voiceclone embed
-/// --speaker NAME`, with `embed.mode`) where it is missing.
+/// `data/speakers/`, with the x-vector file of every named speaker computed (as `voiceclone
+/// embed --speaker NAME` does, with `embed.mode`) where it is missing.
 fn ensure_speakers(ws: &Workspace, config: &Config, names: &[String]) -> Result<PathBuf> {
     let missing: Vec<String> = names
         .iter()
@@ -444,7 +450,9 @@ fn ensure_speakers(ws: &Workspace, config: &Config, names: &[String]) -> Result<
             "no x-vector yet for speaker(s) {}: running `voiceclone embed` first",
             missing.join(", ")
         );
-        embed::embed_speakers(ws, config, &missing)?;
+        for line in xvectors::embed_speakers(ws, config, &missing)? {
+            println!("{line}");
+        }
     }
     Ok(ws.speakers_dir())
 }

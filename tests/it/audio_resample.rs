@@ -1,8 +1,8 @@
 //! Resampler quality: pass-band tones keep frequency and level (±0.1 dB up to 0.9 × the lower
 //! Nyquist frequency) and images/aliases are suppressed by at least 60 dB.
 
-use voiceclone::audio::analysis::{goertzel_db, rms_db, sine};
-use voiceclone::audio::resample;
+use vc_audio::analysis::{goertzel_db, rms_db, sine};
+use vc_audio::resample;
 
 /// Level of `freq` in the steady middle of the resampled tone, relative to the input level.
 fn through(freq: f64, from: u32, to: u32, probe: f64) -> (f64, f64) {

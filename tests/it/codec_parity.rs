@@ -9,12 +9,12 @@ use crate::common::fixtures;
 use std::collections::HashMap;
 
 use candle_core::{DType, Device, Tensor};
-use voiceclone::hub::ModelSource;
-use voiceclone::model::codec::conv::Seq;
-use voiceclone::model::codec::quantizer::SplitRvqEncoder;
-use voiceclone::model::codec::{Codec, Codes};
-use voiceclone::model::files::ModelFiles;
-use voiceclone::model::weights::Weights;
+use vc_core::hub::ModelSource;
+use vc_model::codec::conv::Seq;
+use vc_model::codec::quantizer::SplitRvqEncoder;
+use vc_model::codec::{Codec, Codes};
+use vc_model::files::ModelFiles;
+use vc_model::weights::Weights;
 
 fn refs() -> &'static HashMap<String, Tensor> {
     static REFS: std::sync::OnceLock<HashMap<String, Tensor>> = std::sync::OnceLock::new();
@@ -93,8 +93,7 @@ fn check_seq(what: &str, got: &Seq, want: &Seq, tol: f32) {
 /// A fixture clip read the way `voiceclone codes` reads audio.
 fn clip(name: &str) -> Vec<f32> {
     let m = &meta()["clips"][name];
-    let wav =
-        voiceclone::audio::load_mono(&fixtures().join(m["wav"].as_str().unwrap()), 24_000).unwrap();
+    let wav = vc_audio::load_mono(&fixtures().join(m["wav"].as_str().unwrap()), 24_000).unwrap();
     assert_eq!(wav.len() as u64, m["samples"].as_u64().unwrap());
     for (a, b) in wav.iter().zip(m["first_samples"].as_array().unwrap()) {
         assert_eq!(

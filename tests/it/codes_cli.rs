@@ -7,8 +7,8 @@ use std::path::Path;
 
 use common::*;
 use serde_json::Value;
-use voiceclone::hub::ModelSource;
-use voiceclone::model::codec::Codec;
+use vc_core::hub::ModelSource;
+use vc_model::codec::Codec;
 
 fn fixture_model() -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -74,8 +74,7 @@ fn codes_fills_a_prepped_manifest_resumes_and_reports_bad_lines() {
         assert_eq!(keys.last().unwrap().as_str(), "audio_codes");
         let codes = row["audio_codes"].as_array().unwrap();
         let wav =
-            voiceclone::audio::load_mono(&ws.path().join(row["audio"].as_str().unwrap()), 24000)
-                .unwrap();
+            vc_audio::load_mono(&ws.path().join(row["audio"].as_str().unwrap()), 24000).unwrap();
         assert_eq!(codes.len(), wav.len().div_ceil(1920), "frame count");
         // The codes are the codec's own for that clip.
         let expected = codec.encode(&wav).unwrap();

@@ -6,10 +6,10 @@
 use std::collections::HashMap;
 
 use candle_core::{DType, Device, Tensor};
-use voiceclone::model::config::Qwen3TtsConfig;
-use voiceclone::model::ops::Numerics;
-use voiceclone::model::talker::Talker;
-use voiceclone::model::weights::Weights;
+use vc_model::config::Qwen3TtsConfig;
+use vc_model::ops::Numerics;
+use vc_model::talker::Talker;
+use vc_model::weights::Weights;
 
 use crate::common::fixtures;
 
@@ -113,7 +113,7 @@ fn training_on_cuda_follows_the_official_trajectory_within_bf16() {
         let xvec: Vec<f32> = t["batch.xvector"].get(0).unwrap().to_vec1().unwrap();
         let ws = tempfile::tempdir().unwrap();
         make_workspace(ws.path(), model, &rows, &xvec, "");
-        let mut config = voiceclone::config::resolve_layers(vec![])
+        let mut config = vc_core::config::resolve_layers(vec![])
             .unwrap()
             .config
             .train;
@@ -125,11 +125,11 @@ fn training_on_cuda_follows_the_official_trajectory_within_bf16() {
         config.lr = tr["lr"].as_f64().unwrap();
         config.weight_decay = tr["weight_decay"].as_f64().unwrap();
         config.clip_norm = tr["clip"].as_f64().unwrap();
-        let files = voiceclone::model::files::ModelFiles::resolve(
-            &voiceclone::hub::ModelSource::Local(model_dir(model)),
-        )
+        let files = vc_model::files::ModelFiles::resolve(&vc_core::hub::ModelSource::Local(
+            model_dir(model),
+        ))
         .unwrap();
-        let opts = voiceclone::train::TrainOptions {
+        let opts = vc_train::TrainOptions {
             files,
             model_spec: model.into(),
             manifest: ws.path().join("data/train.jsonl"),
@@ -138,13 +138,13 @@ fn training_on_cuda_follows_the_official_trajectory_within_bf16() {
             checkpoints: ws.path().join("checkpoints"),
             config,
             device: dev.clone(),
-            backend: voiceclone::train::Backend::Autograd(voiceclone::train::Storage::Bf16),
-            hooks: std::sync::Arc::new(voiceclone::train::hooks::NoHooks),
+            backend: vc_train::Backend::Autograd(vc_train::Storage::Bf16),
+            hooks: std::sync::Arc::new(vc_train::hooks::NoHooks),
             references: Vec::new(),
-            whisper: voiceclone::train::samples::Listener::Missing("not in this test".into()),
+            whisper: vc_train::samples::Listener::Missing("not in this test".into()),
         };
-        let mut trainer = voiceclone::train::Trainer::new(opts, false).unwrap();
-        trainer.schedule = voiceclone::train::optim::Schedule {
+        let mut trainer = vc_train::Trainer::new(opts, false).unwrap();
+        trainer.schedule = vc_train::optim::Schedule {
             peak: trainer.schedule.peak,
             warmup: 0,
             total: usize::MAX / 2,

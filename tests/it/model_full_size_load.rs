@@ -11,10 +11,10 @@ use std::process::Command;
 use std::time::Instant;
 
 use candle_core::{DType, Device};
-use voiceclone::model::config::Qwen3TtsConfig;
-use voiceclone::model::ops::Numerics;
-use voiceclone::model::talker::Talker;
-use voiceclone::model::weights::Weights;
+use vc_model::config::Qwen3TtsConfig;
+use vc_model::ops::Numerics;
+use vc_model::talker::Talker;
+use vc_model::weights::Weights;
 
 const CHILD_ENV: &str = "VOICECLONE_FULL_LOAD_DIR";
 

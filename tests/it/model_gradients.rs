@@ -6,11 +6,11 @@
 use std::path::Path;
 
 use candle_core::{DType, Device, IndexOp, Tensor};
-use voiceclone::model::config::Qwen3TtsConfig;
-use voiceclone::model::ops::Numerics;
-use voiceclone::model::talker::Talker;
-use voiceclone::model::weights::Weights;
-use voiceclone::train::params::ParamStore;
+use vc_model::config::Qwen3TtsConfig;
+use vc_model::ops::Numerics;
+use vc_model::talker::Talker;
+use vc_model::weights::Weights;
+use vc_train::params::ParamStore;
 
 struct Setup {
     cfg: Qwen3TtsConfig,

@@ -7,11 +7,11 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device};
 use safetensors::tensor::TensorView;
 use safetensors::SafeTensors;
-use voiceclone::hub::ModelSource;
-use voiceclone::model::files::ModelFiles;
-use voiceclone::model::ops::Numerics;
-use voiceclone::model::talker::Talker;
-use voiceclone::model::text::TextTokenizer;
+use vc_core::hub::ModelSource;
+use vc_model::files::ModelFiles;
+use vc_model::ops::Numerics;
+use vc_model::talker::Talker;
+use vc_model::text::TextTokenizer;
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -51,9 +51,8 @@ fn resolve_err(dir: &Path) -> String {
 
 /// Loads the talker exactly as synthesis does: all checkpoint tensors, then `Talker::load`.
 fn load_talker(files: &[PathBuf], config: &Path) -> anyhow::Result<Talker> {
-    let config = voiceclone::model::config::Qwen3TtsConfig::from_file(config)?;
-    let weights =
-        voiceclone::model::weights::Weights::load(files, DType::F32, &Device::Cpu, |_| true)?;
+    let config = vc_model::config::Qwen3TtsConfig::from_file(config)?;
+    let weights = vc_model::weights::Weights::load(files, DType::F32, &Device::Cpu, |_| true)?;
     Talker::load(&weights, &config, Numerics::default())
 }
 

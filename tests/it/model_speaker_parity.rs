@@ -7,9 +7,9 @@ use crate::common::fixtures;
 use std::collections::HashMap;
 
 use candle_core::{Device, Tensor};
-use voiceclone::hub::ModelSource;
-use voiceclone::model::mel::LogMel;
-use voiceclone::model::speaker::SpeakerEncoder;
+use vc_core::hub::ModelSource;
+use vc_model::mel::LogMel;
+use vc_model::speaker::SpeakerEncoder;
 
 fn refs(name: &str) -> HashMap<String, Tensor> {
     let path = fixtures().join("refs").join(format!("{name}.safetensors"));
@@ -26,7 +26,7 @@ fn audio_meta() -> serde_json::Value {
 fn reference_wav() -> Vec<f32> {
     let meta = audio_meta();
     let wav_path = fixtures().join(meta["wav"].as_str().unwrap());
-    let wav = voiceclone::audio::load_mono(&wav_path, 24_000).unwrap();
+    let wav = vc_audio::load_mono(&wav_path, 24_000).unwrap();
     assert_eq!(wav.len() as u64, meta["samples"].as_u64().unwrap());
     // same samples as the official reader (int16 / 32768)
     for (a, b) in wav.iter().zip(meta["first_samples"].as_array().unwrap()) {

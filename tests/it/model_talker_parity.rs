@@ -7,12 +7,12 @@ use crate::common::fixtures;
 use std::collections::{BTreeSet, HashMap};
 
 use candle_core::{DType, Device, IndexOp, Tensor};
-use voiceclone::model::code_predictor::greedy;
-use voiceclone::model::config::Qwen3TtsConfig;
-use voiceclone::model::layers::{RecordingSource, TensorSource};
-use voiceclone::model::ops::Numerics;
-use voiceclone::model::talker::Talker;
-use voiceclone::model::weights::Weights;
+use vc_model::code_predictor::greedy;
+use vc_model::config::Qwen3TtsConfig;
+use vc_model::layers::{RecordingSource, TensorSource};
+use vc_model::ops::Numerics;
+use vc_model::talker::Talker;
+use vc_model::weights::Weights;
 
 const MODELS: [&str; 2] = ["tiny-0b6", "tiny-1b7"];
 const MODES: [Numerics; 3] = [Numerics::Fused, Numerics::Autograd, Numerics::CpuKernels];

@@ -8,8 +8,8 @@ use crate::common::fixtures;
 use std::path::Path;
 
 use serde::Deserialize;
-use voiceclone::hub::ModelSource;
-use voiceclone::model::text::{
+use vc_core::hub::ModelSource;
+use vc_model::text::{
     assistant_text, instruct_text, ref_text, TextTokenizer, QWEN2_PRETOKENIZE_REGEX,
 };
 

@@ -9,10 +9,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use common::*;
-use voiceclone::prep::segment::Rules;
-use voiceclone::prep::transcribe::{Transcriber, Transcript, WhisperTranscriber};
-use voiceclone::prep::{self, PrepOptions};
-use voiceclone::workspace::Workspace;
+use vc_core::workspace::Workspace;
+use vc_prep::segment::Rules;
+use vc_prep::transcribe::{Transcriber, Transcript, WhisperTranscriber};
+use vc_prep::{self as prep, PrepOptions};
 
 /// The `n` smallest real-speech files of the test corpus.
 fn small_speech_files(n: usize) -> Vec<PathBuf> {
@@ -324,7 +324,7 @@ fn truncated_recordings_give_their_readable_part_with_a_warning() {
             .and_then(|rest| rest.split(' ').next())
             .and_then(|v| v.parse().ok())
             .unwrap_or_else(|| panic!("no duration in {line}"));
-        let full = voiceclone::audio::decode_file(&dir.join(name))
+        let full = vc_audio::decode_file(&dir.join(name))
             .unwrap()
             .duration_seconds();
         assert!(

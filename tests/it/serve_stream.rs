@@ -12,7 +12,7 @@
 use crate::common::fixtures;
 
 use candle_core::{DType, Device};
-use voiceclone::model::codec::{Codec, StreamDecoder};
+use vc_model::codec::{Codec, StreamDecoder};
 
 /// The fixture codec as stored, and a copy of it stored in bf16.
 fn codecs() -> [(&'static str, &'static Codec); 2] {

@@ -7,12 +7,12 @@
 
 use crate::common::fixtures;
 use std::collections::HashMap;
-use voiceclone::artifacts::CodeFrame;
+use vc_core::artifacts::CodeFrame;
 
 use candle_core::{DType, Device, Tensor};
-use voiceclone::generate::sampling::Sampling;
-use voiceclone::generate::{DecodeOptions, Precision, Request, Synthesizer, Voice};
-use voiceclone::hub::ModelSource;
+use vc_core::hub::ModelSource;
+use vc_generate::sampling::Sampling;
+use vc_generate::{DecodeOptions, Precision, Request, Synthesizer, Voice};
 
 const WAV_TOL: f32 = 2e-3;
 
@@ -93,7 +93,7 @@ fn run_model_from(model: &str, dir: &std::path::Path, precision: Precision) {
             "custom" => Voice::Speaker(case["speaker"].as_str().unwrap().to_string()),
             "xvec" | "icl" => {
                 let wav_path = fixtures().join(case["ref_audio"].as_str().unwrap());
-                let wav = voiceclone::audio::load_mono(&wav_path, 24_000).unwrap();
+                let wav = vc_audio::load_mono(&wav_path, 24_000).unwrap();
                 let ref_text = (mode == "icl").then(|| case["ref_text"].as_str().unwrap());
                 synth.clone_voice(&wav, ref_text).unwrap()
             }
@@ -199,8 +199,7 @@ fn greedy_custom_voice_matches_official() {
 fn greedy_parity_on_an_f32_stored_checkpoint_under_auto() {
     let copy = crate::common::f32_stored_copy("tiny-0b6");
     let files =
-        voiceclone::model::files::ModelFiles::resolve(&ModelSource::Local(copy.path().into()))
-            .unwrap();
+        vc_model::files::ModelFiles::resolve(&ModelSource::Local(copy.path().into())).unwrap();
     let stored = Precision::stored(&files);
     assert_eq!(stored, Some(safetensors::Dtype::F32));
     let precision = Precision::auto(stored, false);
@@ -218,9 +217,8 @@ fn auto_picks_bf16_weights_for_bf16_checkpoints_and_bf16_on_a_gpu() {
     assert_eq!(Precision::auto(Some(Dtype::F16), false), Precision::F32);
     assert_eq!(Precision::auto(Some(Dtype::F32), false), Precision::F32);
     assert_eq!(Precision::auto(Some(Dtype::F32), true), Precision::Bf16);
-    let files = voiceclone::model::files::ModelFiles::resolve(&ModelSource::Local(
-        fixtures().join("tiny-0b6"),
-    ))
-    .unwrap();
+    let files =
+        vc_model::files::ModelFiles::resolve(&ModelSource::Local(fixtures().join("tiny-0b6")))
+            .unwrap();
     assert_eq!(Precision::stored(&files), Some(Dtype::BF16));
 }

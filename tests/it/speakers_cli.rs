@@ -15,11 +15,11 @@ use crate::common;
 use crate::train_support::*;
 use candle_core::{Device, IndexOp, Tensor};
 use serde_json::{json, Value};
-use voiceclone::hub::ModelSource;
-use voiceclone::model::files::ModelFiles;
-use voiceclone::train::batch::{Batch, SPEAKER_POS};
-use voiceclone::train::hooks::NoHooks;
-use voiceclone::train::{loss, Backend, TrainOptions, Trainer};
+use vc_core::hub::ModelSource;
+use vc_model::files::ModelFiles;
+use vc_train::batch::{Batch, SPEAKER_POS};
+use vc_train::hooks::NoHooks;
+use vc_train::{loss, Backend, TrainOptions, Trainer};
 
 const MODEL: &str = "tiny-0b6";
 
@@ -60,7 +60,7 @@ fn write_xvector(ws: &Path, name: &str, x: &[f32]) {
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     std::fs::write(
         path,
-        voiceclone::artifacts::speaker::to_bytes(x, None).unwrap(),
+        vc_core::artifacts::speaker::to_bytes(x, None).unwrap(),
     )
     .unwrap();
 }
@@ -91,7 +91,7 @@ fn max_abs(a: &Tensor, b: &Tensor) -> f32 {
 fn every_batch_row_carries_its_own_speakers_x_vector() {
     let ws = named_workspace(SPEAKERS);
     let dir = ws.path();
-    let mut config = voiceclone::config::resolve_layers(vec![])
+    let mut config = vc_core::config::resolve_layers(vec![])
         .unwrap()
         .config
         .train;
@@ -109,7 +109,7 @@ fn every_batch_row_carries_its_own_speakers_x_vector() {
         backend: Backend::CpuKernels,
         hooks: std::sync::Arc::new(NoHooks),
         references: Vec::new(),
-        whisper: voiceclone::train::samples::Listener::Missing("not in this test".into()),
+        whisper: vc_train::samples::Listener::Missing("not in this test".into()),
     };
     let mut tr = Trainer::new(opts, false).unwrap();
     let h = hidden(MODEL);
@@ -226,7 +226,7 @@ fn check_rows(ws: &Path, names: [&str; 2]) -> f32 {
     );
     let mut worst = 0f32;
     for (row, name) in rows.iter().zip(names) {
-        let x = voiceclone::artifacts::speaker::read(
+        let x = vc_core::artifacts::speaker::read(
             &ws.join(format!("data/speakers/{name}.safetensors")),
         )
         .unwrap();
@@ -723,7 +723,7 @@ fn two_real_speakers_prep_rerun_embed_and_bad_names() {
     let o = voiceclone(ws, &["embed"]);
     ok(&o);
     let read = |n: &str| {
-        voiceclone::artifacts::speaker::read(&ws.join(format!("data/speakers/{n}.safetensors")))
+        vc_core::artifacts::speaker::read(&ws.join(format!("data/speakers/{n}.safetensors")))
             .unwrap()
     };
     let (xa, xr) = (read("allison"), read("reader"));
@@ -851,7 +851,7 @@ fn mean_embedding_single_speaker_report_and_base_model_voices() {
             ws,
             &["embed", p.to_str().unwrap(), "-o", out.to_str().unwrap()],
         ));
-        voiceclone::artifacts::speaker::read(&out).unwrap()
+        vc_core::artifacts::speaker::read(&out).unwrap()
     };
     let a = one(clips[0], "a.safetensors");
     let c = one(clips[2], "c.safetensors");
@@ -865,7 +865,7 @@ fn mean_embedding_single_speaker_report_and_base_model_voices() {
         "{}",
         text(&o)
     );
-    let mean = voiceclone::artifacts::speaker::read(&ws.join("data/speaker.safetensors")).unwrap();
+    let mean = vc_core::artifacts::speaker::read(&ws.join("data/speaker.safetensors")).unwrap();
     let want: Vec<f32> = a
         .iter()
         .zip(&b)

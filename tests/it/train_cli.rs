@@ -11,10 +11,10 @@ use std::process::{Child, Stdio};
 use crate::train_support::*;
 use candle_core::{DType, Device};
 use serde_json::Value;
-use voiceclone::hub::ModelSource;
-use voiceclone::model::files::ModelFiles;
-use voiceclone::model::ops::Numerics;
-use voiceclone::model::talker::Talker;
+use vc_core::hub::ModelSource;
+use vc_model::files::ModelFiles;
+use vc_model::ops::Numerics;
+use vc_model::talker::Talker;
 
 const MODEL: &str = "tiny-0b6";
 /// Six utterances, batches of 3, 2 micro-batches per step: one optimizer step per epoch.

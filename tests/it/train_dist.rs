@@ -103,7 +103,7 @@ fn one_sentence_workspace(model: &str) -> tempfile::TempDir {
 fn eight_ranks_most_of_which_own_nothing_train_like_one_device() {
     let model = "tiny-1b7";
     let ids = step_text_ids(model);
-    let split = voiceclone::dist::shard::RowSplit::new(151_936, 8);
+    let split = vc_dist::shard::RowSplit::new(151_936, 8);
     let owners: std::collections::BTreeSet<usize> = ids
         .iter()
         .map(|&i| {
@@ -145,15 +145,13 @@ fn eight_ranks_most_of_which_own_nothing_train_like_one_device() {
 /// specials).
 fn step_text_ids(model: &str) -> Vec<u32> {
     let ws = one_sentence_workspace(model);
-    let files = voiceclone::model::files::ModelFiles::resolve(
-        &voiceclone::hub::ModelSource::Local(model_dir(model)),
-    )
-    .unwrap();
+    let files =
+        vc_model::files::ModelFiles::resolve(&vc_core::hub::ModelSource::Local(model_dir(model)))
+            .unwrap();
     let tok = files.text_tokenizer().unwrap();
     let data =
-        voiceclone::train::data::load(&ws.path().join("data/train.jsonl"), ws.path(), &tok, 2048)
-            .unwrap();
-    let layout = voiceclone::train::batch::LayoutIds::from_config(&files.config);
+        vc_train::data::load(&ws.path().join("data/train.jsonl"), ws.path(), &tok, 2048).unwrap();
+    let layout = vc_train::batch::LayoutIds::from_config(&files.config);
     let mut ids: Vec<u32> = data
         .samples
         .iter()
@@ -168,9 +166,9 @@ fn step_text_ids(model: &str) -> Vec<u32> {
 #[test]
 fn checkpoints_resume_at_any_world_size() {
     use std::sync::Arc;
-    use voiceclone::dist::shard::RowSplit;
-    use voiceclone::dist::tcp::{Endpoint, TcpCollective};
-    use voiceclone::train::sharded::ShardedTrainer;
+    use vc_dist::shard::RowSplit;
+    use vc_dist::tcp::{Endpoint, TcpCollective};
+    use vc_train::sharded::ShardedTrainer;
 
     let model = "tiny-0b6";
     let six = ["--max-steps", "6", "--save-every", "3"];
@@ -193,11 +191,11 @@ fn checkpoints_resume_at_any_world_size() {
     // 4 → 2 and 4 → 1: the restored state is bit-identical to what was saved...
     let c = as_of(a.path(), 3, 6);
     let opts = |ws: &Path| {
-        let files = voiceclone::model::files::ModelFiles::resolve(
-            &voiceclone::hub::ModelSource::Local(model_dir(model)),
-        )
+        let files = vc_model::files::ModelFiles::resolve(&vc_core::hub::ModelSource::Local(
+            model_dir(model),
+        ))
         .unwrap();
-        let mut config = voiceclone::config::resolve_layers(vec![])
+        let mut config = vc_core::config::resolve_layers(vec![])
             .unwrap()
             .config
             .train;
@@ -210,7 +208,7 @@ fn checkpoints_resume_at_any_world_size() {
         ) = (2, 3, 5e-3, 1, 100);
         config.max_steps = 6;
         config.save_every = 3;
-        voiceclone::train::TrainOptions {
+        vc_train::TrainOptions {
             files,
             model_spec: model.into(),
             manifest: ws.join("data/train.jsonl"),
@@ -219,10 +217,10 @@ fn checkpoints_resume_at_any_world_size() {
             checkpoints: ws.join("checkpoints"),
             config,
             device: candle_core::Device::Cpu,
-            backend: voiceclone::train::Backend::CpuKernels,
-            hooks: Arc::new(voiceclone::train::hooks::NoHooks),
+            backend: vc_train::Backend::CpuKernels,
+            hooks: Arc::new(vc_train::hooks::NoHooks),
             references: Vec::new(),
-            whisper: voiceclone::train::samples::Listener::Missing("not in this test".into()),
+            whisper: vc_train::samples::Listener::Missing("not in this test".into()),
         }
     };
     // Bound before the ranks start, as the launcher binds it.
@@ -247,7 +245,7 @@ fn checkpoints_resume_at_any_world_size() {
                     let t = ShardedTrainer::new(
                         opts(ws),
                         coll.clone(),
-                        voiceclone::config::Shard::Full,
+                        vc_core::config::Shard::Full,
                         "test".into(),
                         false,
                     )
@@ -269,7 +267,7 @@ fn checkpoints_resume_at_any_world_size() {
                             )
                         })
                         .collect();
-                    voiceclone::dist::Collective::finish(coll.as_ref()).unwrap();
+                    vc_dist::Collective::finish(coll.as_ref()).unwrap();
                     out
                 })
             })
@@ -289,7 +287,7 @@ fn checkpoints_resume_at_any_world_size() {
             }
         }
     }
-    let single = voiceclone::train::Trainer::new(opts(c.path()), false).unwrap();
+    let single = vc_train::Trainer::new(opts(c.path()), false).unwrap();
     assert_eq!(single.step, 3);
     for (i, p) in single.params.params.iter().enumerate() {
         for (kind, t) in [

@@ -44,6 +44,7 @@ fn a_failing_rank_stops_every_rank() {
                 .next()
                 .and_then(|s| s.trim_end_matches(')').parse().ok())
                 .unwrap();
+            // SAFETY: kill(2) takes plain integers and touches no memory of ours.
             unsafe { libc::kill(pid, libc::SIGKILL) };
         },
     );
@@ -72,8 +73,9 @@ fn sigterm_to_the_launcher_saves_and_the_run_resumes_exactly() {
         &args,
         &[("VOICECLONE_TEST_PAUSE_AFTER_STEP", "3")],
         "paused after step 3",
-        |child, _| unsafe {
-            libc::kill(child.id() as i32, libc::SIGTERM);
+        |child, _| {
+            // SAFETY: kill(2) takes plain integers and touches no memory of ours.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
         },
     );
     assert!(

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use candle_core::{DType, Tensor};
-use voiceclone::train::{Backend, Storage, Trainer};
+use vc_train::{Backend, Storage, Trainer};
 
 use crate::dist_support::{as_of, assert_same_run, ok, train, workspace, SHARDED_TOLERANCE};
 use crate::train_support::*;

@@ -6,8 +6,8 @@
 //! activation does; bf16 gradient sums stay within bf16's rounding of fp32's.
 
 use candle_core::{DType, Device, Tensor};
-use voiceclone::config::OptimizerState;
-use voiceclone::train::{Backend, Storage, Trainer};
+use vc_core::config::OptimizerState;
+use vc_train::{Backend, Storage, Trainer};
 
 use crate::train_support::*;
 
@@ -166,7 +166,7 @@ fn every_mode_trains_like_fp32() {
 /// updates, the compensated weights keep them as fp32 masters do.
 #[test]
 fn plain_bf16_loses_small_updates_and_the_compensation_keeps_them() {
-    use voiceclone::train::params::split_compensated;
+    use vc_train::params::split_compensated;
     let dev = Device::Cpu;
     let n = 1024 * 1024;
     let mut r = 0x2545_f491_4f6c_dd1du64;
@@ -188,7 +188,7 @@ fn plain_bf16_loses_small_updates_and_the_compensation_keeps_them() {
         .unwrap()
         .to_dtype(DType::F32)
         .unwrap();
-    let opt = voiceclone::train::optim::AdamW::new(0.0);
+    let opt = vc_train::optim::AdamW::new(0.0);
     let (mut fp32, mut plain) = (w0.clone(), w0.clone());
     let (mut cw, mut cc) = split_compensated(&w0).unwrap();
     let z = w0.zeros_like().unwrap();

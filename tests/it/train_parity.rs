@@ -9,9 +9,9 @@ use std::collections::BTreeMap;
 use crate::train_support::*;
 use candle_core::{DType, Device, IndexOp, Tensor};
 use serde_json::Value;
-use voiceclone::train::batch::Batch;
-use voiceclone::train::optim::Schedule;
-use voiceclone::train::{loss, Backend, Storage, Trainer};
+use vc_train::batch::Batch;
+use vc_train::optim::Schedule;
+use vc_train::{loss, Backend, Storage, Trainer};
 
 struct Refs {
     json: Value,
@@ -65,12 +65,12 @@ fn trainer_with(
     tr: &Value,
     dir: &std::path::Path,
     backend: Backend,
-    tweak: impl FnOnce(&mut voiceclone::config::TrainConfig),
+    tweak: impl FnOnce(&mut vc_core::config::TrainConfig),
 ) -> Trainer {
     let rows: Vec<Value> = r.json["rows"].as_array().unwrap().clone();
     let xvec: Vec<f32> = r.t["batch.xvector"].i(0).unwrap().to_vec1().unwrap();
     make_workspace(dir, model, &rows, &xvec, "");
-    let mut config = voiceclone::config::resolve_layers(vec![])
+    let mut config = vc_core::config::resolve_layers(vec![])
         .unwrap()
         .config
         .train;

@@ -7,8 +7,8 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
-use voiceclone::model::config::Qwen3TtsConfig;
-use voiceclone::train::plan::shapes::talker_tensors;
+use vc_model::config::Qwen3TtsConfig;
+use vc_train::plan::shapes::talker_tensors;
 
 use crate::train_support::*;
 
@@ -147,7 +147,7 @@ fn workspace_for(dir: &Path, model: &Path, rows: &[Value], hidden: usize) {
     std::fs::create_dir_all(dir.join("data")).unwrap();
     let manifest: String = rows.iter().map(|r| format!("{r}\n")).collect();
     std::fs::write(dir.join("data/train.jsonl"), manifest).unwrap();
-    let bytes = voiceclone::artifacts::speaker::to_bytes(&xvector(hidden, 3), None).unwrap();
+    let bytes = vc_core::artifacts::speaker::to_bytes(&xvector(hidden, 3), None).unwrap();
     std::fs::write(dir.join("data/speaker.safetensors"), bytes).unwrap();
     std::fs::write(
         dir.join("voiceclone.toml"),

@@ -104,9 +104,8 @@ fn read_wav(path: &Path) -> (Vec<f32>, u32) {
 
 #[test]
 fn samples_are_measured_as_independent_computations_find_them() {
-    let whisper = have_assets().then(|| {
-        voiceclone::prep::transcribe::WhisperTranscriber::load(&whisper_model(), "en").unwrap()
-    });
+    let whisper = have_assets()
+        .then(|| vc_prep::transcribe::WhisperTranscriber::load(&whisper_model(), "en").unwrap());
     let whisper_file = if whisper.is_some() {
         whisper_model()
     } else {
@@ -200,7 +199,7 @@ fn samples_are_measured_as_independent_computations_find_them() {
                     ws,
                     &["embed", wav.to_str().unwrap(), "-o", xv.to_str().unwrap()],
                 ));
-                let sample_x = voiceclone::artifacts::speaker::read(&xv).unwrap();
+                let sample_x = vc_core::artifacts::speaker::read(&xv).unwrap();
                 let want = cosine(&sample_x, &x);
                 assert!(
                     (f(&s["similarity"]) - want).abs() < 1e-6,
@@ -211,10 +210,9 @@ fn samples_are_measured_as_independent_computations_find_them() {
                 match &whisper {
                     Some(w) => {
                         let (audio, rate) = read_wav(&wav);
-                        let audio16 =
-                            voiceclone::audio::resample::resample(&audio, rate, 16_000).unwrap();
+                        let audio16 = vc_audio::resample::resample(&audio, rate, 16_000).unwrap();
                         let heard: Vec<String> =
-                            voiceclone::prep::transcribe::Transcriber::transcribe(w, &audio16, 2)
+                            vc_prep::transcribe::Transcriber::transcribe(w, &audio16, 2)
                                 .unwrap()
                                 .segments
                                 .iter()
@@ -476,22 +474,20 @@ fn the_wer_of_real_speech_is_low_against_its_text_and_high_against_another() {
     if !have_assets() {
         return;
     }
-    let whisper =
-        voiceclone::prep::transcribe::WhisperTranscriber::load(&whisper_model(), "en").unwrap();
+    let whisper = vc_prep::transcribe::WhisperTranscriber::load(&whisper_model(), "en").unwrap();
     let dir = crate::common::assets().join("speech/prep2");
     let (file, text) = crate::common::transcripts(&dir)
         .into_iter()
         .find(|(f, _)| f.starts_with("02_"))
         .unwrap();
-    let audio = voiceclone::audio::load_mono(&dir.join(&file), 24_000).unwrap();
-    let (wer, heard) =
-        voiceclone::train::samples::intelligibility(&whisper, &audio, 24_000, &text).unwrap();
+    let audio = vc_audio::load_mono(&dir.join(&file), 24_000).unwrap();
+    let (wer, heard) = vc_train::samples::intelligibility(&whisper, &audio, 24_000, &text).unwrap();
     let wer = wer.unwrap();
     assert!(wer <= 0.15, "WER {wer}: heard {heard:?} for {text:?}");
     let reference = normalize_words(&text);
     let want = word_errors(&reference, &normalize_words(&heard)) as f64 / reference.len() as f64;
     assert!((wer - want).abs() < 1e-12);
-    let (other, _) = voiceclone::train::samples::intelligibility(
+    let (other, _) = vc_train::samples::intelligibility(
         &whisper,
         &audio,
         24_000,
@@ -501,7 +497,7 @@ fn the_wer_of_real_speech_is_low_against_its_text_and_high_against_another() {
     assert!(other.unwrap() >= 0.8, "{other:?}");
     // Silence is heard as nothing: every word missed.
     let (silent, heard) =
-        voiceclone::train::samples::intelligibility(&whisper, &[], 24_000, "two words").unwrap();
+        vc_train::samples::intelligibility(&whisper, &[], 24_000, "two words").unwrap();
     assert_eq!((silent, heard.as_str()), (Some(1.0), ""));
 }
 
@@ -721,7 +717,7 @@ fn every_named_speaker_and_a_lora_run_speak_their_samples_as_their_export() {
     let mut vectors = Vec::new();
     for (i, name) in names.iter().enumerate() {
         let x = xvector(hidden(M), 10 + i as u64);
-        let bytes = voiceclone::artifacts::speaker::to_bytes(&x, None).unwrap();
+        let bytes = vc_core::artifacts::speaker::to_bytes(&x, None).unwrap();
         std::fs::write(ws.join(format!("data/speakers/{name}.safetensors")), bytes).unwrap();
         vectors.push(x);
     }
@@ -740,7 +736,7 @@ fn every_named_speaker_and_a_lora_run_speak_their_samples_as_their_export() {
             ws,
             &["embed", wav.to_str().unwrap(), "-o", xv.to_str().unwrap()],
         ));
-        let want = cosine(&voiceclone::artifacts::speaker::read(&xv).unwrap(), x);
+        let want = cosine(&vc_core::artifacts::speaker::read(&xv).unwrap(), x);
         assert!((f(&s["similarity"]) - want).abs() < 1e-6, "{s}");
     }
     speaking_the_export_gives_the_samples(ws, e);

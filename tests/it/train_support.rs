@@ -92,7 +92,7 @@ pub fn make_workspace(dir: &Path, model: &str, rows: &[Value], xvec: &[f32], ext
     std::fs::create_dir_all(dir.join("data")).unwrap();
     let manifest: String = rows.iter().map(|r| format!("{r}\n")).collect();
     std::fs::write(dir.join("data/train.jsonl"), manifest).unwrap();
-    let bytes = voiceclone::artifacts::speaker::to_bytes(xvec, None).unwrap();
+    let bytes = vc_core::artifacts::speaker::to_bytes(xvec, None).unwrap();
     std::fs::write(dir.join("data/speaker.safetensors"), bytes).unwrap();
     let toml = format!(
         "[model]\nbase = {:?}\n{extra_toml}\n",
@@ -187,13 +187,13 @@ pub fn f32_model_copy(name: &str) -> tempfile::TempDir {
 pub fn train_options(
     dir: &Path,
     model: &str,
-    config: voiceclone::config::TrainConfig,
-    backend: voiceclone::train::Backend,
-) -> voiceclone::train::TrainOptions {
-    use voiceclone::hub::ModelSource;
-    use voiceclone::model::files::ModelFiles;
+    config: vc_core::config::TrainConfig,
+    backend: vc_train::Backend,
+) -> vc_train::TrainOptions {
+    use vc_core::hub::ModelSource;
+    use vc_model::files::ModelFiles;
     let files = ModelFiles::resolve(&ModelSource::Local(model_dir(model))).unwrap();
-    voiceclone::train::TrainOptions {
+    vc_train::TrainOptions {
         files,
         model_spec: model.into(),
         manifest: dir.join("data/train.jsonl"),
@@ -203,9 +203,9 @@ pub fn train_options(
         config,
         device: candle_core::Device::Cpu,
         backend,
-        hooks: std::sync::Arc::new(voiceclone::train::hooks::NoHooks),
+        hooks: std::sync::Arc::new(vc_train::hooks::NoHooks),
         references: Vec::new(),
-        whisper: voiceclone::train::samples::Listener::Missing("not in this test".into()),
+        whisper: vc_train::samples::Listener::Missing("not in this test".into()),
     }
 }
 
@@ -215,10 +215,10 @@ pub fn train_options(
 pub fn constant_lr_trainer(
     model: &str,
     dir: &Path,
-    backend: voiceclone::train::Backend,
+    backend: vc_train::Backend,
     lr: f64,
-    tweak: impl FnOnce(&mut voiceclone::config::TrainConfig),
-) -> voiceclone::train::Trainer {
+    tweak: impl FnOnce(&mut vc_core::config::TrainConfig),
+) -> vc_train::Trainer {
     make_workspace(
         dir,
         model,
@@ -226,7 +226,7 @@ pub fn constant_lr_trainer(
         &xvector(hidden(model), 3),
         "",
     );
-    let mut config = voiceclone::config::resolve_layers(vec![])
+    let mut config = vc_core::config::resolve_layers(vec![])
         .unwrap()
         .config
         .train;
@@ -237,8 +237,8 @@ pub fn constant_lr_trainer(
     config.lr = lr;
     tweak(&mut config);
     let opts = train_options(dir, model, config, backend);
-    let mut t = voiceclone::train::Trainer::new(opts, false).unwrap();
-    t.schedule = voiceclone::train::optim::Schedule {
+    let mut t = vc_train::Trainer::new(opts, false).unwrap();
+    t.schedule = vc_train::optim::Schedule {
         peak: lr,
         warmup: 0,
         total: usize::MAX / 2,

@@ -6,8 +6,8 @@
 use std::path::Path;
 
 use serde_json::Value;
-use voiceclone::train::driver::Engine;
-use voiceclone::train::{Backend, Storage, Trainer};
+use vc_train::driver::Engine;
+use vc_train::{Backend, Storage, Trainer};
 
 use crate::dist_support::{ok, rel, train as train_cli};
 use crate::train_support::*;
@@ -40,7 +40,7 @@ fn trainer(
     backend: Backend,
     val_fraction: f64,
 ) -> anyhow::Result<Trainer> {
-    let mut config = voiceclone::config::resolve_layers(vec![])
+    let mut config = vc_core::config::resolve_layers(vec![])
         .unwrap()
         .config
         .train;
@@ -95,7 +95,7 @@ fn the_heldout_set_is_deterministic_recorded_refused_on_change_and_never_trained
     let total = t.total_steps();
     let mut seen = std::collections::BTreeSet::new();
     for _ in 0..total {
-        for batch in voiceclone::train::driver::Engine::next_step_batches(&mut t, 1) {
+        for batch in vc_train::driver::Engine::next_step_batches(&mut t, 1) {
             for i in batch {
                 let line = t.dataset.samples[i].line;
                 assert!(!held.contains(&line), "held-out line {line} in a batch");
@@ -105,7 +105,7 @@ fn the_heldout_set_is_deterministic_recorded_refused_on_change_and_never_trained
     }
     assert_eq!(seen.len(), 9, "every other utterance trains");
     // Recorded in the checkpoint: continued with the same split, refused with another.
-    let micro = voiceclone::train::driver::Engine::next_step_batches(&mut t, 1);
+    let micro = vc_train::driver::Engine::next_step_batches(&mut t, 1);
     t.step(&micro).unwrap();
     t.save().unwrap();
     drop(t);
@@ -173,8 +173,8 @@ fn the_validation_loss_is_the_training_objective_on_the_heldout_utterances() {
         let c = tempfile::tempdir().unwrap();
         workspace_in(c.path(), model, &rows, "");
         let mut twin = trainer(c.path(), model, backend, 0.25).unwrap();
-        let micro = voiceclone::train::driver::Engine::next_step_batches(&mut t, 1);
-        let twin_micro = voiceclone::train::driver::Engine::next_step_batches(&mut twin, 1);
+        let micro = vc_train::driver::Engine::next_step_batches(&mut t, 1);
+        let twin_micro = vc_train::driver::Engine::next_step_batches(&mut twin, 1);
         assert_eq!(micro, twin_micro);
         let (m, w) = (t.step(&micro).unwrap(), twin.step(&twin_micro).unwrap());
         assert_eq!((m.loss, m.grad_norm), (w.loss, w.grad_norm), "{tag}");

@@ -1,0 +1,1344 @@
+//! Causal 1-D convolutions of the codec on the CPU, in a channels-last layout.
+//!
+//! Activations are `(T, C)` row-major ([`Seq`]); a convolution is then a GEMM whose left operand
+//! is a *strided view* of the (padded) input: output row `t` reads input rows
+//! `t·stride .. t·stride + k_eff`, which for dilation 1 are contiguous, so the im2col matrix is the
+//! input itself with row stride `stride·C_in` (no copy). Dilated convolutions are one
+//! accumulating GEMM per tap. The time axis is cut into tiles of output rows processed by all
+//! cores (rayon, dynamic scheduling; each tile owns its rows of the output, so no tile writes
+//! another's); each tile builds its padded, activated input slice in a small per-worker buffer
+//! (the activation that precedes every conv of the codec is fused in there), so intermediate
+//! tensors stay in cache. A transposed convolution is rewritten as an ordinary causal conv with
+//! `stride·C_out` output channels ([`CausalConvTranspose1d`]).
+//!
+//! Padding follows the official code exactly (docs/model.md §9.1, §9.2): causal convs pad
+//! `k_eff − stride` on the left and `extra = ceil(L/stride)·stride − L` on the right (zeros, or
+//! copies of the edge rows for `replicate`), so a conv maps L → ceil(L/stride); transposed convs
+//! drop the last `k − stride` outputs, so they map L → L·stride.
+
+use anyhow::{bail, ensure, Result};
+
+use super::act::Act;
+use super::buf::{par_new_vec, Init, Uninit};
+use super::few_rows::FEW_ROWS;
+use super::gemm::{gemm, Acc, Par};
+use super::mat::{MatMut, MatRef};
+use super::winograd::WinogradConv;
+
+/// A channels-last sequence: `t` rows of `c` values.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Seq {
+    pub data: Vec<f32>,
+    pub t: usize,
+    pub c: usize,
+}
+
+impl Seq {
+    pub fn new(data: Vec<f32>, t: usize, c: usize) -> Self {
+        assert_eq!(data.len(), t * c, "Seq data length");
+        Seq { data, t, c }
+    }
+
+    pub fn zeros(t: usize, c: usize) -> Self {
+        Seq::new(vec![0.0; t * c], t, c)
+    }
+
+    pub fn row(&self, i: usize) -> &[f32] {
+        &self.data[i * self.c..(i + 1) * self.c]
+    }
+
+    /// Rows `start..end` as a new sequence.
+    pub fn rows(&self, start: usize, end: usize) -> Seq {
+        Seq::new(
+            self.data[start * self.c..end * self.c].to_vec(),
+            end - start,
+            self.c,
+        )
+    }
+
+    /// The rows of several sequences of `c` channels, one after the other.
+    pub fn stack(parts: &[Seq], c: usize) -> Seq {
+        let t = parts.iter().map(|p| p.t).sum();
+        let mut data = Vec::with_capacity(t * c);
+        for p in parts {
+            assert_eq!(p.c, c, "stacked sequences differ in channels");
+            data.extend_from_slice(&p.data);
+        }
+        Seq::new(data, t, c)
+    }
+
+    /// The inverse of [`Self::stack`]: consecutive pieces of `rows[i]` rows.
+    pub fn split(&self, rows: &[usize]) -> Vec<Seq> {
+        assert_eq!(rows.iter().sum::<usize>(), self.t, "split rows");
+        let mut at = 0;
+        rows.iter()
+            .map(|&r| {
+                let piece = self.rows(at, at + r);
+                at += r;
+                piece
+            })
+            .collect()
+    }
+
+    /// `(C, T)` channels-first copy (the official layout), for tests and debugging.
+    pub fn to_channels_first(&self) -> Vec<f32> {
+        let mut out = vec![0.0; self.data.len()];
+        for t in 0..self.t {
+            for c in 0..self.c {
+                out[c * self.t + t] = self.data[t * self.c + c];
+            }
+        }
+        out
+    }
+
+    /// From a `(C, T)` channels-first buffer.
+    pub fn from_channels_first(data: &[f32], c: usize, t: usize) -> Self {
+        assert_eq!(data.len(), c * t);
+        let mut out = vec![0.0; data.len()];
+        for ci in 0..c {
+            for ti in 0..t {
+                out[ti * c + ci] = data[ci * t + ti];
+            }
+        }
+        Seq::new(out, t, c)
+    }
+}
+
+/// How a causal conv pads its input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PadMode {
+    Zero,
+    Replicate,
+}
+
+/// Left padding of a causal conv: `k_eff − stride` (`padding_total`).
+pub fn causal_left_pad(k_eff: usize, stride: usize) -> usize {
+    k_eff.saturating_sub(stride)
+}
+
+/// Right ("extra") padding of a causal conv for an input of `len` samples
+/// (`_get_extra_padding_for_conv1d`): `ideal_len − len` with
+/// `ideal_len = (ceil((len − k_eff + pad_left)/stride + 1) − 1)·stride + k_eff − pad_left`, which
+/// simplifies to `ceil(len/stride)·stride − len` (the conv then outputs `ceil(len/stride)` rows).
+pub fn causal_right_pad(len: usize, stride: usize) -> usize {
+    len.div_ceil(stride) * stride - len
+}
+
+/// Threads the kernels run on (the current rayon pool: `RAYON_NUM_THREADS` or every core).
+pub fn num_threads() -> usize {
+    rayon::current_num_threads().max(1)
+}
+
+/// Output rows per tile for `t` rows of a GEMM with inner size `k` and `n` outputs. The GEMM
+/// packs the whole weight matrix (`k × n`) once per call, so tiles need a few hundred rows to
+/// amortise that; beyond that, smaller tiles keep their activations in cache, and there must be
+/// at least one tile per thread. A few rows are one tile.
+pub fn tile_rows(t: usize, k: usize, n: usize) -> usize {
+    /// Floats of the wider GEMM operand a tile aims at (~1 MB).
+    const CACHE_FLOATS: usize = 1 << 18;
+    /// Rows below which packing the weights once per tile starts to dominate.
+    const MIN_ROWS: usize = 512;
+    if t <= FEW_ROWS {
+        // One tile whose product spreads its columns over the threads (`tile_par`).
+        return t.max(1);
+    }
+    let want = (CACHE_FLOATS / k.max(n).max(1)).max(MIN_ROWS);
+    t.div_ceil(num_threads()).clamp(1, want)
+}
+
+/// How a tile of `rows` output rows runs its products: a few rows on every thread (the weights
+/// read once, split by columns, [`super::few_rows`]), more serially (the tiles are parallel).
+fn tile_par(rows: usize) -> Par {
+    if rows <= FEW_ROWS {
+        Par::Rayon
+    } else {
+        Par::Seq
+    }
+}
+
+/// A causal `Conv1d` (`MimiConv1d` / `Qwen3TTSTokenizerV2CausalConvNet`), groups = 1.
+#[derive(Debug, Clone)]
+pub struct CausalConv1d {
+    pub cin: usize,
+    pub cout: usize,
+    pub kernel: usize,
+    pub stride: usize,
+    pub dilation: usize,
+    pub pad_mode: PadMode,
+    /// `(kernel·cin, cout)`: row `k·cin + ci`, column `co` holds torch `weight[co, ci, k]`.
+    w: Vec<f32>,
+    bias: Option<Vec<f32>>,
+}
+
+impl CausalConv1d {
+    /// From a torch weight `(cout, cin, kernel)` (row-major) and optional bias `(cout)`.
+    pub fn from_torch(
+        weight: &[f32],
+        shape: (usize, usize, usize),
+        bias: Option<Vec<f32>>,
+        stride: usize,
+        dilation: usize,
+        pad_mode: PadMode,
+    ) -> Result<Self> {
+        let (cout, cin, kernel) = shape;
+        ensure!(weight.len() == cout * cin * kernel, "conv weight size");
+        ensure!(stride >= 1 && dilation >= 1 && kernel >= 1, "conv geometry");
+        if let Some(b) = &bias {
+            ensure!(b.len() == cout, "conv bias size");
+        }
+        let mut w = vec![0.0; weight.len()];
+        for co in 0..cout {
+            for ci in 0..cin {
+                for k in 0..kernel {
+                    w[(k * cin + ci) * cout + co] = weight[(co * cin + ci) * kernel + k];
+                }
+            }
+        }
+        Ok(CausalConv1d {
+            cin,
+            cout,
+            kernel,
+            stride,
+            dilation,
+            pad_mode,
+            w,
+            bias,
+        })
+    }
+
+    /// Effective kernel size with dilation.
+    pub fn k_eff(&self) -> usize {
+        (self.kernel - 1) * self.dilation + 1
+    }
+
+    pub fn pad_left(&self) -> usize {
+        causal_left_pad(self.k_eff(), self.stride)
+    }
+
+    pub fn out_len(&self, len: usize) -> usize {
+        len.div_ceil(self.stride)
+    }
+
+    /// A new tile of output rows holding the bias (or zeros).
+    fn init_rows<'t>(&self, out: Uninit<'t>) -> Init<'t> {
+        match &self.bias {
+            Some(b) => out.fill_rows(b),
+            None => out.fill(0.0),
+        }
+    }
+
+    /// Fills `out` (`rows × cout`) with the bias (or zeros).
+    fn set_rows(&self, out: &mut [f32]) {
+        match &self.bias {
+            Some(b) => out
+                .chunks_exact_mut(self.cout)
+                .for_each(|r| r.copy_from_slice(b)),
+            None => out.fill(0.0),
+        }
+    }
+
+    /// `out += conv(padded)` for the `out.rows()` output rows whose padded input rows start
+    /// at row 0 of `padded` (row stride `cin`; it must hold `(rows−1)·stride + k_eff` rows).
+    fn gemm_tile(&self, padded: &[f32], mut out: MatMut<'_>) {
+        let rows = out.rows();
+        let lhs_rs = self.stride * self.cin;
+        if self.dilation == 1 || self.kernel == 1 {
+            let lhs = MatRef::strided(padded, rows, self.kernel * self.cin, lhs_rs, 1);
+            let rhs = MatRef::new(&self.w, self.kernel * self.cin, self.cout);
+            gemm(out, lhs, rhs, Acc::Add, 1.0, tile_par(rows));
+        } else {
+            let taps = self.w.chunks_exact(self.cin * self.cout);
+            for (k, wk) in taps.enumerate() {
+                let at = k * self.dilation * self.cin;
+                let lhs = MatRef::strided(&padded[at..], rows, self.cin, lhs_rs, 1);
+                let rhs = MatRef::new(wk, self.cin, self.cout);
+                gemm(out.rb_mut(), lhs, rhs, Acc::Add, 1.0, tile_par(rows));
+            }
+        }
+    }
+
+    /// Builds the padded, activated input rows `[p0, p1)` (padded coordinates) into `buf`.
+    /// `x` holds rows `offset .. offset + x.t` of an input of `total` rows; every real row in
+    /// the range must be among them (and, for replicate padding, the edge rows it copies).
+    #[allow(clippy::too_many_arguments)]
+    fn build_input(
+        &self,
+        x: &Seq,
+        offset: usize,
+        total: usize,
+        act: Option<&Act>,
+        p0: usize,
+        p1: usize,
+        buf: &mut Vec<f32>,
+    ) {
+        let c = self.cin;
+        let pad_left = self.pad_left();
+        buf.clear();
+        buf.resize((p1 - p0) * c, 0.0);
+        // Real rows covered by [p0, p1).
+        let r0 = p0.saturating_sub(pad_left).min(total);
+        let r1 = p1.saturating_sub(pad_left).min(total);
+        if r1 > r0 {
+            assert!(
+                r0 >= offset && r1 <= offset + x.t,
+                "conv window needs rows {r0}..{r1}, has {offset}..{}",
+                offset + x.t
+            );
+            let dst = &mut buf[(r0 + pad_left - p0) * c..(r1 + pad_left - p0) * c];
+            let src = &x.data[(r0 - offset) * c..(r1 - offset) * c];
+            match act {
+                Some(a) => a.apply(src, dst, c),
+                None => dst.copy_from_slice(src),
+            }
+        }
+        if self.pad_mode == PadMode::Replicate && total > 0 {
+            // Edge rows of the (activated) input.
+            let edge = |row: usize| -> Vec<f32> {
+                assert!(
+                    row >= offset && row < offset + x.t,
+                    "replicated row {row} not in window"
+                );
+                let mut v = x.row(row - offset).to_vec();
+                if let Some(a) = act {
+                    a.apply_inplace(&mut v, c);
+                }
+                v
+            };
+            if p0 < pad_left {
+                let first = edge(0);
+                for p in p0..pad_left.min(p1) {
+                    buf[(p - p0) * c..(p - p0 + 1) * c].copy_from_slice(&first);
+                }
+            }
+            if p1 > pad_left + total {
+                let last = edge(total - 1);
+                for p in (pad_left + total).max(p0)..p1 {
+                    buf[(p - p0) * c..(p - p0 + 1) * c].copy_from_slice(&last);
+                }
+            }
+        }
+    }
+
+    /// Input rows (real coordinates, clipped to `0..total`) that output rows `a..b` read.
+    pub fn input_rows(&self, a: usize, b: usize, total: usize) -> (usize, usize) {
+        let pad_left = self.pad_left();
+        let p0 = a * self.stride;
+        let p1 = (b - 1) * self.stride + self.k_eff();
+        (
+            p0.saturating_sub(pad_left).min(total),
+            p1.saturating_sub(pad_left).min(total),
+        )
+    }
+
+    /// Output rows `a..b` of `conv(act(input))` for an input of `total` rows of which `x`
+    /// holds rows `offset..` (at least [`Self::input_rows`]), single-threaded.
+    pub fn forward_window(
+        &self,
+        x: &Seq,
+        offset: usize,
+        total: usize,
+        act: Option<&Act>,
+        (a, b): (usize, usize),
+    ) -> Seq {
+        let mut out = vec![0.0f32; (b - a) * self.cout];
+        let mut buf = Vec::new();
+        self.build_input(
+            x,
+            offset,
+            total,
+            act,
+            a * self.stride,
+            (b - 1) * self.stride + self.k_eff(),
+            &mut buf,
+        );
+        self.set_rows(&mut out);
+        self.gemm_tile(&buf, MatMut::new(&mut out, b - a, self.cout));
+        Seq::new(out, b - a, self.cout)
+    }
+
+    /// `conv(act(x))` with the causal padding; `x.c` must be `cin`.
+    pub fn forward(&self, x: &Seq, act: Option<&Act>) -> Seq {
+        assert_eq!(x.c, self.cin, "conv input channels");
+        if self.cin == 1 && self.stride == 1 && act.is_none() && self.pad_mode == PadMode::Zero {
+            return self.forward_single_input(x);
+        }
+        let t_out = self.out_len(x.t);
+        let (n, k_eff) = (self.cout, self.k_eff());
+        let tile = tile_rows(t_out, self.kernel * self.cin, n);
+        let out = par_new_vec(t_out * n, tile * n, Vec::new, |i, part, buf| {
+            let (a, rows) = (i * tile, part.len() / n);
+            let p0 = a * self.stride;
+            let p1 = (a + rows - 1) * self.stride + k_eff;
+            self.build_input(x, 0, x.t, act, p0, p1, buf);
+            let mut o = self.init_rows(part);
+            self.gemm_tile(buf, MatMut::new(&mut o, rows, n));
+            o
+        });
+        Seq::new(out, t_out, n)
+    }
+}
+
+impl CausalConv1d {
+    /// Output rows `a..b` of `conv(act(input))` for an input of `total` rows of which `x` holds
+    /// rows `offset..offset + x.t` (at least [`Self::input_rows`] of `a..b`), on all threads:
+    /// the streaming decoder's step (docs/model.md §9.2), where `x` is the rows kept from the
+    /// previous steps followed by the new ones.
+    pub fn forward_range(
+        &self,
+        x: &Seq,
+        offset: usize,
+        total: usize,
+        act: Option<&Act>,
+        (a, b): (usize, usize),
+    ) -> Seq {
+        assert_eq!(x.c, self.cin, "conv input channels");
+        let rows = b.saturating_sub(a);
+        if rows == 0 {
+            return Seq::new(Vec::new(), 0, self.cout);
+        }
+        let (n, k_eff) = (self.cout, self.k_eff());
+        let tile = tile_rows(rows, self.kernel * self.cin, n);
+        let out = par_new_vec(rows * n, tile * n, Vec::new, |i, part, buf| {
+            let (t0, tr) = (a + i * tile, part.len() / n);
+            let p0 = t0 * self.stride;
+            let p1 = (t0 + tr - 1) * self.stride + k_eff;
+            self.build_input(x, offset, total, act, p0, p1, buf);
+            let mut o = self.init_rows(part);
+            self.gemm_tile(buf, MatMut::new(&mut o, tr, n));
+            o
+        });
+        Seq::new(out, rows, n)
+    }
+}
+
+/// One stream's part of a batched streaming step ([`CausalConv1d::forward_ranges`]): output rows
+/// `range` of an input of `total` rows of which `x` holds rows `offset..`, as
+/// [`CausalConv1d::forward_range`] takes them.
+#[derive(Debug, Clone, Copy)]
+pub struct ConvWindow<'a> {
+    pub x: &'a Seq,
+    pub offset: usize,
+    pub total: usize,
+    pub range: (usize, usize),
+}
+
+/// Rows up to which [`CausalConv1d::forward_ranges`] gathers the windows of several streams into
+/// one product (above, the weights are read by each stream's tiles anyway).
+const GATHER_ROWS: usize = 64;
+
+impl CausalConv1d {
+    /// [`Self::forward_range`] for several independent inputs (the streams of a batched decoding
+    /// step, docs/serving.md §4): their output rows go through one product per tap, so the
+    /// weights are read once for all of them. Each output is the one `forward_range` gives for
+    /// its window alone, to the bit: the products are row-invariant and the taps are summed in
+    /// the same order (one product over `kernel·cin` for dilation 1, one per tap otherwise).
+    pub fn forward_ranges(&self, parts: &[ConvWindow<'_>], act: Option<&Act>) -> Vec<Seq> {
+        let rows: Vec<usize> = parts
+            .iter()
+            .map(|p| p.range.1.saturating_sub(p.range.0))
+            .collect();
+        let total_rows: usize = rows.iter().sum();
+        if parts.len() < 2 || total_rows > GATHER_ROWS || total_rows == 0 {
+            return parts
+                .iter()
+                .map(|p| self.forward_range(p.x, p.offset, p.total, act, p.range))
+                .collect();
+        }
+        let (cin, n, k_eff) = (self.cin, self.cout, self.k_eff());
+        let one_product = self.dilation == 1 || self.kernel == 1;
+        // Gathered left operands: one matrix of `kernel·cin` columns, or one of `cin` per tap.
+        let (width, mats) = if one_product {
+            (self.kernel * cin, 1)
+        } else {
+            (cin, self.kernel)
+        };
+        let mut lhs = vec![Vec::with_capacity(total_rows * width); mats];
+        let mut buf = Vec::new();
+        for (p, &r) in parts.iter().zip(&rows) {
+            if r == 0 {
+                continue;
+            }
+            assert_eq!(p.x.c, cin, "conv input channels");
+            let (a, b) = p.range;
+            let p0 = a * self.stride;
+            self.build_input(
+                p.x,
+                p.offset,
+                p.total,
+                act,
+                p0,
+                (b - 1) * self.stride + k_eff,
+                &mut buf,
+            );
+            for t in 0..r {
+                let at = t * self.stride * cin;
+                if one_product {
+                    lhs[0].extend_from_slice(&buf[at..at + width]);
+                } else {
+                    for (j, m) in lhs.iter_mut().enumerate() {
+                        let tap = at + j * self.dilation * cin;
+                        m.extend_from_slice(&buf[tap..tap + cin]);
+                    }
+                }
+            }
+        }
+        let tile = tile_rows(total_rows, self.kernel * cin, n);
+        let out = par_new_vec(
+            total_rows * n,
+            tile * n,
+            || (),
+            |i, part, _| {
+                let (r0, tr) = (i * tile, part.len() / n);
+                let mut o = self.init_rows(part);
+                for (j, m) in lhs.iter().enumerate() {
+                    let a = MatRef::new(&m[r0 * width..(r0 + tr) * width], tr, width);
+                    let w = &self.w[j * width * n..(j + 1) * width * n];
+                    gemm(
+                        MatMut::new(&mut o, tr, n),
+                        a,
+                        MatRef::new(w, width, n),
+                        Acc::Add,
+                        1.0,
+                        tile_par(tr),
+                    );
+                }
+                o
+            },
+        );
+        let mut outs = Vec::with_capacity(parts.len());
+        let mut at = 0;
+        for &r in &rows {
+            outs.push(Seq::new(out[at * n..(at + r) * n].to_vec(), r, n));
+            at += r;
+        }
+        outs
+    }
+}
+
+impl CausalConv1d {
+    /// One input channel (the waveform conv): a GEMM with inner size `kernel` would waste most
+    /// of its time packing, so this runs directly, vectorised over the output channels.
+    fn forward_single_input(&self, x: &Seq) -> Seq {
+        let (n, pad) = (self.cout, self.pad_left());
+        const TILE: usize = 4096;
+        let out = par_new_vec(
+            x.t * n,
+            TILE * n,
+            || (),
+            |i, part, _| {
+                let mut rows = self.init_rows(part);
+                for (r, row) in rows.chunks_exact_mut(n).enumerate() {
+                    let t = i * TILE + r;
+                    for k in 0..self.kernel {
+                        let p = t + k * self.dilation;
+                        if p < pad {
+                            continue;
+                        }
+                        let xv = x.data[p - pad];
+                        for (o, &wv) in row.iter_mut().zip(&self.w[k * n..(k + 1) * n]) {
+                            *o += xv * wv;
+                        }
+                    }
+                }
+                rows
+            },
+        );
+        Seq::new(out, x.t, n)
+    }
+}
+
+/// `Qwen3TTSTokenizerV2CausalTransConvNet`: `ConvTranspose1d(k, stride)` whose last `k − stride`
+/// outputs are dropped, so L inputs give exactly L·stride outputs.
+///
+/// Output block `t` (rows `t·s .. t·s+s`) is `bias + Σ_q x[t−q] · W[:, :, q·s .. q·s+s]`,
+/// q = 0..ceil(k/s): a causal conv over the input with `ceil(k/s)` taps and `s·C_out` output
+/// channels, which is how it runs here.
+#[derive(Debug, Clone)]
+pub struct CausalConvTranspose1d {
+    pub cin: usize,
+    pub cout: usize,
+    pub stride: usize,
+    conv: CausalConv1d,
+}
+
+impl CausalConvTranspose1d {
+    /// From a torch `ConvTranspose1d` weight `(cin, cout, kernel)` and bias `(cout)`.
+    pub fn from_torch(
+        weight: &[f32],
+        shape: (usize, usize, usize),
+        bias: Option<Vec<f32>>,
+        stride: usize,
+    ) -> Result<Self> {
+        let (cin, cout, kernel) = shape;
+        ensure!(
+            weight.len() == cin * cout * kernel,
+            "transposed conv weight size"
+        );
+        if kernel < stride {
+            bail!("transposed conv with kernel {kernel} < stride {stride} is not supported");
+        }
+        let taps = kernel.div_ceil(stride);
+        let n = stride * cout;
+        // As a conv weight (n, cin, taps) in torch layout: conv tap j reads x[t − (taps−1−j)].
+        let mut w = vec![0.0; n * cin * taps];
+        for ci in 0..cin {
+            for co in 0..cout {
+                for k in 0..kernel {
+                    let (q, j) = (k / stride, k % stride);
+                    let tap = taps - 1 - q;
+                    let o = j * cout + co;
+                    w[(o * cin + ci) * taps + tap] = weight[(ci * cout + co) * kernel + k];
+                }
+            }
+        }
+        let bias = bias.map(|b| {
+            let mut v = Vec::with_capacity(n);
+            for _ in 0..stride {
+                v.extend_from_slice(&b);
+            }
+            v
+        });
+        let conv = CausalConv1d::from_torch(&w, (n, cin, taps), bias, 1, 1, PadMode::Zero)?;
+        Ok(CausalConvTranspose1d {
+            cin,
+            cout,
+            stride,
+            conv,
+        })
+    }
+
+    pub fn forward(&self, x: &Seq, act: Option<&Act>) -> Seq {
+        let y = self.conv.forward(x, act);
+        Seq::new(y.data, y.t * self.stride, self.cout)
+    }
+
+    /// Output blocks `a..b` (`stride` rows each) for an input of `total` rows of which `x`
+    /// holds rows `offset..` (at least the last `taps() − 1` before `a`), as
+    /// [`CausalConv1d::forward_range`].
+    pub fn forward_range(
+        &self,
+        x: &Seq,
+        offset: usize,
+        total: usize,
+        act: Option<&Act>,
+        range: (usize, usize),
+    ) -> Seq {
+        let y = self.conv.forward_range(x, offset, total, act, range);
+        Seq::new(y.data, y.t * self.stride, self.cout)
+    }
+
+    /// [`Self::forward_range`] for several independent inputs, as
+    /// [`CausalConv1d::forward_ranges`] (output blocks `range` of each).
+    pub fn forward_ranges(&self, parts: &[ConvWindow<'_>], act: Option<&Act>) -> Vec<Seq> {
+        self.conv
+            .forward_ranges(parts, act)
+            .into_iter()
+            .map(|y| Seq::new(y.data, y.t * self.stride, self.cout))
+            .collect()
+    }
+
+    /// Input samples each output block reads (`ceil(kernel / stride)`).
+    pub fn taps(&self) -> usize {
+        self.conv.kernel
+    }
+}
+
+/// A depthwise causal conv (`groups = channels`, ConvNeXt's `dwconv`), stride 1.
+#[derive(Debug, Clone)]
+pub struct DepthwiseCausalConv1d {
+    pub channels: usize,
+    pub kernel: usize,
+    /// `(kernel, channels)`.
+    w: Vec<f32>,
+    bias: Vec<f32>,
+}
+
+impl DepthwiseCausalConv1d {
+    /// From a torch weight `(channels, 1, kernel)` and bias `(channels)`.
+    pub fn from_torch(
+        weight: &[f32],
+        channels: usize,
+        kernel: usize,
+        bias: Vec<f32>,
+    ) -> Result<Self> {
+        ensure!(
+            weight.len() == channels * kernel && bias.len() == channels,
+            "dwconv size"
+        );
+        let mut w = vec![0.0; weight.len()];
+        for c in 0..channels {
+            for k in 0..kernel {
+                w[k * channels + c] = weight[c * kernel + k];
+            }
+        }
+        Ok(DepthwiseCausalConv1d {
+            channels,
+            kernel,
+            w,
+            bias,
+        })
+    }
+
+    /// Output rows `a..b` for an input of which `x` holds rows `offset..` (at least the
+    /// `kernel − 1` before `a`), zeros before row 0.
+    pub fn forward_range(&self, x: &Seq, offset: usize, (a, b): (usize, usize)) -> Seq {
+        let c = self.channels;
+        assert_eq!(x.c, c);
+        let pad = self.kernel - 1;
+        assert!(
+            offset <= a.saturating_sub(pad) && b <= offset + x.t,
+            "dwconv window needs rows {}..{b}, has {offset}..{}",
+            a.saturating_sub(pad),
+            offset + x.t
+        );
+        let mut out = Vec::with_capacity(b.saturating_sub(a) * c);
+        for t in a..b {
+            let start = out.len();
+            out.extend_from_slice(&self.bias);
+            let row = &mut out[start..];
+            for k in 0..self.kernel {
+                if t + k < pad {
+                    continue;
+                }
+                let xi = x.row(t + k - pad - offset);
+                let wk = &self.w[k * c..(k + 1) * c];
+                for ((o, &xv), &wv) in row.iter_mut().zip(xi).zip(wk) {
+                    *o += xv * wv;
+                }
+            }
+        }
+        Seq::new(out, b.saturating_sub(a), c)
+    }
+
+    pub fn forward(&self, x: &Seq) -> Seq {
+        let c = self.channels;
+        assert_eq!(x.c, c);
+        let pad = self.kernel - 1;
+        const TILE: usize = 256;
+        let out = par_new_vec(
+            x.t * c,
+            TILE * c,
+            || (),
+            |i, part, _| {
+                let mut rows = part.fill_rows(&self.bias);
+                for (r, row) in rows.chunks_exact_mut(c).enumerate() {
+                    let t = i * TILE + r;
+                    for k in 0..self.kernel {
+                        // input index t + k − pad (zero padding on the left)
+                        if t + k < pad {
+                            continue;
+                        }
+                        let xi = x.row(t + k - pad);
+                        let wk = &self.w[k * c..(k + 1) * c];
+                        for ((o, &xv), &wv) in row.iter_mut().zip(xi).zip(wk) {
+                            *o += xv * wv;
+                        }
+                    }
+                }
+                rows
+            },
+        );
+        Seq::new(out, x.t, c)
+    }
+}
+
+/// A `Linear` (`x · Wᵀ + b`) on channels-last rows.
+#[derive(Debug, Clone)]
+pub struct Linear {
+    pub cin: usize,
+    pub cout: usize,
+    /// `(cin, cout)`.
+    w: Vec<f32>,
+    bias: Option<Vec<f32>>,
+}
+
+impl Linear {
+    /// From a torch weight `(cout, cin)` (also a k=1 conv weight `(cout, cin, 1)`).
+    pub fn from_torch(
+        weight: &[f32],
+        cout: usize,
+        cin: usize,
+        bias: Option<Vec<f32>>,
+    ) -> Result<Self> {
+        ensure!(weight.len() == cout * cin, "linear weight size");
+        let mut w = vec![0.0; weight.len()];
+        for o in 0..cout {
+            for i in 0..cin {
+                w[i * cout + o] = weight[o * cin + i];
+            }
+        }
+        Ok(Linear { cin, cout, w, bias })
+    }
+
+    /// Concatenates the outputs of several linears over the same input (e.g. q, k, v).
+    pub fn concat(parts: &[Linear]) -> Result<Linear> {
+        ensure!(!parts.is_empty(), "nothing to concatenate");
+        let cin = parts[0].cin;
+        ensure!(
+            parts.iter().all(|p| p.cin == cin),
+            "concatenated linears differ in input"
+        );
+        let cout: usize = parts.iter().map(|p| p.cout).sum();
+        let mut w = vec![0.0; cin * cout];
+        let mut off = 0;
+        for p in parts {
+            for i in 0..cin {
+                w[i * cout + off..i * cout + off + p.cout]
+                    .copy_from_slice(&p.w[i * p.cout..(i + 1) * p.cout]);
+            }
+            off += p.cout;
+        }
+        let bias = if parts.iter().any(|p| p.bias.is_some()) {
+            let mut b = Vec::with_capacity(cout);
+            for p in parts {
+                match &p.bias {
+                    Some(pb) => b.extend_from_slice(pb),
+                    None => b.extend(std::iter::repeat_n(0.0, p.cout)),
+                }
+            }
+            Some(b)
+        } else {
+            None
+        };
+        Ok(Linear { cin, cout, w, bias })
+    }
+
+    /// Multiplies every output channel by `scale[o]` (folds a LayerScale into the weights).
+    pub fn scale_outputs(&mut self, scale: &[f32]) {
+        assert_eq!(scale.len(), self.cout);
+        for row in self.w.chunks_exact_mut(self.cout) {
+            for (v, s) in row.iter_mut().zip(scale) {
+                *v *= s;
+            }
+        }
+        if let Some(b) = &mut self.bias {
+            for (v, s) in b.iter_mut().zip(scale) {
+                *v *= s;
+            }
+        }
+    }
+
+    /// `residual + x·Wᵀ + b` when `residual` is given (same shape as the output), else `x·Wᵀ + b`.
+    pub fn forward(&self, x: &Seq, residual: Option<&Seq>) -> Seq {
+        assert_eq!(x.c, self.cin);
+        if let Some(r) = residual {
+            assert_eq!((r.t, r.c), (x.t, self.cout));
+        }
+        let n = self.cout;
+        let tile = tile_rows(x.t, self.cin, n);
+        let out = par_new_vec(
+            x.t * n,
+            tile * n,
+            || (),
+            |i, part, _| {
+                let (a, rows) = (i * tile, part.len() / n);
+                let mut o = match residual {
+                    Some(r) => part.copy_from(&r.data[a * n..(a + rows) * n]),
+                    None => part.fill(0.0),
+                };
+                if let Some(bias) = &self.bias {
+                    for row in o.chunks_exact_mut(n) {
+                        for (v, &bv) in row.iter_mut().zip(bias) {
+                            *v += bv;
+                        }
+                    }
+                }
+                let lhs = MatRef::new(&x.data[a * self.cin..(a + rows) * self.cin], rows, self.cin);
+                let rhs = MatRef::new(&self.w, self.cin, n);
+                gemm(
+                    MatMut::new(&mut o, rows, n),
+                    lhs,
+                    rhs,
+                    Acc::Add,
+                    1.0,
+                    tile_par(rows),
+                );
+                o
+            },
+        );
+        Seq::new(out, x.t, n)
+    }
+}
+
+/// A residual unit `x + conv2(act2(conv1(act1(x))))` with stride-1 convs and `conv2` of kernel
+/// 1: SEANet's `MimiResnetBlock` (ELU, k3, ELU, k1) and the decoder's
+/// `Qwen3TTSTokenizerV2DecoderDecoderResidualUnit` (SnakeBeta, k7 dilated, SnakeBeta, k1).
+/// Computed tile by tile, so the hidden activations never leave the cache.
+#[derive(Debug, Clone)]
+pub struct ResidualUnit {
+    pub act1: Act,
+    pub conv1: CausalConv1d,
+    pub act2: Act,
+    pub conv2: CausalConv1d,
+    /// `conv1` as a Winograd `F(m, k)` conv, when enabled.
+    wino: Option<WinogradConv>,
+}
+
+impl ResidualUnit {
+    /// `winograd` outputs per Winograd tile for `conv1` (0: direct GEMM convolution; see
+    /// [`WinogradConv`]).
+    pub fn new(
+        act1: Act,
+        conv1: CausalConv1d,
+        act2: Act,
+        conv2: CausalConv1d,
+        winograd: usize,
+    ) -> Result<Self> {
+        ensure!(
+            conv1.stride == 1 && conv2.stride == 1 && conv2.kernel == 1,
+            "residual unit: conv1 must have stride 1 and conv2 kernel 1"
+        );
+        ensure!(
+            conv2.cin == conv1.cout && conv2.cout == conv1.cin,
+            "residual unit channels"
+        );
+        ensure!(
+            conv1.pad_mode == PadMode::Zero,
+            "residual unit convs pad with zeros"
+        );
+        let m = winograd;
+        let wino = if m > 0 && conv1.kernel > 1 {
+            let bias = conv1.bias.clone().unwrap_or_else(|| vec![0.0; conv1.cout]);
+            Some(WinogradConv::new(
+                &conv1.w,
+                conv1.cin,
+                conv1.cout,
+                conv1.kernel,
+                conv1.dilation,
+                bias,
+                m,
+            )?)
+        } else {
+            None
+        };
+        Ok(ResidualUnit {
+            act1,
+            conv1,
+            act2,
+            conv2,
+            wino,
+        })
+    }
+
+    /// Drops the Winograd form of `conv1` (direct GEMM convolution, for comparisons).
+    pub fn without_winograd(mut self) -> Self {
+        self.wino = None;
+        self
+    }
+
+    pub fn forward(&self, x: &Seq) -> Seq {
+        self.forward_range(x, 0, (0, x.t))
+    }
+
+    /// Output rows `a..b` for an input of which `x` holds rows `offset..` (at least the
+    /// `k_eff − 1` before `a`), zeros before row 0: [`Self::forward`] is the whole range; the
+    /// streaming decoder (docs/model.md §9.2) passes the kept rows followed by the new ones.
+    pub fn forward_range(&self, x: &Seq, offset: usize, (a, b): (usize, usize)) -> Seq {
+        let c = self.conv1.cin;
+        let hidden = self.conv1.cout;
+        assert_eq!(x.c, c);
+        let k_eff = self.conv1.k_eff();
+        let pad = k_eff - 1;
+        let n = b.saturating_sub(a);
+        assert!(
+            offset <= a.saturating_sub(pad) && b <= offset + x.t,
+            "residual unit window needs rows {}..{b}, has {offset}..{}",
+            a.saturating_sub(pad),
+            offset + x.t
+        );
+        if n == 0 {
+            return Seq::new(Vec::new(), 0, c);
+        }
+        let tile = tile_rows(n, self.conv1.kernel * c, hidden.max(c));
+        // Per worker: the tile's padded input and hidden rows, and the Winograd transforms.
+        let scratch = || (Vec::new(), Vec::new());
+        let out = par_new_vec(n * c, tile * c, scratch, |i, part, (buf, wino_buf)| {
+            let rows = part.len() / c;
+            let a = a + i * tile;
+            let b = a + rows;
+            // Padded coordinates: output row t reads padded rows t .. t + k_eff.
+            let in_rows = match &self.wino {
+                Some(w) => w.padded_rows(rows),
+                None => rows - 1 + k_eff,
+            };
+            let in_len = in_rows * c;
+            let h_len = rows * hidden;
+            buf.clear();
+            buf.resize(in_len + h_len, 0.0);
+            let (inp, rest) = buf.split_at_mut(in_len);
+            let h = &mut rest[..h_len];
+            // Activated input rows (zero rows before the start of x and after the tile).
+            let r0 = a.saturating_sub(pad);
+            let skip = (pad.saturating_sub(a)) * c;
+            self.act1.apply(
+                &x.data[(r0 - offset) * c..(b - offset) * c],
+                &mut inp[skip..skip + (b - r0) * c],
+                c,
+            );
+            match &self.wino {
+                Some(w) => w.forward_tile(inp, rows, h, wino_buf),
+                None => {
+                    self.conv1.set_rows(h);
+                    self.conv1.gemm_tile(inp, MatMut::new(h, rows, hidden));
+                }
+            }
+            self.act2.apply_inplace(h, hidden);
+            let mut o = part.copy_from(&x.data[(a - offset) * c..(b - offset) * c]);
+            if let Some(bias) = &self.conv2.bias {
+                for row in o.chunks_exact_mut(c) {
+                    for (v, &bv) in row.iter_mut().zip(bias) {
+                        *v += bv;
+                    }
+                }
+            }
+            self.conv2.gemm_tile(h, MatMut::new(&mut o, rows, c));
+            o
+        });
+        Seq::new(out, n, c)
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::super::act::SnakeParams;
+    use super::*;
+
+    pub use crate::test_values::rand_vec;
+
+    /// Straightforward channels-first reference of the official causal conv (f64 accumulate).
+    #[allow(clippy::too_many_arguments)]
+    fn ref_conv(
+        x: &[f32],
+        cin: usize,
+        len: usize,
+        w: &[f32],
+        cout: usize,
+        kernel: usize,
+        bias: Option<&[f32]>,
+        stride: usize,
+        dilation: usize,
+        replicate: bool,
+    ) -> (Vec<f32>, usize) {
+        let k_eff = (kernel - 1) * dilation + 1;
+        let pad_l = k_eff - stride;
+        // Literal transcription of `_get_extra_padding_for_conv1d` (float division + ceil).
+        let n_frames = (len as f64 - k_eff as f64 + pad_l as f64) / stride as f64 + 1.0;
+        let ideal = (n_frames.ceil() as i64 - 1) * stride as i64 + (k_eff - pad_l) as i64;
+        let extra = (ideal - len as i64) as usize;
+        let plen = pad_l + len + extra;
+        let get = |c: usize, p: usize| -> f64 {
+            if p < pad_l {
+                if replicate {
+                    x[c * len] as f64
+                } else {
+                    0.0
+                }
+            } else if p - pad_l >= len {
+                if replicate {
+                    x[c * len + len - 1] as f64
+                } else {
+                    0.0
+                }
+            } else {
+                x[c * len + p - pad_l] as f64
+            }
+        };
+        let lout = (plen - k_eff) / stride + 1;
+        let mut y = vec![0.0f32; cout * lout];
+        for co in 0..cout {
+            for t in 0..lout {
+                let mut acc = bias.map_or(0.0, |b| b[co] as f64);
+                for ci in 0..cin {
+                    for k in 0..kernel {
+                        acc += w[(co * cin + ci) * kernel + k] as f64
+                            * get(ci, t * stride + k * dilation);
+                    }
+                }
+                y[co * lout + t] = acc as f32;
+            }
+        }
+        (y, lout)
+    }
+
+    fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+        assert_eq!(a.len(), b.len());
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f32::max)
+    }
+
+    #[test]
+    fn padding_arithmetic_matches_official_formula() {
+        for stride in 1..9 {
+            for kernel in [1, 2, 3, 4, 7, 8, 10, 12, 16] {
+                if kernel < stride {
+                    continue;
+                }
+                for len in 1..60 {
+                    let pad_l = causal_left_pad(kernel, stride);
+                    let n_frames =
+                        (len as f64 - kernel as f64 + pad_l as f64) / stride as f64 + 1.0;
+                    let ideal =
+                        (n_frames.ceil() as i64 - 1) * stride as i64 + (kernel - pad_l) as i64;
+                    assert_eq!(causal_right_pad(len, stride) as i64, ideal - len as i64);
+                    let total = pad_l + len + causal_right_pad(len, stride);
+                    assert_eq!((total - kernel) / stride + 1, len.div_ceil(stride));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn conv_matches_reference_all_geometries() {
+        for &(cin, cout, kernel, stride, dilation, replicate, len) in &[
+            (3, 5, 7, 1, 1, false, 50),
+            (4, 6, 3, 1, 3, false, 41),
+            (4, 6, 7, 1, 9, false, if cfg!(miri) { 70 } else { 100 }),
+            (2, 4, 8, 4, 1, false, 37),
+            (5, 3, 10, 5, 1, false, 23),
+            (6, 6, 4, 2, 1, true, 11),
+            (6, 6, 4, 2, 1, true, 12),
+            (1, 4, 7, 1, 1, false, 9),
+            (1, 64, 7, 1, 2, false, if cfg!(miri) { 90 } else { 9000 }),
+            (3, 2, 1, 1, 1, false, 5),
+            (3, 3, 12, 6, 1, false, 3),
+        ] {
+            let x = rand_vec(cin * len, 1 + len as u64);
+            let w = rand_vec(cout * cin * kernel, 2);
+            let b = rand_vec(cout, 3);
+            let (want, lout) = ref_conv(
+                &x,
+                cin,
+                len,
+                &w,
+                cout,
+                kernel,
+                Some(&b),
+                stride,
+                dilation,
+                replicate,
+            );
+            let pad = if replicate {
+                PadMode::Replicate
+            } else {
+                PadMode::Zero
+            };
+            let conv = CausalConv1d::from_torch(
+                &w,
+                (cout, cin, kernel),
+                Some(b.clone()),
+                stride,
+                dilation,
+                pad,
+            )
+            .unwrap();
+            let got = conv.forward(&Seq::from_channels_first(&x, cin, len), None);
+            assert_eq!(got.t, lout);
+            let err = max_abs_diff(&got.to_channels_first(), &want);
+            assert!(
+                err < 1e-5,
+                "conv {cin}->{cout} k{kernel} s{stride} d{dilation}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn conv_tiles_agree_with_one_tile() {
+        // Long input: many tiles on several threads, with halos and replicate edges.
+        let (cin, cout, len) = (8, 8, if cfg!(miri) { 300 } else { 5000 });
+        let x = Seq::new(rand_vec(cin * len, 9), len, cin);
+        let w = rand_vec(cout * cin * 4, 10);
+        for (stride, pad) in [(2, PadMode::Replicate), (1, PadMode::Zero)] {
+            let conv = CausalConv1d::from_torch(&w, (cout, cin, 4), None, stride, 1, pad).unwrap();
+            let got = conv.forward(&x, Some(&Act::Elu));
+            let mut xa = x.clone();
+            Act::Elu.apply_inplace(&mut xa.data, cin);
+            let (want, _) = ref_conv(
+                &xa.to_channels_first(),
+                cin,
+                len,
+                &w,
+                cout,
+                4,
+                None,
+                stride,
+                1,
+                pad == PadMode::Replicate,
+            );
+            assert!(max_abs_diff(&got.to_channels_first(), &want) < 1e-5);
+        }
+    }
+
+    /// Literal `nn.ConvTranspose1d` followed by dropping the last `k − s` samples.
+    #[allow(clippy::too_many_arguments)]
+    fn ref_conv_transpose(
+        x: &[f32],
+        cin: usize,
+        len: usize,
+        w: &[f32],
+        cout: usize,
+        kernel: usize,
+        b: &[f32],
+        stride: usize,
+    ) -> Vec<f32> {
+        let full = (len - 1) * stride + kernel;
+        let mut y = vec![0.0f64; cout * full];
+        for co in 0..cout {
+            for t in 0..full {
+                y[co * full + t] = b[co] as f64;
+            }
+        }
+        for ci in 0..cin {
+            for t in 0..len {
+                for co in 0..cout {
+                    for k in 0..kernel {
+                        y[co * full + t * stride + k] +=
+                            x[ci * len + t] as f64 * w[(ci * cout + co) * kernel + k] as f64;
+                    }
+                }
+            }
+        }
+        let keep = full - (kernel - stride);
+        let mut out = Vec::with_capacity(cout * keep);
+        for co in 0..cout {
+            out.extend(y[co * full..co * full + keep].iter().map(|&v| v as f32));
+        }
+        out
+    }
+
+    #[test]
+    fn transposed_conv_trims_the_right_end_only() {
+        for &(cin, cout, kernel, stride, len) in &[
+            (4, 3, 16, 8, 9),
+            (3, 2, 10, 5, 7),
+            (2, 2, 2, 2, 13),
+            (5, 4, 6, 3, 1),
+            (3, 3, 7, 3, 6), // kernel not a multiple of stride
+        ] {
+            let x = rand_vec(cin * len, 21);
+            let w = rand_vec(cin * cout * kernel, 22);
+            let b = rand_vec(cout, 23);
+            let want = ref_conv_transpose(&x, cin, len, &w, cout, kernel, &b, stride);
+            let tc =
+                CausalConvTranspose1d::from_torch(&w, (cin, cout, kernel), Some(b.clone()), stride)
+                    .unwrap();
+            let got = tc.forward(&Seq::from_channels_first(&x, cin, len), None);
+            assert_eq!(got.t, len * stride);
+            assert!(max_abs_diff(&got.to_channels_first(), &want) < 1e-5);
+        }
+    }
+
+    #[test]
+    fn depthwise_and_linear_match_reference() {
+        let (c, len, k) = (5, 40, 7);
+        let x = rand_vec(c * len, 31);
+        let w = rand_vec(c * k, 32);
+        let b = rand_vec(c, 33);
+        let dw = DepthwiseCausalConv1d::from_torch(&w, c, k, b.clone()).unwrap();
+        let got = dw.forward(&Seq::from_channels_first(&x, c, len));
+        for ch in 0..c {
+            let (want, _) = ref_conv(
+                &x[ch * len..(ch + 1) * len],
+                1,
+                len,
+                &w[ch * k..(ch + 1) * k],
+                1,
+                k,
+                Some(&b[ch..ch + 1]),
+                1,
+                1,
+                false,
+            );
+            for (t, w) in want.iter().enumerate() {
+                assert!((got.data[t * c + ch] - w).abs() < 1e-5);
+            }
+        }
+        let lw = rand_vec(3 * c, 34);
+        let lb = rand_vec(3, 35);
+        let lin = Linear::from_torch(&lw, 3, c, Some(lb.clone())).unwrap();
+        let xs = Seq::new(rand_vec(len * c, 36), len, c);
+        let res = Seq::new(rand_vec(len * 3, 37), len, 3);
+        let y = lin.forward(&xs, Some(&res));
+        for t in 0..len {
+            for o in 0..3 {
+                let mut acc = lb[o] + res.data[t * 3 + o];
+                for i in 0..c {
+                    acc += lw[o * c + i] * xs.data[t * c + i];
+                }
+                assert!((y.data[t * 3 + o] - acc).abs() < 1e-5);
+            }
+        }
+    }
+
+    #[test]
+    fn residual_unit_matches_unfused_layers() {
+        let (c, len) = (6, if cfg!(miri) { 40 } else { 3000 });
+        let snake = |seed, ch: usize| {
+            let p = rand_vec(2 * ch, seed);
+            Act::Snake(SnakeParams::from_log(&p[..ch], &p[ch..]))
+        };
+        for (dilation, hidden) in [(1, 6), (3, 6), (9, 3)] {
+            let w1 = rand_vec(hidden * c * 7, 40 + dilation as u64);
+            let w2 = rand_vec(c * hidden, 41);
+            let conv1 = CausalConv1d::from_torch(
+                &w1,
+                (hidden, c, 7),
+                Some(rand_vec(hidden, 42)),
+                1,
+                dilation,
+                PadMode::Zero,
+            )
+            .unwrap();
+            let conv2 = CausalConv1d::from_torch(
+                &w2,
+                (c, hidden, 1),
+                Some(rand_vec(c, 43)),
+                1,
+                1,
+                PadMode::Zero,
+            )
+            .unwrap();
+            let unit = ResidualUnit::new(
+                snake(44, c),
+                conv1.clone(),
+                snake(45, hidden),
+                conv2.clone(),
+                2,
+            );
+            let (a1, a2) = (snake(44, c), snake(45, hidden));
+            let unit = unit.unwrap();
+            let x = Seq::new(rand_vec(len * c, 46), len, c);
+            let h = conv1.forward(&x, Some(&a1));
+            let y = conv2.forward(&h, Some(&a2));
+            let want: Vec<f32> = y.data.iter().zip(&x.data).map(|(a, b)| a + b).collect();
+            let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let direct = unit.clone().without_winograd().forward(&x);
+            let err = max_abs_diff(&direct.data, &want);
+            assert!(
+                err < 1e-5 * scale,
+                "direct, dilation {dilation}: {err} (scale {scale})"
+            );
+            // Winograd F(2,7) / F(4,7): only rounding differs.
+            for m in [2, 4] {
+                let wino = WinogradConv::new(
+                    &conv1.w,
+                    c,
+                    hidden,
+                    7,
+                    dilation,
+                    conv1.bias.clone().unwrap(),
+                    m,
+                )
+                .unwrap();
+                let mut u = unit.clone();
+                u.wino = Some(wino);
+                let err = max_abs_diff(&u.forward(&x).data, &want);
+                assert!(
+                    err < 1e-5 * scale,
+                    "F({m},7), dilation {dilation}: {err} (scale {scale})"
+                );
+            }
+        }
+    }
+}

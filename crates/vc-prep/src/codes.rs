@@ -1,0 +1,287 @@
+//! `voiceclone codes`: adds `"audio_codes"` (T frames × 16 codes, the official
+//! `prepare_data.py` format) to every line of a training manifest.
+//!
+//! Lines are handled as JSON objects, so fields this step does not know survive unchanged and
+//! in order. Lines that already carry codes are skipped (the step is resumable: the manifest is
+//! rewritten atomically after every few batches, so an interrupted run keeps what it finished).
+//! Broken lines (not JSON, no `audio`, missing or undecodable audio) are reported with their
+//! line numbers and kept exactly as they were.
+//!
+//! The step works on any [`AudioEncoder`] (tests use a fake); the speech tokenizer of the
+//! workspace's configuration is one ([`load_codec`]), for the command and the trainer alike.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+
+use vc_audio::{self as audio, OUTPUT_RATE};
+use vc_core::artifacts::codes::frames_from_rows;
+use vc_core::artifacts::manifest::{AudioCodes, Manifest, ManifestLine, ManifestRow};
+use vc_core::artifacts::CodeFrame;
+use vc_core::config::Config;
+use vc_core::progress::Progress;
+use vc_core::workspace::Workspace;
+use vc_model::codec::Codec;
+
+/// What `codes` needs from the speech tokenizer: batched 24 kHz waveforms in, codes out.
+pub trait AudioEncoder {
+    /// One code sequence per clip, `ceil(len / 1920)` frames each.
+    fn encode_batch(&self, clips: &[&[f32]]) -> Result<Vec<Vec<CodeFrame>>>;
+}
+
+/// The speech tokenizer named by `codes.tokenizer`, or else the one inside `model.base`.
+pub fn load_codec(ws: &Workspace, config: &Config) -> Result<Codec> {
+    let spec = if config.codes.tokenizer.trim().is_empty() {
+        &config.model.base
+    } else {
+        &config.codes.tokenizer
+    };
+    let source = ws.model_source(spec)?;
+    Codec::load(&source)
+        .with_context(|| format!("cannot load the speech tokenizer of {}", source.describe()))
+}
+
+/// The codec as this step sees it: frames of exactly 16 codes.
+impl AudioEncoder for Codec {
+    fn encode_batch(&self, clips: &[&[f32]]) -> Result<Vec<Vec<CodeFrame>>> {
+        Codec::encode_batch(self, clips)?
+            .iter()
+            .map(|codes| frames_from_rows(codes))
+            .collect()
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct CodesOptions {
+    pub input: PathBuf,
+    pub output: PathBuf,
+    /// Directory that relative `audio` paths are relative to (the workspace).
+    pub base_dir: PathBuf,
+    /// Clips per encoder call.
+    pub batch_size: usize,
+    /// Redo lines that already have codes.
+    pub force: bool,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CodesSummary {
+    pub lines: usize,
+    pub already_coded: usize,
+    pub coded: usize,
+    /// `(line number, reason)` for lines left unchanged because they are broken.
+    pub bad_lines: Vec<(usize, String)>,
+    pub audio_seconds: f64,
+}
+
+impl CodesSummary {
+    /// What a run did, as lines for the user: counts, each broken line with its reason, and the
+    /// file written (`input` read, `output` written).
+    pub fn report(&self, input: &Path, output: &Path) -> Vec<String> {
+        let mut lines = vec![format!(
+            "codes: {} line(s): {} coded ({:.1} s of audio), {} already had codes, {} left \
+             unchanged (bad)",
+            self.lines,
+            self.coded,
+            self.audio_seconds,
+            self.already_coded,
+            self.bad_lines.len()
+        )];
+        for (line, why) in &self.bad_lines {
+            lines.push(format!("  {}:{line}: {why}", input.display()));
+        }
+        if self.coded > 0 || output != input {
+            lines.push(format!("  wrote {}", output.display()));
+        }
+        lines
+    }
+}
+
+/// How often the partially coded manifest is saved during a long run.
+const SAVE_EVERY: Duration = Duration::from_secs(60);
+
+pub fn run(opts: &CodesOptions, encoder: &dyn AudioEncoder) -> Result<CodesSummary> {
+    let mut manifest = Manifest::read(&opts.input)?;
+    let mut summary = CodesSummary::default();
+    let progress_warn = |p: &Progress, n: usize, why: &str| {
+        p.warn(format!(
+            "{}:{n}: {why}; line left unchanged",
+            opts.input.display()
+        ))
+    };
+
+    let mut pending: Vec<usize> = Vec::new();
+    for (i, line) in manifest.lines.iter().enumerate() {
+        match line {
+            ManifestLine::Blank(_) => {}
+            ManifestLine::Broken { why, .. } => {
+                summary.lines += 1;
+                summary.bad_lines.push((i + 1, why.clone()));
+            }
+            ManifestLine::Row(row) => {
+                summary.lines += 1;
+                if !opts.force && row.frames().is_some() {
+                    summary.already_coded += 1;
+                } else {
+                    pending.push(i);
+                }
+            }
+        }
+    }
+    // Similar lengths in one batch waste the least padding.
+    let duration = |i: usize| match &manifest.lines[i] {
+        ManifestLine::Row(row) => row.duration.unwrap_or(0.0),
+        _ => 0.0,
+    };
+    pending.sort_by(|&a, &b| duration(a).total_cmp(&duration(b)));
+    let progress = Progress::new(pending.len() as u64, "lines", "codes");
+    for (n, why) in &summary.bad_lines {
+        progress_warn(&progress, *n, why);
+    }
+    let mut last_save = Instant::now();
+    for chunk in pending.chunks(opts.batch_size.max(1)) {
+        // Load the batch; lines whose audio cannot be used are reported and skipped.
+        let mut clips: Vec<(usize, Vec<f32>)> = Vec::with_capacity(chunk.len());
+        for &i in chunk {
+            let ManifestLine::Row(row) = &manifest.lines[i] else {
+                continue;
+            };
+            match load_clip(row, &opts.base_dir) {
+                Ok(samples) => clips.push((i, samples)),
+                Err(why) => {
+                    progress_warn(&progress, i + 1, &why);
+                    summary.bad_lines.push((i + 1, why));
+                    progress.inc(1);
+                }
+            }
+        }
+        if clips.is_empty() {
+            continue;
+        }
+        let refs: Vec<&[f32]> = clips.iter().map(|(_, s)| s.as_slice()).collect();
+        let codes = encoder
+            .encode_batch(&refs)
+            .context("the speech tokenizer failed")?;
+        anyhow::ensure!(
+            codes.len() == clips.len(),
+            "the speech tokenizer returned {} results for {} clips",
+            codes.len(),
+            clips.len()
+        );
+        for ((i, samples), frames) in clips.iter().zip(codes) {
+            if let ManifestLine::Row(row) = &mut manifest.lines[*i] {
+                row.audio_codes = Some(AudioCodes::Frames(frames));
+            }
+            summary.coded += 1;
+            summary.audio_seconds += samples.len() as f64 / OUTPUT_RATE as f64;
+            progress.inc(1);
+        }
+        progress.set_message(format!("{:.0} s of audio coded", summary.audio_seconds));
+        if last_save.elapsed() >= SAVE_EVERY {
+            manifest.write(&opts.output)?;
+            last_save = Instant::now();
+        }
+    }
+    progress.finish();
+    summary.bad_lines.sort();
+    if summary.coded > 0 || opts.output != opts.input {
+        manifest.write(&opts.output)?;
+    }
+    Ok(summary)
+}
+
+fn load_clip(row: &ManifestRow, base: &Path) -> std::result::Result<Vec<f32>, String> {
+    let audio = row.audio.as_deref().ok_or("no \"audio\" field")?;
+    let path = base.join(audio);
+    if !path.exists() {
+        return Err(format!("audio file {} does not exist", path.display()));
+    }
+    let samples = audio::load_mono(&path, OUTPUT_RATE).map_err(|e| format!("{e:#}"))?;
+    if samples.is_empty() {
+        return Err(format!("audio file {} has no samples", path.display()));
+    }
+    Ok(samples)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+
+    /// Deterministic stand-in for the codec: frame k of a clip is [len % 2048, k, 0, ...].
+    struct Fake {
+        batches: RefCell<Vec<usize>>,
+    }
+
+    impl AudioEncoder for Fake {
+        fn encode_batch(&self, clips: &[&[f32]]) -> Result<Vec<Vec<CodeFrame>>> {
+            self.batches.borrow_mut().push(clips.len());
+            Ok(clips
+                .iter()
+                .map(|c| {
+                    (0..c.len().div_ceil(1920))
+                        .map(|k| {
+                            let mut f = [0u32; 16];
+                            f[0] = (c.len() % 2048) as u32;
+                            f[1] = k as u32;
+                            CodeFrame(f)
+                        })
+                        .collect()
+                })
+                .collect())
+        }
+    }
+
+    fn wav(dir: &Path, name: &str, samples: usize) {
+        audio::wav::write_pcm16(&dir.join(name), &vec![0.1; samples], OUTPUT_RATE).unwrap();
+    }
+
+    #[test]
+    fn codes_every_good_line_keeps_bad_ones_and_unknown_fields() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        wav(d, "a.wav", 4000);
+        wav(d, "b.wav", 1920);
+        std::fs::write(d.join("junk.wav"), b"not audio").unwrap();
+        let manifest = d.join("train.jsonl");
+        let original = [
+            r#"{"audio":"a.wav","text":"A","zeta":1,"alpha":[1,2]}"#,
+            r#"{"audio":"b.wav","text":"B"}"#,
+            r#"{"audio": broken"#,
+            r#"{"audio":"missing.wav","text":"C"}"#,
+            "",
+            r#"{"audio":"junk.wav","text":"D"}"#,
+            r#"{"text":"no audio"}"#,
+        ];
+        std::fs::write(&manifest, original.join("\n") + "\n").unwrap();
+        let opts = CodesOptions {
+            input: manifest.clone(),
+            output: manifest.clone(),
+            base_dir: d.to_path_buf(),
+            batch_size: 8,
+            force: false,
+        };
+        let fake = Fake {
+            batches: RefCell::new(vec![]),
+        };
+        let s = run(&opts, &fake).unwrap();
+        assert_eq!((s.lines, s.coded, s.already_coded), (6, 2, 0));
+        let bad: Vec<usize> = s.bad_lines.iter().map(|b| b.0).collect();
+        assert_eq!(bad, [3, 4, 6, 7]);
+        let out = std::fs::read_to_string(&manifest).unwrap();
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(
+            lines[0],
+            r#"{"audio":"a.wav","text":"A","zeta":1,"alpha":[1,2],"audio_codes":[[1952,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0],[1952,1,0,0,0,0,0,0,0,0,0,0,0,0,0,0],[1952,2,0,0,0,0,0,0,0,0,0,0,0,0,0,0]]}"#
+        );
+        for i in 2..7 {
+            assert_eq!(lines[i], original[i], "line {} changed", i + 1);
+        }
+        // Re-running does no work and changes nothing.
+        let before = out.clone();
+        let again = run(&opts, &fake).unwrap();
+        assert_eq!((again.coded, again.already_coded), (0, 2));
+        assert_eq!(fake.batches.borrow().len(), 1);
+        assert_eq!(std::fs::read_to_string(&manifest).unwrap(), before);
+    }
+}

@@ -1,0 +1,409 @@
+//! The training loop, one for every way of training (docs/training.md §1): it asks an
+//! [`Engine`] — the single-device [`super::Trainer`] or one rank of a sharded run — for
+//! optimizer steps until the step budget or an agreed stop, and owns what is the same for all of
+//! them: the schedule of checkpoints, signals, metrics, the loss plot and the progress bar.
+//!
+//! In a sharded run every rank runs this loop in lockstep: the step count, the checkpoint
+//! cadence and the stop decision (agreed through [`Engine::any_rank`]) are the same on every
+//! rank, so each rank calls the same collectives in the same order. Only the reporting rank
+//! (rank 0) writes metrics and shows progress.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+
+use super::data::Dataset;
+use super::metrics::{EvalMetrics, MetricsLog, StepMetrics};
+use super::sampler::Cursor;
+use super::samples::{self, SampleSetup};
+use super::selection::{self, Selection};
+use super::{checkpoint, Outcome, TrainOptions};
+use vc_core::config::Select;
+use vc_core::progress::Progress;
+use vc_core::stop_signal as signal;
+
+/// What the loop drives.
+pub trait Engine: Send {
+    fn options(&self) -> &TrainOptions;
+    /// Optimizer steps taken so far (restored from a checkpoint on resume).
+    fn step_count(&self) -> usize;
+    /// Optimizer steps of the whole run.
+    fn total_steps(&self) -> usize;
+    /// The checkpoint this run continued from.
+    fn resumed_from(&self) -> Option<PathBuf>;
+    /// The micro-batches (sample indices) of the next optimizer step.
+    fn next_step_batches(&mut self, grad_accum: usize) -> Vec<Vec<usize>>;
+    /// One optimizer step; nothing changes when it fails.
+    fn step(&mut self, micro: &[Vec<usize>]) -> Result<StepMetrics>;
+    /// Saves a checkpoint of the current state: its directory on the reporting rank.
+    fn save(&mut self) -> Result<Option<PathBuf>>;
+    /// The validation loss over the held-out set with the current weights, the same on every
+    /// rank (docs/training.md §14); `None` when the run holds nothing out.
+    fn validate(&mut self) -> Result<Option<EvalMetrics>>;
+    /// Whether `flag` is set on any rank (every rank gets the same answer).
+    fn any_rank(&self, flag: bool) -> Result<bool>;
+    /// The reporting rank's `values` on every rank (the others' arguments are ignored; every
+    /// rank passes as many).
+    fn broadcast_from_reporter(&self, values: &[f64]) -> Result<Vec<f64>>;
+    /// Whether this is the rank that reports (metrics, progress, messages).
+    fn is_reporter(&self) -> bool;
+    /// Ranks of the run (1 on one device).
+    fn world(&self) -> usize;
+    /// What setting up found and repaired that the user should hear of.
+    fn warnings(&self) -> &[String];
+    /// Whether the data changed since the checkpoint this run resumed from.
+    fn data_changed(&self) -> bool;
+    /// The training data, the data cursor, and the optimizer steps of an epoch.
+    fn data(&self, grad_accum: usize) -> (&Dataset, Cursor, usize);
+    /// The held-out set (docs/training.md §14), if the run has one.
+    fn heldout(&self) -> Option<&Dataset>;
+    /// What the validations found so far, as the next checkpoint will record it (resumed from
+    /// the checkpoint's; docs/training.md §14.3).
+    fn selection(&self) -> &Selection;
+    fn set_selection(&mut self, s: Selection);
+}
+
+/// A loss or gradient norm that is not finite: the step was not applied. Restarting would only
+/// repeat it (the data and the weights are the same), lowering the learning rate might not.
+#[derive(Debug)]
+pub struct NonFinite(pub String);
+
+impl std::fmt::Display for NonFinite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for NonFinite {}
+
+/// Trains until the total step count, an agreed stop or an early stop; checkpoints every
+/// `train.save_every` steps, on a stop, at a new best validation loss and at the end;
+/// evaluates on the held-out set every `train.eval_every` steps (0: before every checkpoint
+/// but a stop's) and at the end, and points `checkpoints/best` at the chosen checkpoint
+/// (docs/training.md §14.3).
+pub fn run(engine: &mut dyn Engine) -> Result<Outcome> {
+    let total = engine.total_steps();
+    let start_step = engine.step_count();
+    let mut outcome = Outcome {
+        start_step,
+        step: start_step,
+        total_steps: total,
+        checkpoint: engine.resumed_from(),
+        interrupted: false,
+        first_loss: None,
+        last_loss: None,
+        last_val_loss: None,
+        early_stopped: false,
+        frames_per_second: None,
+    };
+    let opts_checkpoints = engine.options().checkpoints.clone();
+    let c = engine.options().config.clone();
+    let reporter = engine.is_reporter();
+    if reporter && engine.resumed_from().is_some() {
+        // The choice under this run's `train.select`, which may differ from the last run's.
+        if let Some(note) =
+            selection::point_best(&opts_checkpoints, engine.selection(), c.select, start_step)?
+        {
+            eprintln!("note: {note}");
+        }
+    }
+    if start_step >= total {
+        return Ok(outcome);
+    }
+    if engine.selection().exhausted(c.select, c.early_stop) {
+        // The checkpoint's run already stopped early under this patience.
+        outcome.early_stopped = true;
+        return Ok(outcome);
+    }
+    let hooks = engine.options().hooks.clone();
+    let device = engine.options().device.clone();
+    let samples = {
+        let (train, _, _) = engine.data(c.grad_accum);
+        SampleSetup::new(engine.options(), engine.heldout(), train, engine.world())?
+    };
+    let log = if reporter {
+        for note in &samples.notes {
+            println!("{note}");
+        }
+        Some(MetricsLog::open(&opts_checkpoints, start_step)?)
+    } else {
+        None
+    };
+    let progress = if reporter {
+        Progress::new(total as u64, "steps", "train")
+    } else {
+        Progress::hidden(total as u64)
+    };
+    progress.set_position(start_step as u64);
+    let ranks = match engine.world() {
+        1 => String::new(),
+        n => format!(" · {n} ranks"),
+    };
+    signal::install();
+    // The newest saved step, which the report names when nothing better is chosen.
+    let mut last_saved = engine.resumed_from().map(|_| start_step);
+    let result = (|| -> Result<()> {
+        let (mut frames, mut seconds) = (0usize, 0f64);
+        let mut val: Option<f64> = None;
+        while engine.step_count() < total {
+            let micro = engine.next_step_batches(c.grad_accum);
+            let m = super::run_step(&device, || engine.step(&micro))
+                .map_err(|e| with_hint(e, &opts_checkpoints, c.lr))?;
+            if let Some(log) = &log {
+                log.append(&m)?;
+            }
+            frames += m.frames;
+            seconds += m.seconds;
+            outcome.first_loss.get_or_insert(m.loss);
+            outcome.last_loss = Some(m.loss);
+            outcome.step = m.step;
+            let fps = frames as f64 / seconds.max(1e-9);
+            outcome.frames_per_second = Some(fps);
+            progress.set_position(m.step as u64);
+            let message = |val: Option<f64>| {
+                let val = val.map_or(String::new(), |v| format!(" · val {v:.4}"));
+                format!(
+                    "epoch {}/{} · loss {:.4} (talker {:.4}, sub {:.4}){val} · lr {:.2e} · {:.0} frames/s{ranks}",
+                    m.epoch + 1,
+                    c.epochs,
+                    m.loss,
+                    m.loss_talker,
+                    m.loss_sub,
+                    m.lr,
+                    fps
+                )
+            };
+            progress.set_message(message(val));
+            hooks.after_step(m.step);
+            let stop = engine.any_rank(signal::stop_requested())?;
+            let due = c.save_every > 0 && m.step.is_multiple_of(c.save_every);
+            let mut save = due || stop || m.step == total;
+            let eval_due = match c.eval_every {
+                0 => save && !stop,
+                n => m.step.is_multiple_of(n),
+            };
+            let mut evaluated = None;
+            if eval_due || m.step == total {
+                progress.set_message(format!("{} · validating", message(val)));
+                let e = super::run_step(&device, || engine.validate())?;
+                if let Some(e) = e {
+                    val = Some(e.val_loss);
+                    evaluated = Some(e);
+                }
+                progress.set_message(message(val));
+            }
+            let mut early = false;
+            if let Some(e) = &evaluated {
+                let mut sel = engine.selection().clone();
+                let improved = sel.observe(e.step, e.val_loss);
+                if c.select != Select::Score {
+                    early = sel.exhausted(c.select, c.early_stop);
+                }
+                engine.set_selection(sel);
+                // A new best is saved even between checkpoints, so that it can be chosen; an
+                // evaluation with samples always is, since they belong to its checkpoint.
+                save |=
+                    (improved && c.select == Select::ValLoss) || early || !samples.plan.is_empty();
+            }
+            if save {
+                let dir = engine.save()?;
+                if let Some(e) = evaluated.as_mut().filter(|_| !samples.plan.is_empty()) {
+                    let status = |i: usize, n: usize| {
+                        progress.set_message(format!("{} · speaking samples {i}/{n}", message(val)))
+                    };
+                    let warn = |line: String| progress.println(line);
+                    let scored = score_samples(engine, dir.as_deref(), e, &samples, status, warn)?;
+                    progress.set_message(message(val));
+                    if c.select == Select::Score {
+                        early = scored && engine.selection().exhausted(c.select, c.early_stop);
+                    }
+                }
+                if let (Some(log), Some(e)) = (&log, &evaluated) {
+                    log.append_eval(e)?;
+                }
+                if let (Some(log), Some(dir)) = (&log, dir) {
+                    log.plot()?;
+                    let shown = match opts_checkpoints.parent() {
+                        Some(base) => vc_core::fsutil::display_relative(&dir, base),
+                        None => dir.display().to_string(),
+                    };
+                    let val = evaluated
+                        .as_ref()
+                        .map_or(String::new(), |e| format!(", validation {:.4}", e.val_loss));
+                    let score = evaluated
+                        .as_ref()
+                        .and_then(|e| e.score)
+                        .map_or(String::new(), |s| format!(", sample score {s:.3}"));
+                    progress.println(format!(
+                        "step {}/{total}: loss {:.4}{val}{score}; saved {shown}",
+                        m.step, m.loss
+                    ));
+                    outcome.checkpoint = Some(dir);
+                    last_saved = Some(m.step);
+                    let chosen = engine.selection().chosen(c.select, m.step);
+                    selection::write_best(&opts_checkpoints, chosen)?;
+                    // What the commit spared as the chosen one before may go now.
+                    checkpoint::prune(
+                        &opts_checkpoints,
+                        c.keep,
+                        &checkpoint::step_dir_name(m.step),
+                    )?;
+                    write_report(engine.options(), log, Some(chosen))?;
+                }
+            } else if let (Some(log), Some(e)) = (&log, &evaluated) {
+                log.append_eval(e)?;
+                progress.println(format!(
+                    "step {}/{total}: loss {:.4}, validation {:.4}",
+                    m.step, m.loss, e.val_loss
+                ));
+                // Not saved: the choice stands among the saved checkpoints.
+                let chosen = last_saved.map(|newest| engine.selection().chosen(c.select, newest));
+                write_report(engine.options(), log, chosen)?;
+            }
+            if let Some(e) = evaluated {
+                outcome.last_val_loss = Some(e.val_loss);
+            }
+            if stop {
+                outcome.interrupted = true;
+                break;
+            }
+            if early {
+                let sel = engine.selection();
+                progress.println(if c.select == Select::Score {
+                    format!(
+                        "early stop after step {}: {} evaluation(s) without a sample score \
+                         above {:.3} (step {}; train.early_stop = {})",
+                        m.step,
+                        sel.since_best_score,
+                        sel.best_score.unwrap_or(f64::NAN),
+                        sel.best_score_step.unwrap_or(0),
+                        c.early_stop
+                    )
+                } else {
+                    format!(
+                        "early stop after step {}: {} validation(s) without a loss below {:.4} \
+                         (step {}; train.early_stop = {})",
+                        m.step,
+                        sel.since_best,
+                        sel.best_val_loss.unwrap_or(f64::NAN),
+                        sel.best_step.unwrap_or(0),
+                        c.early_stop
+                    )
+                });
+                outcome.early_stopped = true;
+                break;
+            }
+        }
+        Ok(())
+    })();
+    progress.finish();
+    signal::restore();
+    result.map(|()| outcome)
+}
+
+/// Speaks and measures the samples of the checkpoint just saved (`dir` on the reporting rank)
+/// into `e`, warns of drift, and takes their score into the selection on every rank, recording
+/// it in the checkpoint's index (docs/training.md §14.4 and §14.5). Returns whether there was a
+/// score (there is none when the samples failed: a warning, and the evaluation counts for
+/// nothing).
+fn score_samples(
+    engine: &mut dyn Engine,
+    dir: Option<&std::path::Path>,
+    e: &mut EvalMetrics,
+    setup: &SampleSetup,
+    status: impl Fn(usize, usize) + Sync,
+    warn: impl Fn(String),
+) -> Result<bool> {
+    let mut score = f64::NAN;
+    if let (Some(dir), true) = (dir, engine.is_reporter()) {
+        let started = std::time::Instant::now();
+        match speak_samples(engine.options(), dir, &setup.plan, &status) {
+            Ok(spoken) => {
+                score = samples::score::score(&spoken.samples);
+                let problems = spoken
+                    .warnings
+                    .into_iter()
+                    .chain(samples::score::drift(&spoken.samples));
+                for problem in problems {
+                    warn(format!(
+                        "warning: {}: {problem}",
+                        checkpoint::step_dir_name(e.step)
+                    ));
+                }
+                e.samples = Some(spoken.samples);
+            }
+            Err(err) => warn(format!("warning: no samples at step {}: {err:#}", e.step)),
+        }
+        e.seconds += started.elapsed().as_secs_f64();
+    }
+    let score = engine.broadcast_from_reporter(&[score])?[0];
+    if !score.is_finite() {
+        return Ok(false);
+    }
+    e.score = Some(score);
+    let mut sel = engine.selection().clone();
+    sel.observe_score(e.step, score);
+    if let (Some(dir), true) = (dir, engine.is_reporter()) {
+        // The checkpoint was written before its samples were scored.
+        checkpoint::write_selection(dir, &sel)?;
+    }
+    engine.set_selection(sel);
+    Ok(true)
+}
+
+/// Speaks the samples of checkpoint `dir` (docs/training.md §14.4) on the CPU's pool.
+fn speak_samples(
+    opts: &TrainOptions,
+    dir: &std::path::Path,
+    plan: &[samples::plan::PlannedSample],
+    progress: impl FnMut(usize, usize) + Send,
+) -> Result<samples::Spoken> {
+    let job = samples::SampleJob {
+        files: &opts.files,
+        checkpoint: dir,
+        workspace: &opts.base_dir,
+        speaker_name: &opts.config.speaker_name,
+        plan,
+        whisper: match &opts.whisper {
+            samples::Listener::Whisper(w) => Some(w.as_ref()),
+            samples::Listener::Missing(_) => None,
+        },
+    };
+    vc_kernels::pool::on_pool(|| samples::speak(&job, progress))
+}
+
+/// Rewrites `checkpoints/report.html` from the metrics (docs/training.md §14.6).
+fn write_report(opts: &TrainOptions, log: &MetricsLog, chosen: Option<usize>) -> Result<()> {
+    let (steps, evals) = log.read_lines()?;
+    super::report::write(&super::report::ReportInput {
+        checkpoints: &opts.checkpoints,
+        steps: &steps,
+        evals: &evals,
+        chosen,
+        select: opts.config.select,
+        references: &opts.references,
+    })
+}
+
+/// What to do after a failed step: continue from the last good checkpoint (which the failed
+/// step did not touch), with a lower learning rate when the loss was not finite.
+fn with_hint(e: anyhow::Error, checkpoints: &std::path::Path, lr: f64) -> anyhow::Error {
+    let last = checkpoint::find_latest(checkpoints).ok().flatten();
+    let non_finite = e.downcast_ref::<NonFinite>().is_some();
+    let hint = match (last, non_finite) {
+        (Some(d), true) => format!(
+            "the last good checkpoint is {}; lower train.lr (now {lr}) and run `voiceclone train` \
+             again to continue from it",
+            d.display()
+        ),
+        (None, true) => {
+            format!("no checkpoint was saved yet; lower train.lr (now {lr}) and start again")
+        }
+        (Some(d), false) => format!(
+            "the last good checkpoint is {}; run `voiceclone train` again to continue from it",
+            d.display()
+        ),
+        (None, false) => return e,
+    };
+    e.context(hint)
+}

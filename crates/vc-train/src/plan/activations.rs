@@ -1,0 +1,200 @@
+//! What one micro-batch's forward pass keeps for its backward pass, by backend
+//! (docs/training.md §6.9): counted from the operations of `model::layers`, `model::ops` and the
+//! training units — every operation's output that the graph holds, in the dtype it is made in.
+//!
+//! - The CPU kernels (`Numerics::CpuKernels`): one node per layer function; a node keeps its
+//!   inputs and its output, nothing else of size (attention recomputes its probabilities).
+//! - Autograd (`Numerics::Autograd`, what CUDA runs): candle keeps the output of every plain op
+//!   until the loss is dropped; RMSNorm statistics and softmax are in f32.
+
+use crate::sharded::PREDICTOR_CHUNK_FRAMES;
+use vc_model::config::Qwen3TtsConfig;
+
+/// How the forward pass computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Graph {
+    /// The CPU kernels (f32).
+    Kernels,
+    /// Plain ops under autograd with activations of `bytes` per value (4 on the CPU, 2 with bf16
+    /// on CUDA).
+    Autograd { bytes: usize },
+}
+
+/// The longest sample of a run, as the batch lays it out (docs/training.md §3.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Longest {
+    /// Text tokens of the transcript.
+    pub text_tokens: usize,
+    /// Audio frames (12.5 per second).
+    pub frames: usize,
+}
+
+impl Longest {
+    /// Talker positions a row of this sample runs: `8 + 3 + text + frames` laid out, the last
+    /// one only a label.
+    pub fn talker_positions(&self) -> usize {
+        8 + 3 + self.text_tokens + self.frames - 1
+    }
+}
+
+/// One decoder stack's shape.
+#[derive(Debug, Clone, Copy)]
+struct Stack {
+    hidden: usize,
+    q: usize,
+    kv: usize,
+    inter: usize,
+    heads: usize,
+    layers: usize,
+}
+
+/// Bytes one layer keeps for `tokens` tokens in rows of `seq` positions (attention is `seq²`
+/// per row and head).
+fn layer_bytes(graph: Graph, s: &Stack, tokens: usize, seq: usize) -> usize {
+    let (h, q, kv, i) = (s.hidden, s.q, s.kv, s.inter);
+    let rows = tokens / seq.max(1);
+    match graph {
+        Graph::Kernels => {
+            // Norm, o_proj, residual, norm, down_proj, residual (h); q, rotated q, attention
+            // output (q); k, rotated k, v (kv); gate, up, SwiGLU (i); all f32. The attention
+            // node also holds its mask as f32 (rows × seq²).
+            4 * tokens * (6 * h + 3 * q + 3 * kv + 3 * i) + 4 * rows * seq * seq
+        }
+        Graph::Autograd { bytes: a } => {
+            // RMSNorm over width w: the f32 input (when it is not f32 already), x², the
+            // normalised f32 values, their cast back and the product with the weight.
+            let norm = |w: usize| w * (4 + 4 + a + a + if a == 4 { 0 } else { 4 });
+            // Projection, per-head norm, transposed copy, RoPE (x·cos, −x2, cat, ·sin, sum).
+            let rotated = |w: usize| a * w * 2 + norm(w) + a * w * 9 / 2;
+            let per_token = 2 * norm(h) + 4 * a * h // norms, o_proj, residual, down_proj, residual
+                + rotated(q) + 2 * a * q            // q; probabilities·v and its copy
+                + rotated(kv) + 2 * a * kv          // k; v and its transposed copy
+                + 4 * a * i; // gate, up, SiLU, product
+                             // Scores, scaled, (f32 cast), masked, shifted, exponentiated, normalised, (cast).
+            let scores = 4 * 4 + 2 * a + if a == 4 { 0 } else { 4 + a };
+            per_token * tokens + scores * s.heads * rows * seq * seq
+        }
+    }
+}
+
+/// Bytes the forward pass of one micro-batch of `rows` copies of `longest` keeps until its
+/// backward pass: the talker's input stage, decoder and head, the code predictor's inputs,
+/// decoder and heads.
+pub fn micro_batch_bytes(
+    cfg: &Qwen3TtsConfig,
+    graph: Graph,
+    rows: usize,
+    longest: Longest,
+) -> usize {
+    let parts = Parts::new(cfg, graph, rows, longest);
+    parts.embeddings + parts.talker_layer * parts.talker_layers + parts.head + parts.predictor
+}
+
+/// The pieces of [`micro_batch_bytes`], for a run that keeps one unit's graph at a time.
+#[derive(Debug, Clone, Copy)]
+pub struct Parts {
+    /// The input stage (text projection, embeddings, their sum).
+    pub embeddings: usize,
+    /// One talker layer.
+    pub talker_layer: usize,
+    pub talker_layers: usize,
+    /// Final norm, code-0 logits and their cross-entropy.
+    pub head: usize,
+    /// The code predictor unit: inputs, its layers, its heads and cross-entropy.
+    pub predictor: usize,
+    /// The same for one chunk of the recomputation's frames.
+    pub predictor_chunk: usize,
+    /// A unit's input kept between the passes (the hidden state of every position).
+    pub unit_input: usize,
+    /// The code predictor unit's input (its teacher-forced input embeddings).
+    pub predictor_input: usize,
+}
+
+impl Parts {
+    pub fn new(cfg: &Qwen3TtsConfig, graph: Graph, rows: usize, longest: Longest) -> Self {
+        let t = &cfg.talker_config;
+        let c = &t.code_predictor_config;
+        let a = match graph {
+            Graph::Kernels => 4,
+            Graph::Autograd { bytes } => bytes,
+        };
+        let seq = longest.talker_positions();
+        let tokens = rows * seq;
+        let talker = Stack {
+            hidden: t.hidden_size,
+            q: t.num_attention_heads * t.head_dim,
+            kv: t.num_key_value_heads * t.head_dim,
+            inter: t.intermediate_size,
+            heads: t.num_attention_heads,
+            layers: t.num_hidden_layers,
+        };
+        let predictor = Stack {
+            hidden: c.hidden_size,
+            q: c.num_attention_heads * c.head_dim,
+            kv: c.num_key_value_heads * c.head_dim,
+            inter: c.intermediate_size,
+            heads: c.num_attention_heads,
+            layers: c.num_hidden_layers,
+        };
+        let (h, th) = (t.hidden_size, t.text_hidden_size);
+        // Text rows, fc1, SiLU, fc2 on every position; codec rows, masks, the sums (about
+        // four hidden-wide tensors).
+        let embeddings = a * tokens * (th * 3 + h * 5);
+        // Labelled positions: the frames and EOS of each row.
+        let labelled = rows * (longest.frames + 1);
+        let vocab = t.vocab_size;
+        // Final norm over every position; logits of the labelled ones, their f32 log-softmax
+        // (shifted, exponentiated, normalised).
+        let head = a * tokens * h * 3 + labelled * vocab * (a + 4 * 3);
+        let groups = c.num_code_groups;
+        let pv = c.vocab_size;
+        // The predictor's graph for `frames` frames (each a sequence of 16 positions).
+        let predictor_of = |frames: usize| {
+            let ptokens = frames * groups;
+            let heads_out = frames * (groups - 1) * pv * (a + 4 * 3);
+            // Inputs: the hidden state, 15 looked-up code embeddings and their stack (talker
+            // width), projected to the predictor width when the widths differ.
+            let proj = if cfg.has_mtp_projection() {
+                a * ptokens * c.hidden_size
+            } else {
+                0
+            };
+            let pinputs = a * ptokens * h * 2 + proj;
+            // The kernels stack the 15 head matrices into one operand.
+            let stacked = match graph {
+                Graph::Kernels => 4 * (groups - 1) * pv * c.hidden_size,
+                Graph::Autograd { .. } => 0,
+            };
+            pinputs
+                + layer_bytes(graph, &predictor, ptokens, groups) * predictor.layers
+                + a * ptokens * c.hidden_size
+                + heads_out
+                + stacked
+        };
+        let frames = rows * longest.frames;
+        Parts {
+            embeddings,
+            talker_layer: layer_bytes(graph, &talker, tokens, seq),
+            talker_layers: talker.layers,
+            head,
+            predictor: predictor_of(frames),
+            predictor_chunk: predictor_of(frames.min(PREDICTOR_CHUNK_FRAMES)),
+            unit_input: a * tokens * h,
+            predictor_input: a * frames * groups * h,
+        }
+    }
+
+    /// The largest graph one unit keeps when a `full` pass recomputes one unit at a time (the
+    /// code predictor a chunk of frames at a time).
+    pub fn largest_unit(&self) -> usize {
+        self.embeddings
+            .max(self.talker_layer)
+            .max(self.head)
+            .max(self.predictor_chunk)
+    }
+
+    /// The inputs a `full` pass keeps of every unit for the backward pass.
+    pub fn kept_inputs(&self) -> usize {
+        self.unit_input * (self.talker_layers + 2) + self.predictor_input
+    }
+}

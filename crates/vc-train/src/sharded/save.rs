@@ -1,0 +1,107 @@
+//! This rank's part of a checkpoint (docs/distributed.md §6): rank 0 creates the temporary
+//! directory, every rank writes its rows (fp32 master and both moments) into its own file, and
+//! once every rank reports its file written and synced, rank 0 writes the index and commits.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+
+use super::ShardedTrainer;
+use crate::checkpoint::{self, ParamInfo, PendingCheckpoint, RankRows};
+use crate::run::IndexParts;
+use vc_dist::ReduceOp;
+
+impl ShardedTrainer {
+    /// Every tensor's shards over the ranks, for the index.
+    fn describe_params(&self) -> BTreeMap<String, ParamInfo> {
+        let world = self.world();
+        self.params
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let shards = (0..world)
+                    .filter_map(|q| {
+                        let own = self.splits[i].owned(q);
+                        (!own.is_empty()).then_some(RankRows {
+                            rank: q,
+                            rows: [own.start, own.end],
+                        })
+                    })
+                    .collect();
+                (
+                    p.name.clone(),
+                    ParamInfo {
+                        shape: self.shapes[i].clone(),
+                        unit: p.unit.to_string(),
+                        shards,
+                    },
+                )
+            })
+            .collect()
+    }
+
+    fn write_rank_file(&self, path: &std::path::Path) -> Result<()> {
+        let shapes: Vec<&[usize]> = self.shapes.iter().map(Vec::as_slice).collect();
+        checkpoint::write_state(
+            path,
+            self.opts.config.optimizer_state,
+            &self.params,
+            &self.adam,
+            &shapes,
+        )
+    }
+
+    /// Saves a checkpoint: every rank writes its rows into the directory rank 0 created, and
+    /// rank 0 commits it once every rank's file is complete. Returns the directory (on rank 0).
+    pub fn save(&self) -> Result<Option<PathBuf>> {
+        let (rank, root) = (self.rank(), &self.opts.checkpoints);
+        let pending = if rank == 0 {
+            Some(PendingCheckpoint::begin(root, self.step, &self.tag)?)
+        } else {
+            None
+        };
+        self.coll.barrier()?;
+        let dir = PendingCheckpoint::join(root, self.step, &self.tag).dir;
+        let written = self.write_rank_file(&dir.join(checkpoint::rank_file(rank)));
+        if written.is_ok() {
+            self.opts.hooks.rank_file_written(self.step, rank);
+        }
+        let failed = self
+            .coll
+            .all_reduce_host(&[if written.is_ok() { 0.0 } else { 1.0 }], ReduceOp::Sum)?[0];
+        if failed > 0.0 {
+            if let Some(p) = pending {
+                p.abandon();
+            }
+            written.with_context(|| format!("cannot write checkpoint {}", dir.display()))?;
+            bail!(
+                "another rank could not write its part of checkpoint step {}",
+                self.step
+            );
+        }
+        let out = match pending {
+            Some(p) => {
+                checkpoint::SpeakerSnapshot::new(&self.identity.speakers, &self.speaker)?
+                    .write(&p.dir)?;
+                let index = IndexParts {
+                    identity: &self.identity,
+                    dataset: &self.dataset,
+                    cursor: self.sampler.cursor(),
+                    step: self.step,
+                    adamw: &self.adamw,
+                    adam_step: self.adam.step,
+                    state: self.opts.config.optimizer_state,
+                    loss: self.last_loss,
+                    world_size: self.world(),
+                    selection: &self.selection,
+                }
+                .index(self.describe_params());
+                Some(p.commit(&index, self.opts.config.keep, self.opts.hooks.as_ref())?)
+            }
+            None => None,
+        };
+        self.coll.barrier()?;
+        Ok(out)
+    }
+}
