@@ -422,3 +422,46 @@ mod checker {
         }
     }
 }
+
+/// The crate graph docs/architecture.md §3 draws (`NAME ─► DEPS` lines) is the manifests' own:
+/// every crate under `crates/` has a line, and its line names exactly the workspace crates its
+/// `[dependencies]` list.
+#[test]
+fn the_crate_graph_drawn_is_the_manifests() {
+    let root = root();
+    let doc = fs::read_to_string(root.join("docs/architecture.md")).unwrap();
+    let mut drawn: BTreeMap<String, BTreeSet<String>> = doc
+        .lines()
+        .filter_map(|l| l.split_once('─'))
+        .filter(|(name, rest)| name.trim().starts_with("vc-") && rest.starts_with('►'))
+        .map(|(name, rest)| {
+            let deps = rest.trim_start_matches('►').split_whitespace();
+            let deps = deps.filter(|d| d.starts_with("vc-")).map(String::from);
+            (name.trim().to_string(), deps.collect())
+        })
+        .collect();
+    let mut built = BTreeMap::new();
+    for dir in fs::read_dir(root.join("crates")).unwrap().flatten() {
+        let manifest = fs::read_to_string(dir.path().join("Cargo.toml")).unwrap();
+        let manifest: toml::Table = manifest.parse().unwrap();
+        let name = manifest["package"]["name"].as_str().unwrap().to_string();
+        let deps = manifest
+            .get("dependencies")
+            .and_then(|d| d.as_table())
+            .map(|d| d.keys().filter(|k| k.starts_with("vc-")).cloned().collect())
+            .unwrap_or_default();
+        built.insert(name, deps);
+    }
+    // The two crates with no workspace dependency share one line.
+    let bottom = doc
+        .lines()
+        .find(|l| l.ends_with(": none of ours"))
+        .expect("docs/architecture.md §3 names the crates that depend on none of ours");
+    for name in bottom.trim_end_matches(": none of ours").split(',') {
+        drawn.entry(name.trim().to_string()).or_default();
+    }
+    assert_eq!(
+        drawn, built,
+        "docs/architecture.md §3 against crates/*/Cargo.toml"
+    );
+}

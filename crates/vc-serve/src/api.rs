@@ -1,5 +1,6 @@
-//! The endpoints (docs/serving.md §2): routing, authentication, request validation, and the
-//! per-request decode worker that turns generated frames into response bytes.
+//! The endpoints (docs/serving.md §2): routing, authentication, the voice endpoints, and the
+//! per-request decode worker that turns generated frames into response bytes. A speech
+//! request's body is checked in [`super::speech_request`].
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
@@ -7,16 +8,16 @@ use std::sync::{mpsc, Arc};
 use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use super::audio_out::{Format, Framing, ResponseEncoder};
 use super::http::{self, ApiError, ChannelBody, RespBody, StreamError};
 use super::multipart;
 use super::scheduler::{GenEvent, Job, Refused};
+use super::speech_request::parse_speech;
 use super::stream_decoding::{OpenStream, StreamDecoding};
 use super::ServerState;
-use vc_generate::sampling::Sampling;
-use vc_generate::{AudioChunks, DecodeOptions, Request as SpeechJob, Voice};
+use vc_generate::{AudioChunks, Request as SpeechJob};
 
 /// Every request: authentication (all but `GET /health`), then the route.
 pub async fn handle(req: Request<Incoming>, state: Arc<ServerState>) -> Response<RespBody> {
@@ -132,17 +133,6 @@ fn models(state: &ServerState) -> Response<RespBody> {
     )
 }
 
-/// The voices a speech request may name.
-fn voice_names(state: &ServerState) -> Vec<String> {
-    let mut names = Vec::new();
-    if state.default_voice.is_some() {
-        names.push("default".to_string());
-    }
-    names.extend(state.synth.speakers());
-    names.extend(state.adapter_voices.iter().map(|a| a.name.clone()));
-    names
-}
-
 fn list_voices(state: &ServerState) -> Response<RespBody> {
     let mut data: Vec<Value> = Vec::new();
     if state.default_voice.is_some() {
@@ -184,318 +174,6 @@ fn delete_voice(id: &str, state: &ServerState) -> Result<Response<RespBody>, Api
         Ok(false) => Err(not_found()),
         Err(e) => Err(ApiError::internal(format!("{e:#}"))),
     }
-}
-
-fn resolve_voice(state: &ServerState, name: &str) -> Result<Voice, ApiError> {
-    if let Some(e) = state.voices.get(name) {
-        return Ok(e.voice());
-    }
-    if name == "default" {
-        if let Some(v) = &state.default_voice {
-            return Ok(v.clone());
-        }
-    }
-    if let Some(s) = state
-        .synth
-        .speakers()
-        .into_iter()
-        .find(|s| s.eq_ignore_ascii_case(name))
-    {
-        return Ok(Voice::Speaker(s));
-    }
-    if let Some(a) = state
-        .adapter_voices
-        .iter()
-        .find(|a| a.name.eq_ignore_ascii_case(name))
-    {
-        return Ok(a.voice.clone());
-    }
-    let names = voice_names(state);
-    Err(ApiError::invalid(
-        Some("voice"),
-        "voice_not_found",
-        format!(
-            "unknown voice {name:?}: this server has {}{}",
-            if names.is_empty() {
-                "no named voice".to_string()
-            } else {
-                names.join(", ")
-            },
-            match state.voices.list().len() {
-                0 => String::new(),
-                n => format!(" and {n} registered voice id(s) (GET /v1/voices)"),
-            }
-        ),
-    ))
-}
-
-/// A speech request, validated.
-struct SpeechParams {
-    input: String,
-    voice: Voice,
-    format: Format,
-    framing: Framing,
-    language: Option<String>,
-    seed: Option<u64>,
-    non_streaming: Option<bool>,
-    /// Our `stream` field: a WAV sent as it is generated (placeholder sizes) instead of whole.
-    stream: bool,
-    opts: DecodeOptions,
-}
-
-fn field_type(param: &str, want: &str) -> ApiError {
-    ApiError::invalid(
-        Some(param),
-        "invalid_type",
-        format!("{param:?} must be {want}"),
-    )
-}
-
-fn parse_speech(state: &ServerState, body: &[u8]) -> Result<SpeechParams, ApiError> {
-    let v: Value = serde_json::from_slice(body).map_err(|e| {
-        ApiError::invalid(
-            None,
-            "invalid_json",
-            format!("the request body is not valid JSON: {e}"),
-        )
-    })?;
-    let Value::Object(obj) = v else {
-        return Err(ApiError::invalid(
-            None,
-            "invalid_json",
-            "the request body must be a JSON object",
-        ));
-    };
-    const KNOWN: &[&str] = &[
-        "model",
-        "input",
-        "voice",
-        "response_format",
-        "speed",
-        "stream_format",
-        "instructions",
-        "language",
-        "seed",
-        "greedy",
-        "temperature",
-        "top_k",
-        "top_p",
-        "repetition_penalty",
-        "sub_temperature",
-        "sub_top_k",
-        "sub_top_p",
-        "max_frames",
-        "non_streaming",
-        "stream",
-    ];
-    if let Some(k) = obj.keys().find(|k| !KNOWN.contains(&k.as_str())) {
-        return Err(ApiError::invalid(
-            Some(k),
-            "unknown_parameter",
-            format!("unknown field {k:?} (known: {})", KNOWN.join(", ")),
-        ));
-    }
-    let string = |k: &str| -> Result<Option<String>, ApiError> {
-        match obj.get(k) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.clone())),
-            Some(_) => Err(field_type(k, "a string")),
-        }
-    };
-    let number = |k: &str| -> Result<Option<f64>, ApiError> {
-        match obj.get(k) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::Number(n)) => Ok(n.as_f64()),
-            Some(_) => Err(field_type(k, "a number")),
-        }
-    };
-    let count = |k: &str| -> Result<Option<u64>, ApiError> {
-        match obj.get(k) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::Number(n)) => n
-                .as_u64()
-                .map(Some)
-                .ok_or_else(|| field_type(k, "a non-negative integer")),
-            Some(_) => Err(field_type(k, "a non-negative integer")),
-        }
-    };
-    let boolean = |k: &str, obj: &Map<String, Value>| -> Result<Option<bool>, ApiError> {
-        match obj.get(k) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::Bool(b)) => Ok(Some(*b)),
-            Some(_) => Err(field_type(k, "true or false")),
-        }
-    };
-
-    match string("model")? {
-        Some(m) if !m.trim().is_empty() => {}
-        _ => {
-            return Err(ApiError::invalid(
-                Some("model"),
-                "missing_required_parameter",
-                format!(
-                    "\"model\" is required (this server has one model, {:?}; any name is accepted)",
-                    state.opts.model_id
-                ),
-            ))
-        }
-    }
-    let input = string("input")?.unwrap_or_default();
-    if input.trim().is_empty() {
-        return Err(ApiError::invalid(
-            Some("input"),
-            "empty_input",
-            "\"input\" is missing or empty: give the text to speak",
-        ));
-    }
-    let chars = input.chars().count();
-    if chars > state.opts.max_input_chars {
-        return Err(ApiError::invalid(
-            Some("input"),
-            "string_above_max_length",
-            format!(
-                "\"input\" has {chars} characters; this server takes at most {}",
-                state.opts.max_input_chars
-            ),
-        ));
-    }
-    let voice_name = string("voice")?.ok_or_else(|| {
-        ApiError::invalid(
-            Some("voice"),
-            "missing_required_parameter",
-            format!(
-                "\"voice\" is required: one of {} or a registered voice id",
-                voice_names(state).join(", ")
-            ),
-        )
-    })?;
-    let voice = resolve_voice(state, &voice_name)?;
-    let format = match string("response_format")?.as_deref() {
-        None | Some("wav") => Format::Wav,
-        Some("pcm") => Format::Pcm,
-        Some("flac") => {
-            return Err(ApiError::invalid(
-                Some("response_format"),
-                "unsupported_response_format",
-                "response_format \"flac\" is not available: this build has no FLAC encoder; \
-                 use \"wav\" or \"pcm\"",
-            ))
-        }
-        Some(other) => {
-            return Err(ApiError::invalid(
-                Some("response_format"),
-                "unsupported_response_format",
-                format!(
-                    "response_format {other:?} is not supported: use \"wav\" (the default) or \
-                     \"pcm\" (16-bit little-endian, 24 kHz, mono)"
-                ),
-            ))
-        }
-    };
-    if let Some(speed) = number("speed")? {
-        if speed != 1.0 {
-            return Err(ApiError::invalid(
-                Some("speed"),
-                "unsupported_speed",
-                format!(
-                    "speed {speed} is not supported: the model speaks at its own pace, only 1.0 \
-                     is accepted"
-                ),
-            ));
-        }
-    }
-    let framing = match string("stream_format")?.as_deref() {
-        None | Some("audio") => Framing::Audio,
-        Some("sse") => Framing::Sse,
-        Some(other) => {
-            return Err(ApiError::invalid(
-                Some("stream_format"),
-                "invalid_value",
-                format!("stream_format {other:?} is not \"audio\" or \"sse\""),
-            ))
-        }
-    };
-    if let Some(i) = string("instructions")? {
-        if !i.trim().is_empty() {
-            return Err(ApiError::invalid(
-                Some("instructions"),
-                "unsupported_parameter",
-                "\"instructions\" are not supported: this model speaks in the voice it was \
-                 trained or cloned with, without style instructions",
-            ));
-        }
-    }
-    let mut opts = state.opts.defaults.clone();
-    let positive = |k: &str, v: Option<f64>| -> Result<Option<f64>, ApiError> {
-        match v {
-            Some(x) if !(x > 0.0 && x.is_finite()) => Err(ApiError::invalid(
-                Some(k),
-                "invalid_value",
-                format!("{k:?} must be a positive number, not {x}"),
-            )),
-            other => Ok(other),
-        }
-    };
-    let unit = |k: &str, v: Option<f64>| -> Result<Option<f64>, ApiError> {
-        match v {
-            Some(x) if !(x > 0.0 && x <= 1.0) => Err(ApiError::invalid(
-                Some(k),
-                "invalid_value",
-                format!("{k:?} must be in (0, 1], not {x}"),
-            )),
-            other => Ok(other),
-        }
-    };
-    if let Some(t) = positive("temperature", number("temperature")?)? {
-        opts.code0.temperature = t;
-    }
-    if let Some(t) = positive("sub_temperature", number("sub_temperature")?)? {
-        opts.sub_codes.temperature = t;
-    }
-    if let Some(p) = unit("top_p", number("top_p")?)? {
-        opts.code0.top_p = p;
-    }
-    if let Some(p) = unit("sub_top_p", number("sub_top_p")?)? {
-        opts.sub_codes.top_p = p;
-    }
-    if let Some(p) = positive("repetition_penalty", number("repetition_penalty")?)? {
-        opts.repetition_penalty = p;
-    }
-    if let Some(k) = count("top_k")? {
-        opts.code0.top_k = k as usize;
-    }
-    if let Some(k) = count("sub_top_k")? {
-        opts.sub_codes.top_k = k as usize;
-    }
-    if boolean("greedy", &obj)? == Some(true) {
-        opts.code0 = Sampling::GREEDY;
-        opts.sub_codes = Sampling::GREEDY;
-    }
-    if let Some(m) = count("max_frames")? {
-        if m == 0 || m > state.opts.defaults.max_frames as u64 {
-            return Err(ApiError::invalid(
-                Some("max_frames"),
-                "invalid_value",
-                format!(
-                    "\"max_frames\" must be between 1 and {} (the model's limit)",
-                    state.opts.defaults.max_frames
-                ),
-            ));
-        }
-        opts.max_frames = m as usize;
-    }
-    let seed = count("seed")?;
-    Ok(SpeechParams {
-        input,
-        voice,
-        format,
-        framing,
-        language: string("language")?,
-        seed,
-        non_streaming: boolean("non_streaming", &obj)?,
-        stream: boolean("stream", &obj)?.unwrap_or(false),
-        opts,
-    })
 }
 
 async fn speech(

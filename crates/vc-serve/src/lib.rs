@@ -3,12 +3,14 @@
 //! async threads — one generation thread with the running batch ([`scheduler`]), one thread
 //! decoding the frames of every open stream together ([`stream_decoding`]), and one blocking
 //! worker per streamed response that carries its frames there and its audio out ([`api`]).
+//! A speech request's body is read and checked in [`speech_request`].
 
 pub mod api;
 pub mod audio_out;
 pub mod http;
 pub mod multipart;
 pub mod scheduler;
+pub mod speech_request;
 pub mod stream_decoding;
 pub mod voices;
 
