@@ -12,9 +12,8 @@
 //!
 //! AVX-512 BF16's `vdpbf16ps` is not used. It multiplies bf16 pairs, so exact f32 products need
 //! the activation split into three bf16 parts: three dot instructions and three activation reads
-//! per weight vector, against one shift and one FMA per activation row here. Measured on the
-//! 0.6B shapes, that path took 300 ms per frame against 230 ms for widening, and fell further
-//! behind with batched rows (docs/performance.md §2.3).
+//! per weight vector, against one shift and one FMA per activation row here; measured, that path
+//! was slower per frame and fell further behind with batched rows (docs/performance.md §2.3).
 //!
 //! Output rows are split across the rayon pool in chunks of [`ROWS_PER_TASK`]; each task owns
 //! its rows' outputs.

@@ -539,9 +539,8 @@ mod x86 {
     /// tile (512 bytes each). The weights stream from memory once per product; with several
     /// activation rows each block takes longer to multiply, the out-of-order window then spans
     /// fewer blocks, and fewer of the stream's loads are in flight. Asking for the weights
-    /// 4 KB ahead keeps the stream going whatever the rows: the code-predictor part of a 0.6B
-    /// frame took 84–86 → 69–71 ms for 4 rows, 42–45 → 36–38 ms for one (`profile_speak`; the
-    /// whole frames are in docs/performance.md §10.1).
+    /// 4 KB ahead keeps the stream going whatever the rows (docs/performance.md §10.1 has the
+    /// frames before and after).
     const PREFETCH_BLOCKS: usize = 8;
 
     /// Requests the block `PREFETCH_BLOCKS` after the one at `block` into the cache. Tiles lie
