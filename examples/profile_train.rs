@@ -70,7 +70,7 @@ fn main() -> anyhow::Result<()> {
     })?;
     let l0 = &cp.decoder.layers[0];
     let xr = xin.reshape((frames * g, h))?;
-    let gk = vc_model::grad_kernels::linear;
+    let gk = vc_model::autograd_ops::linear;
     let up = timed("  one linear 256->768 (kernel)", reps, || {
         Ok(gk(&xr, &l0.gate_proj.weight, None)?)
     })?;
@@ -94,7 +94,7 @@ fn main() -> anyhow::Result<()> {
         Ok(xr.matmul(&l0.gate_proj.weight.t()?)?)
     })?;
     timed("  rms norm", reps, || {
-        Ok(vc_model::grad_kernels::rms_norm(
+        Ok(vc_model::autograd_ops::rms_norm(
             &xr,
             &l0.input_layernorm,
             1e-6,
@@ -114,7 +114,7 @@ fn main() -> anyhow::Result<()> {
             .collect();
         let bias = Tensor::from_vec(bias, (1, 1, g, g), &dev)?;
         let a = timed("  attention fwd", reps, || {
-            Ok(vc_model::grad_kernels::attention(
+            Ok(vc_model::autograd_ops::attention(
                 q.as_tensor(),
                 k.as_tensor(),
                 k.as_tensor(),
@@ -127,12 +127,12 @@ fn main() -> anyhow::Result<()> {
         timed("  attention bwd", reps, || Ok(a.backward()?))?;
         let u = Var::from_tensor(&up)?;
         let s = timed("  swiglu fwd", reps, || {
-            Ok(vc_model::grad_kernels::swiglu(u.as_tensor(), u.as_tensor())?.sum_all()?)
+            Ok(vc_model::autograd_ops::swiglu(u.as_tensor(), u.as_tensor())?.sum_all()?)
         })?;
         timed("  swiglu bwd", reps, || Ok(s.backward()?))?;
     }
     timed("  swiglu", reps, || {
-        Ok(vc_model::grad_kernels::swiglu(&up, &up)?)
+        Ok(vc_model::autograd_ops::swiglu(&up, &up)?)
     })?;
     let out = timed("  cp decoder forward", reps, || {
         Ok(cp.decoder.forward(&xin, None, None)?)
@@ -141,7 +141,7 @@ fn main() -> anyhow::Result<()> {
         Ok(Tensor::stack(&cp.lm_head, 0)?)
     })?;
     let logits = timed("  cp heads", reps, || {
-        Ok(vc_model::grad_kernels::shifted_heads(&out, &heads)?)
+        Ok(vc_model::autograd_ops::shifted_heads(&out, &heads)?)
     })?;
     timed("  cp CE", reps, || {
         Ok(cross_entropy(

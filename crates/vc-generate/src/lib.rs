@@ -3,8 +3,8 @@
 //! splitting, and the voice-clone / custom-voice pipelines that turn frames into 24 kHz audio.
 
 pub mod audio_chunks;
+pub mod continuous_batch;
 pub mod prompt;
-pub mod rows;
 pub mod sampling;
 pub mod streaming;
 pub mod synthesizer;

@@ -14,7 +14,7 @@ use std::sync::mpsc::TryRecvError;
 use anyhow::{Context, Result};
 
 use super::audio_chunks::AudioChunks;
-use super::rows::{Row, StepOutcome, Stepper};
+use super::continuous_batch::{Row, StepOutcome, Stepper};
 use super::sampling::RowRng;
 use super::synthesizer::{DecodeOptions, Request, Synthesizer};
 use vc_core::artifacts::CodeFrame;

@@ -4,8 +4,8 @@
 use anyhow::bail;
 use candle_core::{DType, Result, Tensor, D};
 
+use super::autograd_ops;
 use super::config::Qwen3TtsConfig;
-use super::grad_kernels;
 use super::layers::{DecoderCache, DecoderStack, DecoderStackConfig, TensorSource};
 use super::ops::{embedding, linear, Numerics};
 
@@ -203,7 +203,7 @@ impl CodePredictor {
         let out = self.decoder.forward(&x, None, None)?; // (N, G, Hc)
         let numerics = self.decoder.numerics();
         let logits = if numerics == Numerics::CpuKernels {
-            grad_kernels::shifted_heads(&out, &Tensor::stack(&self.lm_head, 0)?)?
+            autograd_ops::shifted_heads(&out, &Tensor::stack(&self.lm_head, 0)?)?
         } else {
             let logits = (0..g - 1)
                 .map(|j| {

@@ -22,7 +22,7 @@ use super::linear::{Input, LinearWeight, Table, WeightFormat};
 use super::weights::MappedWeights;
 
 mod adapters;
-mod rows;
+mod row_step;
 
 use adapters::AdaptedProjection;
 pub use adapters::AdapterId;

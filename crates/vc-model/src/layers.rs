@@ -11,8 +11,8 @@ use std::sync::Mutex;
 use anyhow::{bail, Context};
 use candle_core::{DType, Device, Result, Tensor};
 
+use super::autograd_ops::{self, RopeHalfTables};
 use super::config::{CodePredictorConfig, TalkerConfig};
-use super::grad_kernels::{self, RopeHalfTables};
 use super::ops::{self, linear, rms_norm, Numerics, Rope, RopeTables};
 use super::weights::Weights;
 
@@ -521,7 +521,7 @@ impl DecoderLayer {
         let n = self.numerics;
         let (gate, up) = (self.gate_proj.forward(&h, n)?, self.up_proj.forward(&h, n)?);
         let mlp = if n == Numerics::CpuKernels {
-            grad_kernels::swiglu(&gate, &up)?
+            autograd_ops::swiglu(&gate, &up)?
         } else {
             (gate.silu()? * up)?
         };
@@ -582,7 +582,7 @@ impl DecoderLayer {
     }
 
     /// The same attention through the CPU kernels with hand-written backward passes
-    /// ([`grad_kernels`]), token-major throughout (no transposes); the training path on a CPU.
+    /// ([`autograd_ops`]), token-major throughout (no transposes); the training path on a CPU.
     fn attention_cpu_grad(
         &self,
         x: &Tensor,
@@ -597,7 +597,7 @@ impl DecoderLayer {
         let k = rope.norm_rope(&self.k_proj.forward(x, n)?, &self.k_norm, eps)?;
         let v = self.v_proj.forward(x, n)?;
         let scale = 1.0 / (hd as f64).sqrt();
-        let out = grad_kernels::attention(&q, &k, &v, hd, scale, step.bias.as_ref())?;
+        let out = autograd_ops::attention(&q, &k, &v, hd, scale, step.bias.as_ref())?;
         self.o_proj.forward(&out, n)
     }
 }

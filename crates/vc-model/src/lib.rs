@@ -2,12 +2,12 @@
 //! the workspace or files beyond the model directory it is given.
 
 pub mod adapted_files;
+pub mod autograd_ops;
 pub mod bf16_matmul;
 pub mod code_predictor;
 pub mod codec;
 pub mod config;
 pub mod files;
-pub mod grad_kernels;
 pub mod infer;
 pub mod layers;
 pub mod linear;

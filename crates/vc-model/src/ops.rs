@@ -8,14 +8,14 @@
 //!   `candle_nn::rotary_emb::rope` record **no backward op** (gradients silently stop there),
 //!   so this mode builds the same functions from plain ops. It is what CUDA runs.
 //! - [`Numerics::CpuKernels`]: training on the CPU in f32 through the kernels with hand-written
-//!   backward passes in [`super::grad_kernels`] (one autograd node per layer function).
+//!   backward passes in [`super::autograd_ops`] (one autograd node per layer function).
 //!
 //! All modes follow the official numerics (docs/model.md §4.1, §12): RMSNorm statistics in
 //! f32, softmax in f32, RoPE tables computed in f32 and cast to the activation dtype.
 
 use candle_core::{DType, Device, Result, Tensor, D};
 
-use super::grad_kernels::RopeHalfTables;
+use super::autograd_ops::RopeHalfTables;
 
 /// How the blocks compute (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -53,7 +53,7 @@ impl Numerics {
 /// activation dtype (see [`super::bf16_matmul`]).
 pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>, numerics: Numerics) -> Result<Tensor> {
     if numerics == Numerics::CpuKernels {
-        return super::grad_kernels::linear(x, w, b);
+        return super::autograd_ops::linear(x, w, b);
     }
     let dims = x.dims();
     let (out, inp) = w.dims2()?;
@@ -90,7 +90,7 @@ pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64, numerics: Numerics) -> Re
         // The fused kernel also accumulates in f32 but multiplies by the weight before the cast
         // back; the difference only shows in bf16 and is below bf16 resolution.
         Numerics::Fused => candle_nn::ops::rms_norm(&x.contiguous()?, weight, eps as f32),
-        Numerics::CpuKernels => super::grad_kernels::rms_norm(x, weight, eps),
+        Numerics::CpuKernels => super::autograd_ops::rms_norm(x, weight, eps),
         Numerics::Autograd => {
             let dtype = x.dtype();
             let xf = x.to_dtype(DType::F32)?;

@@ -11,7 +11,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use anyhow::{Context, Result};
 
 use vc_core::artifacts::CodeFrame;
-use vc_generate::rows::{Row, StepOutcome, Stepper};
+use vc_generate::continuous_batch::{Row, StepOutcome, Stepper};
 use vc_generate::sampling::RowRng;
 use vc_generate::talker_loop::LoopOptions;
 use vc_generate::{RowPlan, Synthesizer};

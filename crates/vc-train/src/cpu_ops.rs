@@ -14,7 +14,7 @@ use candle_core::{
 
 use crate::moments::Moment;
 use vc_kernels::{loss, optim};
-use vc_model::grad_kernels::{cpu_f32, with_values};
+use vc_model::autograd_ops::{cpu_f32, with_values};
 
 fn slice_mut<'a>(s: &'a mut CpuStorage, l: &Layout, what: &str) -> Result<&'a mut [f32]> {
     let CpuStorage::F32(v) = s else {

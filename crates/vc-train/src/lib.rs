@@ -30,7 +30,7 @@ pub mod params;
 pub mod plan;
 pub mod plot;
 pub mod report;
-pub mod run;
+pub mod run_setup;
 pub mod safetensors_stream;
 pub mod sampler;
 pub mod samples;
@@ -59,7 +59,7 @@ use self::hooks::TrainHooks;
 use self::metrics::{EvalMetrics, StepMetrics};
 use self::optim::{AdamState, AdamW, Grad, Schedule};
 use self::params::{ArithSource, Masters, ParamStore};
-use self::run::{IndexParts, RunSetup};
+use self::run_setup::{IndexParts, RunSetup};
 use self::sampler::{Cursor, Sampler};
 use self::sparse::RowGrad;
 use vc_core::config::{OptimizerState, ReduceDtype, TrainBackend, TrainConfig};
@@ -345,7 +345,7 @@ impl Trainer {
         let (mut step, mut last_loss) = (0, None);
         let mut warnings = checkpoint::recover(&opts.checkpoints)?.warnings();
         warnings.extend(notes);
-        let resume = run::find_resume(&opts, &identity, &dataset, fresh)?;
+        let resume = run_setup::find_resume(&opts, &identity, &dataset, fresh)?;
         if let Some(r) = &resume {
             let mut reader = checkpoint::RowReader::open(&r.dir)?;
             let saved = r.index.optimizer.state;
@@ -367,7 +367,7 @@ impl Trainer {
             );
             adam.step = r.index.optimizer.step;
             step = r.index.step;
-            sampler = run::resumed_sampler(&opts, &dataset, r.cursor);
+            sampler = run_setup::resumed_sampler(&opts, &dataset, r.cursor);
             last_loss = r.index.loss;
         }
         let sparse_text = match backend {

@@ -55,7 +55,7 @@ use super::driver::{self, NonFinite};
 use super::metrics::{EvalMetrics, StepMetrics};
 use super::optim::{self, AdamState, AdamW, Schedule};
 use super::params::Param;
-use super::run::RunSetup;
+use super::run_setup::RunSetup;
 use super::sampler::{Cursor, Sampler};
 use super::validation;
 use super::{Backend, Outcome, TrainOptions, TEXT_EMBEDDING};

@@ -9,7 +9,7 @@ use anyhow::{bail, Context, Result};
 
 use super::ShardedTrainer;
 use crate::checkpoint::{self, ParamInfo, PendingCheckpoint, RankRows};
-use crate::run::IndexParts;
+use crate::run_setup::IndexParts;
 use vc_dist::ReduceOp;
 
 impl ShardedTrainer {

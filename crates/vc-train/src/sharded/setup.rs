@@ -17,7 +17,7 @@ use crate::checkpoint::{self, RowReader};
 use crate::lora::Lora;
 use crate::optim::{AdamState, AdamW};
 use crate::params::Param;
-use crate::run::{self, RunSetup};
+use crate::run_setup::{self, RunSetup};
 use crate::saved_state;
 use crate::trainable;
 use crate::units::{unit_of, Unit};
@@ -108,7 +108,7 @@ impl ShardedTrainer {
         };
         coll.barrier()?;
         let (mut step, mut last_loss) = (0, None);
-        let resume = run::find_resume(&opts, &identity, &dataset, fresh)?;
+        let resume = run_setup::find_resume(&opts, &identity, &dataset, fresh)?;
         if let Some(r) = &resume {
             let mut reader = RowReader::open(&r.dir)?;
             for (i, p) in params.iter_mut().enumerate() {
@@ -147,7 +147,7 @@ impl ShardedTrainer {
             }
             adam.step = r.index.optimizer.step;
             step = r.index.step;
-            sampler = run::resumed_sampler(&opts, &dataset, r.cursor);
+            sampler = run_setup::resumed_sampler(&opts, &dataset, r.cursor);
             last_loss = r.index.loss;
         }
         let t = &cfg.talker_config;

@@ -10,7 +10,7 @@ use candle_core::{DType, Tensor, Var};
 use super::ShardedTrainer;
 use crate::params::at_arith;
 use crate::units::Unit;
-use vc_dist::flat::{gather_rows, FlatLayout};
+use vc_dist::unit_packing::{gather_rows, FlatLayout};
 use vc_model::layers::{trainable_or_frozen, AdapterSpec, TensorSource};
 
 /// A unit's trained tensors (the text table excepted) and their flat-shard layout.

@@ -13,7 +13,7 @@ use crate::metrics::StepMetrics;
 use crate::optim::{self, Grad};
 use crate::sparse::RowGrad;
 use vc_core::config::Shard as ShardMode;
-use vc_dist::flat::reduce_scatter_rows;
+use vc_dist::unit_packing::reduce_scatter_rows;
 use vc_dist::ReduceOp;
 
 impl ShardedTrainer {
