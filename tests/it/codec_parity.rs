@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use candle_core::{DType, Device, Tensor};
 use vc_core::hub::ModelSource;
-use vc_model::codec::conv::Seq;
+use vc_kernels::conv::Seq;
 use vc_model::codec::quantizer::SplitRvqEncoder;
 use vc_model::codec::{Codec, Codes};
 use vc_model::files::ModelFiles;

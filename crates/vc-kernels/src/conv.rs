@@ -16,14 +16,13 @@
 //! copies of the edge rows for `replicate`), so a conv maps L → ceil(L/stride); transposed convs
 //! drop the last `k − stride` outputs, so they map L → L·stride.
 
-use anyhow::{bail, ensure, Result};
+use anyhow::{ensure, Result};
 
 use super::act::Act;
 use super::buf::{par_new_vec, Init, Uninit};
 use super::few_rows::FEW_ROWS;
 use super::gemm::{gemm, Acc, Par};
 use super::mat::{MatMut, MatRef};
-use super::winograd::WinogradConv;
 
 /// A channels-last sequence: `t` rows of `c` values.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -148,7 +147,7 @@ pub fn tile_rows(t: usize, k: usize, n: usize) -> usize {
 
 /// How a tile of `rows` output rows runs its products: a few rows on every thread (the weights
 /// read once, split by columns, [`super::few_rows`]), more serially (the tiles are parallel).
-fn tile_par(rows: usize) -> Par {
+pub(crate) fn tile_par(rows: usize) -> Par {
     if rows <= FEW_ROWS {
         Par::Rayon
     } else {
@@ -166,8 +165,8 @@ pub struct CausalConv1d {
     pub dilation: usize,
     pub pad_mode: PadMode,
     /// `(kernel·cin, cout)`: row `k·cin + ci`, column `co` holds torch `weight[co, ci, k]`.
-    w: Vec<f32>,
-    bias: Option<Vec<f32>>,
+    pub(crate) w: Vec<f32>,
+    pub(crate) bias: Option<Vec<f32>>,
 }
 
 impl CausalConv1d {
@@ -228,7 +227,7 @@ impl CausalConv1d {
     }
 
     /// Fills `out` (`rows × cout`) with the bias (or zeros).
-    fn set_rows(&self, out: &mut [f32]) {
+    pub(crate) fn set_rows(&self, out: &mut [f32]) {
         match &self.bias {
             Some(b) => out
                 .chunks_exact_mut(self.cout)
@@ -239,7 +238,7 @@ impl CausalConv1d {
 
     /// `out += conv(padded)` for the `out.rows()` output rows whose padded input rows start
     /// at row 0 of `padded` (row stride `cin`; it must hold `(rows−1)·stride + k_eff` rows).
-    fn gemm_tile(&self, padded: &[f32], mut out: MatMut<'_>) {
+    pub(crate) fn gemm_tile(&self, padded: &[f32], mut out: MatMut<'_>) {
         let rows = out.rows();
         let lhs_rs = self.stride * self.cin;
         if self.dilation == 1 || self.kernel == 1 {
@@ -547,467 +546,16 @@ impl CausalConv1d {
     }
 }
 
-/// `Qwen3TTSTokenizerV2CausalTransConvNet`: `ConvTranspose1d(k, stride)` whose last `k − stride`
-/// outputs are dropped, so L inputs give exactly L·stride outputs.
-///
-/// Output block `t` (rows `t·s .. t·s+s`) is `bias + Σ_q x[t−q] · W[:, :, q·s .. q·s+s]`,
-/// q = 0..ceil(k/s): a causal conv over the input with `ceil(k/s)` taps and `s·C_out` output
-/// channels, which is how it runs here.
-#[derive(Debug, Clone)]
-pub struct CausalConvTranspose1d {
-    pub cin: usize,
-    pub cout: usize,
-    pub stride: usize,
-    conv: CausalConv1d,
-}
-
-impl CausalConvTranspose1d {
-    /// From a torch `ConvTranspose1d` weight `(cin, cout, kernel)` and bias `(cout)`.
-    pub fn from_torch(
-        weight: &[f32],
-        shape: (usize, usize, usize),
-        bias: Option<Vec<f32>>,
-        stride: usize,
-    ) -> Result<Self> {
-        let (cin, cout, kernel) = shape;
-        ensure!(
-            weight.len() == cin * cout * kernel,
-            "transposed conv weight size"
-        );
-        if kernel < stride {
-            bail!("transposed conv with kernel {kernel} < stride {stride} is not supported");
-        }
-        let taps = kernel.div_ceil(stride);
-        let n = stride * cout;
-        // As a conv weight (n, cin, taps) in torch layout: conv tap j reads x[t − (taps−1−j)].
-        let mut w = vec![0.0; n * cin * taps];
-        for ci in 0..cin {
-            for co in 0..cout {
-                for k in 0..kernel {
-                    let (q, j) = (k / stride, k % stride);
-                    let tap = taps - 1 - q;
-                    let o = j * cout + co;
-                    w[(o * cin + ci) * taps + tap] = weight[(ci * cout + co) * kernel + k];
-                }
-            }
-        }
-        let bias = bias.map(|b| {
-            let mut v = Vec::with_capacity(n);
-            for _ in 0..stride {
-                v.extend_from_slice(&b);
-            }
-            v
-        });
-        let conv = CausalConv1d::from_torch(&w, (n, cin, taps), bias, 1, 1, PadMode::Zero)?;
-        Ok(CausalConvTranspose1d {
-            cin,
-            cout,
-            stride,
-            conv,
-        })
-    }
-
-    pub fn forward(&self, x: &Seq, act: Option<&Act>) -> Seq {
-        let y = self.conv.forward(x, act);
-        Seq::new(y.data, y.t * self.stride, self.cout)
-    }
-
-    /// Output blocks `a..b` (`stride` rows each) for an input of `total` rows of which `x`
-    /// holds rows `offset..` (at least the last `taps() − 1` before `a`), as
-    /// [`CausalConv1d::forward_range`].
-    pub fn forward_range(
-        &self,
-        x: &Seq,
-        offset: usize,
-        total: usize,
-        act: Option<&Act>,
-        range: (usize, usize),
-    ) -> Seq {
-        let y = self.conv.forward_range(x, offset, total, act, range);
-        Seq::new(y.data, y.t * self.stride, self.cout)
-    }
-
-    /// [`Self::forward_range`] for several independent inputs, as
-    /// [`CausalConv1d::forward_ranges`] (output blocks `range` of each).
-    pub fn forward_ranges(&self, parts: &[ConvWindow<'_>], act: Option<&Act>) -> Vec<Seq> {
-        self.conv
-            .forward_ranges(parts, act)
-            .into_iter()
-            .map(|y| Seq::new(y.data, y.t * self.stride, self.cout))
-            .collect()
-    }
-
-    /// Input samples each output block reads (`ceil(kernel / stride)`).
-    pub fn taps(&self) -> usize {
-        self.conv.kernel
-    }
-}
-
-/// A depthwise causal conv (`groups = channels`, ConvNeXt's `dwconv`), stride 1.
-#[derive(Debug, Clone)]
-pub struct DepthwiseCausalConv1d {
-    pub channels: usize,
-    pub kernel: usize,
-    /// `(kernel, channels)`.
-    w: Vec<f32>,
-    bias: Vec<f32>,
-}
-
-impl DepthwiseCausalConv1d {
-    /// From a torch weight `(channels, 1, kernel)` and bias `(channels)`.
-    pub fn from_torch(
-        weight: &[f32],
-        channels: usize,
-        kernel: usize,
-        bias: Vec<f32>,
-    ) -> Result<Self> {
-        ensure!(
-            weight.len() == channels * kernel && bias.len() == channels,
-            "dwconv size"
-        );
-        let mut w = vec![0.0; weight.len()];
-        for c in 0..channels {
-            for k in 0..kernel {
-                w[k * channels + c] = weight[c * kernel + k];
-            }
-        }
-        Ok(DepthwiseCausalConv1d {
-            channels,
-            kernel,
-            w,
-            bias,
-        })
-    }
-
-    /// Output rows `a..b` for an input of which `x` holds rows `offset..` (at least the
-    /// `kernel − 1` before `a`), zeros before row 0.
-    pub fn forward_range(&self, x: &Seq, offset: usize, (a, b): (usize, usize)) -> Seq {
-        let c = self.channels;
-        assert_eq!(x.c, c);
-        let pad = self.kernel - 1;
-        assert!(
-            offset <= a.saturating_sub(pad) && b <= offset + x.t,
-            "dwconv window needs rows {}..{b}, has {offset}..{}",
-            a.saturating_sub(pad),
-            offset + x.t
-        );
-        let mut out = Vec::with_capacity(b.saturating_sub(a) * c);
-        for t in a..b {
-            let start = out.len();
-            out.extend_from_slice(&self.bias);
-            let row = &mut out[start..];
-            for k in 0..self.kernel {
-                if t + k < pad {
-                    continue;
-                }
-                let xi = x.row(t + k - pad - offset);
-                let wk = &self.w[k * c..(k + 1) * c];
-                for ((o, &xv), &wv) in row.iter_mut().zip(xi).zip(wk) {
-                    *o += xv * wv;
-                }
-            }
-        }
-        Seq::new(out, b.saturating_sub(a), c)
-    }
-
-    pub fn forward(&self, x: &Seq) -> Seq {
-        let c = self.channels;
-        assert_eq!(x.c, c);
-        let pad = self.kernel - 1;
-        const TILE: usize = 256;
-        let out = par_new_vec(
-            x.t * c,
-            TILE * c,
-            || (),
-            |i, part, _| {
-                let mut rows = part.fill_rows(&self.bias);
-                for (r, row) in rows.chunks_exact_mut(c).enumerate() {
-                    let t = i * TILE + r;
-                    for k in 0..self.kernel {
-                        // input index t + k − pad (zero padding on the left)
-                        if t + k < pad {
-                            continue;
-                        }
-                        let xi = x.row(t + k - pad);
-                        let wk = &self.w[k * c..(k + 1) * c];
-                        for ((o, &xv), &wv) in row.iter_mut().zip(xi).zip(wk) {
-                            *o += xv * wv;
-                        }
-                    }
-                }
-                rows
-            },
-        );
-        Seq::new(out, x.t, c)
-    }
-}
-
-/// A `Linear` (`x · Wᵀ + b`) on channels-last rows.
-#[derive(Debug, Clone)]
-pub struct Linear {
-    pub cin: usize,
-    pub cout: usize,
-    /// `(cin, cout)`.
-    w: Vec<f32>,
-    bias: Option<Vec<f32>>,
-}
-
-impl Linear {
-    /// From a torch weight `(cout, cin)` (also a k=1 conv weight `(cout, cin, 1)`).
-    pub fn from_torch(
-        weight: &[f32],
-        cout: usize,
-        cin: usize,
-        bias: Option<Vec<f32>>,
-    ) -> Result<Self> {
-        ensure!(weight.len() == cout * cin, "linear weight size");
-        let mut w = vec![0.0; weight.len()];
-        for o in 0..cout {
-            for i in 0..cin {
-                w[i * cout + o] = weight[o * cin + i];
-            }
-        }
-        Ok(Linear { cin, cout, w, bias })
-    }
-
-    /// Concatenates the outputs of several linears over the same input (e.g. q, k, v).
-    pub fn concat(parts: &[Linear]) -> Result<Linear> {
-        ensure!(!parts.is_empty(), "nothing to concatenate");
-        let cin = parts[0].cin;
-        ensure!(
-            parts.iter().all(|p| p.cin == cin),
-            "concatenated linears differ in input"
-        );
-        let cout: usize = parts.iter().map(|p| p.cout).sum();
-        let mut w = vec![0.0; cin * cout];
-        let mut off = 0;
-        for p in parts {
-            for i in 0..cin {
-                w[i * cout + off..i * cout + off + p.cout]
-                    .copy_from_slice(&p.w[i * p.cout..(i + 1) * p.cout]);
-            }
-            off += p.cout;
-        }
-        let bias = if parts.iter().any(|p| p.bias.is_some()) {
-            let mut b = Vec::with_capacity(cout);
-            for p in parts {
-                match &p.bias {
-                    Some(pb) => b.extend_from_slice(pb),
-                    None => b.extend(std::iter::repeat_n(0.0, p.cout)),
-                }
-            }
-            Some(b)
-        } else {
-            None
-        };
-        Ok(Linear { cin, cout, w, bias })
-    }
-
-    /// Multiplies every output channel by `scale[o]` (folds a LayerScale into the weights).
-    pub fn scale_outputs(&mut self, scale: &[f32]) {
-        assert_eq!(scale.len(), self.cout);
-        for row in self.w.chunks_exact_mut(self.cout) {
-            for (v, s) in row.iter_mut().zip(scale) {
-                *v *= s;
-            }
-        }
-        if let Some(b) = &mut self.bias {
-            for (v, s) in b.iter_mut().zip(scale) {
-                *v *= s;
-            }
-        }
-    }
-
-    /// `residual + x·Wᵀ + b` when `residual` is given (same shape as the output), else `x·Wᵀ + b`.
-    pub fn forward(&self, x: &Seq, residual: Option<&Seq>) -> Seq {
-        assert_eq!(x.c, self.cin);
-        if let Some(r) = residual {
-            assert_eq!((r.t, r.c), (x.t, self.cout));
-        }
-        let n = self.cout;
-        let tile = tile_rows(x.t, self.cin, n);
-        let out = par_new_vec(
-            x.t * n,
-            tile * n,
-            || (),
-            |i, part, _| {
-                let (a, rows) = (i * tile, part.len() / n);
-                let mut o = match residual {
-                    Some(r) => part.copy_from(&r.data[a * n..(a + rows) * n]),
-                    None => part.fill(0.0),
-                };
-                if let Some(bias) = &self.bias {
-                    for row in o.chunks_exact_mut(n) {
-                        for (v, &bv) in row.iter_mut().zip(bias) {
-                            *v += bv;
-                        }
-                    }
-                }
-                let lhs = MatRef::new(&x.data[a * self.cin..(a + rows) * self.cin], rows, self.cin);
-                let rhs = MatRef::new(&self.w, self.cin, n);
-                gemm(
-                    MatMut::new(&mut o, rows, n),
-                    lhs,
-                    rhs,
-                    Acc::Add,
-                    1.0,
-                    tile_par(rows),
-                );
-                o
-            },
-        );
-        Seq::new(out, x.t, n)
-    }
-}
-
-/// A residual unit `x + conv2(act2(conv1(act1(x))))` with stride-1 convs and `conv2` of kernel
-/// 1: SEANet's `MimiResnetBlock` (ELU, k3, ELU, k1) and the decoder's
-/// `Qwen3TTSTokenizerV2DecoderDecoderResidualUnit` (SnakeBeta, k7 dilated, SnakeBeta, k1).
-/// Computed tile by tile, so the hidden activations never leave the cache.
-#[derive(Debug, Clone)]
-pub struct ResidualUnit {
-    pub act1: Act,
-    pub conv1: CausalConv1d,
-    pub act2: Act,
-    pub conv2: CausalConv1d,
-    /// `conv1` as a Winograd `F(m, k)` conv, when enabled.
-    wino: Option<WinogradConv>,
-}
-
-impl ResidualUnit {
-    /// `winograd` outputs per Winograd tile for `conv1` (0: direct GEMM convolution; see
-    /// [`WinogradConv`]).
-    pub fn new(
-        act1: Act,
-        conv1: CausalConv1d,
-        act2: Act,
-        conv2: CausalConv1d,
-        winograd: usize,
-    ) -> Result<Self> {
-        ensure!(
-            conv1.stride == 1 && conv2.stride == 1 && conv2.kernel == 1,
-            "residual unit: conv1 must have stride 1 and conv2 kernel 1"
-        );
-        ensure!(
-            conv2.cin == conv1.cout && conv2.cout == conv1.cin,
-            "residual unit channels"
-        );
-        ensure!(
-            conv1.pad_mode == PadMode::Zero,
-            "residual unit convs pad with zeros"
-        );
-        let m = winograd;
-        let wino = if m > 0 && conv1.kernel > 1 {
-            let bias = conv1.bias.clone().unwrap_or_else(|| vec![0.0; conv1.cout]);
-            Some(WinogradConv::new(
-                &conv1.w,
-                conv1.cin,
-                conv1.cout,
-                conv1.kernel,
-                conv1.dilation,
-                bias,
-                m,
-            )?)
-        } else {
-            None
-        };
-        Ok(ResidualUnit {
-            act1,
-            conv1,
-            act2,
-            conv2,
-            wino,
-        })
-    }
-
-    /// Drops the Winograd form of `conv1` (direct GEMM convolution, for comparisons).
-    pub fn without_winograd(mut self) -> Self {
-        self.wino = None;
-        self
-    }
-
-    pub fn forward(&self, x: &Seq) -> Seq {
-        self.forward_range(x, 0, (0, x.t))
-    }
-
-    /// Output rows `a..b` for an input of which `x` holds rows `offset..` (at least the
-    /// `k_eff − 1` before `a`), zeros before row 0: [`Self::forward`] is the whole range; the
-    /// streaming decoder (docs/model.md §9.2) passes the kept rows followed by the new ones.
-    pub fn forward_range(&self, x: &Seq, offset: usize, (a, b): (usize, usize)) -> Seq {
-        let c = self.conv1.cin;
-        let hidden = self.conv1.cout;
-        assert_eq!(x.c, c);
-        let k_eff = self.conv1.k_eff();
-        let pad = k_eff - 1;
-        let n = b.saturating_sub(a);
-        assert!(
-            offset <= a.saturating_sub(pad) && b <= offset + x.t,
-            "residual unit window needs rows {}..{b}, has {offset}..{}",
-            a.saturating_sub(pad),
-            offset + x.t
-        );
-        if n == 0 {
-            return Seq::new(Vec::new(), 0, c);
-        }
-        let tile = tile_rows(n, self.conv1.kernel * c, hidden.max(c));
-        // Per worker: the tile's padded input and hidden rows, and the Winograd transforms.
-        let scratch = || (Vec::new(), Vec::new());
-        let out = par_new_vec(n * c, tile * c, scratch, |i, part, (buf, wino_buf)| {
-            let rows = part.len() / c;
-            let a = a + i * tile;
-            let b = a + rows;
-            // Padded coordinates: output row t reads padded rows t .. t + k_eff.
-            let in_rows = match &self.wino {
-                Some(w) => w.padded_rows(rows),
-                None => rows - 1 + k_eff,
-            };
-            let in_len = in_rows * c;
-            let h_len = rows * hidden;
-            buf.clear();
-            buf.resize(in_len + h_len, 0.0);
-            let (inp, rest) = buf.split_at_mut(in_len);
-            let h = &mut rest[..h_len];
-            // Activated input rows (zero rows before the start of x and after the tile).
-            let r0 = a.saturating_sub(pad);
-            let skip = (pad.saturating_sub(a)) * c;
-            self.act1.apply(
-                &x.data[(r0 - offset) * c..(b - offset) * c],
-                &mut inp[skip..skip + (b - r0) * c],
-                c,
-            );
-            match &self.wino {
-                Some(w) => w.forward_tile(inp, rows, h, wino_buf),
-                None => {
-                    self.conv1.set_rows(h);
-                    self.conv1.gemm_tile(inp, MatMut::new(h, rows, hidden));
-                }
-            }
-            self.act2.apply_inplace(h, hidden);
-            let mut o = part.copy_from(&x.data[(a - offset) * c..(b - offset) * c]);
-            if let Some(bias) = &self.conv2.bias {
-                for row in o.chunks_exact_mut(c) {
-                    for (v, &bv) in row.iter_mut().zip(bias) {
-                        *v += bv;
-                    }
-                }
-            }
-            self.conv2.gemm_tile(h, MatMut::new(&mut o, rows, c));
-            o
-        });
-        Seq::new(out, n, c)
-    }
-}
-
 #[cfg(test)]
 pub(crate) mod tests {
-    use super::super::act::SnakeParams;
+
     use super::*;
 
     pub use crate::test_values::rand_vec;
 
     /// Straightforward channels-first reference of the official causal conv (f64 accumulate).
     #[allow(clippy::too_many_arguments)]
-    fn ref_conv(
+    pub(crate) fn ref_conv(
         x: &[f32],
         cin: usize,
         len: usize,
@@ -1060,7 +608,7 @@ pub(crate) mod tests {
         (y, lout)
     }
 
-    fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    pub(crate) fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         assert_eq!(a.len(), b.len());
         a.iter()
             .zip(b)
@@ -1167,178 +715,6 @@ pub(crate) mod tests {
                 pad == PadMode::Replicate,
             );
             assert!(max_abs_diff(&got.to_channels_first(), &want) < 1e-5);
-        }
-    }
-
-    /// Literal `nn.ConvTranspose1d` followed by dropping the last `k − s` samples.
-    #[allow(clippy::too_many_arguments)]
-    fn ref_conv_transpose(
-        x: &[f32],
-        cin: usize,
-        len: usize,
-        w: &[f32],
-        cout: usize,
-        kernel: usize,
-        b: &[f32],
-        stride: usize,
-    ) -> Vec<f32> {
-        let full = (len - 1) * stride + kernel;
-        let mut y = vec![0.0f64; cout * full];
-        for co in 0..cout {
-            for t in 0..full {
-                y[co * full + t] = b[co] as f64;
-            }
-        }
-        for ci in 0..cin {
-            for t in 0..len {
-                for co in 0..cout {
-                    for k in 0..kernel {
-                        y[co * full + t * stride + k] +=
-                            x[ci * len + t] as f64 * w[(ci * cout + co) * kernel + k] as f64;
-                    }
-                }
-            }
-        }
-        let keep = full - (kernel - stride);
-        let mut out = Vec::with_capacity(cout * keep);
-        for co in 0..cout {
-            out.extend(y[co * full..co * full + keep].iter().map(|&v| v as f32));
-        }
-        out
-    }
-
-    #[test]
-    fn transposed_conv_trims_the_right_end_only() {
-        for &(cin, cout, kernel, stride, len) in &[
-            (4, 3, 16, 8, 9),
-            (3, 2, 10, 5, 7),
-            (2, 2, 2, 2, 13),
-            (5, 4, 6, 3, 1),
-            (3, 3, 7, 3, 6), // kernel not a multiple of stride
-        ] {
-            let x = rand_vec(cin * len, 21);
-            let w = rand_vec(cin * cout * kernel, 22);
-            let b = rand_vec(cout, 23);
-            let want = ref_conv_transpose(&x, cin, len, &w, cout, kernel, &b, stride);
-            let tc =
-                CausalConvTranspose1d::from_torch(&w, (cin, cout, kernel), Some(b.clone()), stride)
-                    .unwrap();
-            let got = tc.forward(&Seq::from_channels_first(&x, cin, len), None);
-            assert_eq!(got.t, len * stride);
-            assert!(max_abs_diff(&got.to_channels_first(), &want) < 1e-5);
-        }
-    }
-
-    #[test]
-    fn depthwise_and_linear_match_reference() {
-        let (c, len, k) = (5, 40, 7);
-        let x = rand_vec(c * len, 31);
-        let w = rand_vec(c * k, 32);
-        let b = rand_vec(c, 33);
-        let dw = DepthwiseCausalConv1d::from_torch(&w, c, k, b.clone()).unwrap();
-        let got = dw.forward(&Seq::from_channels_first(&x, c, len));
-        for ch in 0..c {
-            let (want, _) = ref_conv(
-                &x[ch * len..(ch + 1) * len],
-                1,
-                len,
-                &w[ch * k..(ch + 1) * k],
-                1,
-                k,
-                Some(&b[ch..ch + 1]),
-                1,
-                1,
-                false,
-            );
-            for (t, w) in want.iter().enumerate() {
-                assert!((got.data[t * c + ch] - w).abs() < 1e-5);
-            }
-        }
-        let lw = rand_vec(3 * c, 34);
-        let lb = rand_vec(3, 35);
-        let lin = Linear::from_torch(&lw, 3, c, Some(lb.clone())).unwrap();
-        let xs = Seq::new(rand_vec(len * c, 36), len, c);
-        let res = Seq::new(rand_vec(len * 3, 37), len, 3);
-        let y = lin.forward(&xs, Some(&res));
-        for t in 0..len {
-            for o in 0..3 {
-                let mut acc = lb[o] + res.data[t * 3 + o];
-                for i in 0..c {
-                    acc += lw[o * c + i] * xs.data[t * c + i];
-                }
-                assert!((y.data[t * 3 + o] - acc).abs() < 1e-5);
-            }
-        }
-    }
-
-    #[test]
-    fn residual_unit_matches_unfused_layers() {
-        let (c, len) = (6, if cfg!(miri) { 40 } else { 3000 });
-        let snake = |seed, ch: usize| {
-            let p = rand_vec(2 * ch, seed);
-            Act::Snake(SnakeParams::from_log(&p[..ch], &p[ch..]))
-        };
-        for (dilation, hidden) in [(1, 6), (3, 6), (9, 3)] {
-            let w1 = rand_vec(hidden * c * 7, 40 + dilation as u64);
-            let w2 = rand_vec(c * hidden, 41);
-            let conv1 = CausalConv1d::from_torch(
-                &w1,
-                (hidden, c, 7),
-                Some(rand_vec(hidden, 42)),
-                1,
-                dilation,
-                PadMode::Zero,
-            )
-            .unwrap();
-            let conv2 = CausalConv1d::from_torch(
-                &w2,
-                (c, hidden, 1),
-                Some(rand_vec(c, 43)),
-                1,
-                1,
-                PadMode::Zero,
-            )
-            .unwrap();
-            let unit = ResidualUnit::new(
-                snake(44, c),
-                conv1.clone(),
-                snake(45, hidden),
-                conv2.clone(),
-                2,
-            );
-            let (a1, a2) = (snake(44, c), snake(45, hidden));
-            let unit = unit.unwrap();
-            let x = Seq::new(rand_vec(len * c, 46), len, c);
-            let h = conv1.forward(&x, Some(&a1));
-            let y = conv2.forward(&h, Some(&a2));
-            let want: Vec<f32> = y.data.iter().zip(&x.data).map(|(a, b)| a + b).collect();
-            let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-            let direct = unit.clone().without_winograd().forward(&x);
-            let err = max_abs_diff(&direct.data, &want);
-            assert!(
-                err < 1e-5 * scale,
-                "direct, dilation {dilation}: {err} (scale {scale})"
-            );
-            // Winograd F(2,7) / F(4,7): only rounding differs.
-            for m in [2, 4] {
-                let wino = WinogradConv::new(
-                    &conv1.w,
-                    c,
-                    hidden,
-                    7,
-                    dilation,
-                    conv1.bias.clone().unwrap(),
-                    m,
-                )
-                .unwrap();
-                let mut u = unit.clone();
-                u.wino = Some(wino);
-                let err = max_abs_diff(&u.forward(&x).data, &want);
-                assert!(
-                    err < 1e-5 * scale,
-                    "F({m},7), dilation {dilation}: {err} (scale {scale})"
-                );
-            }
         }
     }
 }

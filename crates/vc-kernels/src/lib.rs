@@ -13,6 +13,8 @@
 //! | [`libm`] | f32 `exp`, `sin`, `cos`, `powf` that are the same on glibc and musl |
 //! | [`act`] | the codec's activations (ELU, SnakeBeta, GELU, SwiGLU gating, masked softmax) |
 //! | [`conv`], [`winograd`] | the codec's causal convolutions in row tiles |
+//! | [`conv_transpose`], [`depthwise_conv`], [`rows_linear`] | its transposed and depthwise convolutions and channels-last linear layers, on those tiles |
+//! | [`residual_unit`] | the codec's residual unit, fused tile by tile |
 //! | [`isa`] | run-time detection of AVX2, AVX-VNNI, AVX-512 (VNNI, BF16) |
 //! | [`q8`] | 8-bit block-quantized matrices times activation rows (`vpdpbusd`), inference |
 //! | [`bf16_dot`] | bf16- or f32-stored matrices times activation rows (widening + FMA), inference |
@@ -54,6 +56,8 @@ pub mod alloc;
 pub mod bf16_dot;
 pub mod buf;
 pub mod conv;
+pub mod conv_transpose;
+pub mod depthwise_conv;
 pub mod few_rows;
 pub mod gemm;
 pub mod gemm_call;
@@ -68,6 +72,8 @@ pub mod moment8;
 pub mod optim;
 pub mod pool;
 pub mod q8;
+pub mod residual_unit;
+pub mod rows_linear;
 pub mod simd;
 pub mod team;
 pub mod test_values;

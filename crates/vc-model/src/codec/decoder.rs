@@ -20,9 +20,11 @@ use super::quantizer::{vec_of, RvqDecoder};
 use super::transformer::{layer_norm_rows, rms_norm_rows, Flavour, Transformer, TransformerDims};
 use crate::weights::Weights;
 use vc_kernels::act::{gelu_erf_inplace, Act, SnakeParams};
-use vc_kernels::conv::{
-    CausalConv1d, CausalConvTranspose1d, DepthwiseCausalConv1d, Linear, PadMode, ResidualUnit, Seq,
-};
+use vc_kernels::conv::{CausalConv1d, PadMode, Seq};
+use vc_kernels::conv_transpose::CausalConvTranspose1d;
+use vc_kernels::depthwise_conv::DepthwiseCausalConv1d;
+use vc_kernels::residual_unit::ResidualUnit;
+use vc_kernels::rows_linear::Linear;
 
 mod stream;
 pub use stream::StreamDecoder;

@@ -15,7 +15,8 @@ use super::winograd_outputs;
 use crate::weights::Weights;
 use vc_kernels::act::Act;
 use vc_kernels::buf::par_new_vec;
-use vc_kernels::conv::{num_threads, CausalConv1d, PadMode, ResidualUnit, Seq};
+use vc_kernels::conv::{num_threads, CausalConv1d, PadMode, Seq};
+use vc_kernels::residual_unit::ResidualUnit;
 
 /// Intermediate results of one encode, for parity tests.
 #[derive(Debug, Clone)]

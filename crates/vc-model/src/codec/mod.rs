@@ -29,9 +29,6 @@ pub mod encoder;
 pub mod quantizer;
 pub mod transformer;
 
-/// The convolution kernels and the channels-last [`conv::Seq`] (moved to [`vc_kernels`]).
-pub use vc_kernels::conv;
-
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};

@@ -15,9 +15,10 @@ use anyhow::{ensure, Result};
 use rayon::prelude::*;
 
 use crate::weights::Weights;
-use vc_kernels::conv::{tile_rows, Linear, Seq};
+use vc_kernels::conv::{tile_rows, Seq};
 use vc_kernels::gemm::{gemm, Acc, Par};
 use vc_kernels::mat::{MatMut, MatRef};
+use vc_kernels::rows_linear::Linear;
 
 /// Reads a tensor as a flat f32 vector after checking its shape.
 pub(crate) fn vec_of(w: &Weights, name: &str, shape: &[usize]) -> Result<Vec<f32>> {

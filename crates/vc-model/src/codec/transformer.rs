@@ -17,10 +17,11 @@ use rayon::prelude::*;
 use super::quantizer::vec_of;
 use crate::weights::Weights;
 use vc_kernels::act::{gelu_erf_inplace, silu_mul_inplace, softmax_range};
-use vc_kernels::conv::{Linear, Seq};
+use vc_kernels::conv::Seq;
 use vc_kernels::gemm::{gemm, Acc, Par};
 use vc_kernels::libm;
 use vc_kernels::mat::{MatMut, MatRef};
+use vc_kernels::rows_linear::Linear;
 
 /// Queries per attention work item.
 const QUERY_BLOCK: usize = 64;

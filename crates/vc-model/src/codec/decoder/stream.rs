@@ -19,9 +19,9 @@ use std::collections::VecDeque;
 
 use anyhow::{ensure, Result};
 
-use super::super::conv::{ConvWindow, Seq};
 use super::super::transformer::{rms_norm_rows, WindowKvCache};
 use super::{clamp_unit, Decoder, CHUNK_FRAMES, LEFT_CONTEXT_FRAMES};
+use vc_kernels::conv::{ConvWindow, Seq};
 
 /// The last `keep` input rows of one causal operation, and how many rows it has seen.
 #[derive(Debug, Clone)]
