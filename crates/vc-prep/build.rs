@@ -60,7 +60,7 @@ fn main() {
 }
 
 /// The instruction sets of the second CPU backend (ggml's own "zen4" variant): x86-64-v4 with
-/// VBMI, VNNI and BF16. `prep::ggml_cpu` checks the same list at run time.
+/// VBMI, VNNI and BF16. `vc_prep::ggml_cpu` checks the same list at run time.
 const AVX512_VARIANT: [&str; 5] = [
     "GGML_AVX512",
     "GGML_AVX512_VBMI",
@@ -78,7 +78,7 @@ fn out_dir() -> PathBuf {
 /// (docs/architecture.md §9.4). Every global symbol of the second copy gets the prefix
 /// `vc512_`, so the two coexist; the one reference from outside a CPU backend to its inside,
 /// ggml's registry calling `ggml_backend_cpu_reg`, is redirected by the linker (`--wrap`) to
-/// `prep::ggml_cpu`, which returns one backend or the other for this CPU. Everything else
+/// `vc_prep::ggml_cpu`, which returns one backend or the other for this CPU. Everything else
 /// reaches a backend through the function tables that call returns.
 fn ggml_avx512_variant() {
     println!("cargo::rustc-check-cfg=cfg(ggml_avx512_variant)");

@@ -1,5 +1,7 @@
 //! Audio in and out: decoding (symphonia), resampling (rubato), WAV output (hound), and the
-//! few signal measurements the rest of the pipeline needs.
+//! few signal measurements the rest of the pipeline needs: [`decode`] (any supported file to
+//! mono samples), [`resample`](mod@resample), [`wav`] (16-bit PCM output), [`analysis`] (levels, tones,
+//! frame energies).
 
 pub mod analysis;
 pub mod decode;

@@ -4,7 +4,7 @@
 //! (losses, flags), barriers and aborts go through the TCP control plane and ring of
 //! [`super::tcp`]; rank 0 creates the NCCL unique id and passes it in the rendezvous.
 //!
-//! NCCL needs equal chunk sizes on every rank, which the padded flat shards of [`super::flat`]
+//! NCCL needs equal chunk sizes on every rank, which the padded flat shards of [`super::unit_packing`]
 //! provide. Compiled in CI (`scripts/check_cuda_build.sh`); it runs only where a GPU is.
 
 use std::sync::{Arc, RwLock};

@@ -1,5 +1,5 @@
 //! One request spoken as it is generated (`voiceclone speak -o -`): its rows (chunks of a split
-//! text) one after the other through the frame loop of [`super::rows`], the frames decoded by a
+//! text) one after the other through the frame loop of [`super::continuous_batch`], the frames decoded by a
 //! [`StreamDecoder`] on a second thread while the next ones are generated, in the chunks
 //! [`AudioChunks`] sets, the samples handed to the caller as they come — what `voiceclone
 //! serve` does for one stream (docs/serving.md §4), without the server.

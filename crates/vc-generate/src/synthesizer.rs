@@ -596,7 +596,7 @@ impl Synthesizer {
 
     /// The rows [`Self::synthesize`] generates for one request — its text split into chunks
     /// by `opts.max_chunk_chars` — with their prompts, for a caller that runs the frame loop
-    /// itself (`voiceclone serve`'s continuous batching, `crate::rows`). Row `c` of
+    /// itself (`voiceclone serve`'s continuous batching, `crate::continuous_batch`). Row `c` of
     /// request line `i` draws from `RowRng::new(seed, i, c)`.
     pub fn row_plans(&self, req: &Request, opts: &DecodeOptions) -> Result<Vec<RowPlan>> {
         let text = req.text.trim();

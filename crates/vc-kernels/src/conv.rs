@@ -9,7 +9,7 @@
 //! another's); each tile builds its padded, activated input slice in a small per-worker buffer
 //! (the activation that precedes every conv of the codec is fused in there), so intermediate
 //! tensors stay in cache. A transposed convolution is rewritten as an ordinary causal conv with
-//! `stride·C_out` output channels ([`CausalConvTranspose1d`]).
+//! `stride·C_out` output channels ([`crate::conv_transpose::CausalConvTranspose1d`]).
 //!
 //! Padding follows the official code exactly (docs/model.md §9.1, §9.2): causal convs pad
 //! `k_eff − stride` on the left and `extra = ceil(L/stride)·stride − L` on the right (zeros, or

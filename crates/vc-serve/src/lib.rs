@@ -3,7 +3,9 @@
 //! async threads — one generation thread with the running batch ([`scheduler`]), one thread
 //! decoding the frames of every open stream together ([`stream_decoding`]), and one blocking
 //! worker per streamed response that carries its frames there and its audio out ([`api`]).
-//! A speech request's body is read and checked in [`speech_request`].
+//! A speech request's body is read and checked in [`speech_request`], answered in the bytes of
+//! [`audio_out`]; [`voices`] holds the voices registered through the API (their uploads parsed by
+//! [`multipart`]); [`http`] the body types, errors and bounded reads.
 
 pub mod api;
 pub mod audio_out;

@@ -9,6 +9,15 @@
 //! [`optim`] (AdamW, clipping, schedule), [`checkpoint`], [`metrics`], [`export`], the one
 //! training loop ([`driver`]) and what it drives: the single-device step here ([`Trainer`]) or
 //! one rank of a sharded run ([`sharded`]).
+//!
+//! Around them: [`run_setup`] (what a run is, set up alike by both trainers), [`stages`] (the
+//! forward pass cut at the units), [`cpu_ops`] and [`sparse`] (the optimizer's CPU kernels, the
+//! text table's row-sparse gradients), [`moments`] and [`saved_state`] (the optimizer state's
+//! forms in memory and on disk), [`checkpoint_layout`] and [`safetensors_stream`] (checkpoint
+//! names, the streaming writer), [`plan`] (the memory plan), [`heldout`], [`validation`],
+//! [`samples`], [`selection`], [`report`] and [`plot`] (training you can watch), [`lock`] (one
+//! run per workspace), [`adapter_export`] (adapters alone in PEFT's format), [`hooks`] (test
+//! seams).
 
 pub mod adapter_export;
 pub mod batch;

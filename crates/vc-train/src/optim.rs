@@ -49,7 +49,7 @@ impl AdamW {
     /// `p *= 1 − lr·wd; m = lerp(m, g, 1−β1); v = β2·v + (1−β2)·g²;
     /// p −= lr/(1−β1^t) · m / (√v / √(1−β2^t) + eps)`. `t` is the 1-based step; all tensors
     /// f32. Every value is computed with the operations, in the order and with the f32 constants
-    /// of the CPU kernels (`kernels::optim`), so on the CPU both give the same bits: the
+    /// of the CPU kernels (`vc_kernels::optim`), so on the CPU both give the same bits: the
     /// optimizer offloaded to the host (kernels) updates as the device's tensor ops do.
     /// Returns the new `(p, m, v)`.
     pub fn update(

@@ -125,7 +125,7 @@ pub struct TrainConfig {
     /// Device memory in GiB the plan may use, 0 = what the device reports.
     pub gpu_memory: f64,
     /// Which memory settings were set above the defaults (not a key: filled in by
-    /// [`resolve_layers`]); `train.memory = "auto"` chooses only the others.
+    /// [`super::resolve_layers`]); `train.memory = "auto"` chooses only the others.
     #[serde(skip)]
     pub set_by_user: MemoryKeys,
 }
@@ -402,7 +402,7 @@ pub fn is_voice_name(name: &str) -> bool {
 }
 
 /// `speak.precision`: the number format of inference as asked for (`auto` or a format), which
-/// `speak` and `serve` resolve into a [`vc_generate::Precision`].
+/// `speak` and `serve` resolve into a `vc_generate::Precision`.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
 pub enum PrecisionSetting {

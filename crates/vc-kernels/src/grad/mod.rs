@@ -1,7 +1,7 @@
 //! Inner loops of the training kernels with hand-written backward passes (f32): linear
 //! layers' bias and reductions, RMSNorm, the per-head q/k norm fused with RoPE, attention and
 //! SwiGLU (docs/model.md §4.1, §12). The candle custom ops that call them (shapes, autograd)
-//! are in `model::autograd_ops`.
+//! are in `vc_model::autograd_ops`.
 //!
 //! Work is split over independent rows or (batch, kv-head) pairs and every sum runs in a fixed
 //! order — reductions over rows go through per-block partials added in block order

@@ -3,7 +3,8 @@
 //!
 //! Every size comes from `speech_tokenizer/config.json` ([`config`]). Runs on the CPU in f32 with
 //! its own kernels (in [`vc_kernels`]): convolutions as GEMMs over strided views of
-//! channels-last activations, tiled over time with the preceding activation fused in ([`conv`]);
+//! channels-last activations, tiled over time with the preceding activation fused in
+//! ([`vc_kernels::conv`]);
 //! the encoder's residual units' k7 convs as Winograd F(2,7) ([`vc_kernels::winograd`];
 //! `VOICECLONE_CODEC_WINOGRAD=0` for direct convolution, `4` for F(4,7): faster, ~3× the
 //! rounding error, see [`winograd_outputs`]; the decoder convolves directly, so that streamed

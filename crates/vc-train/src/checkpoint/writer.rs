@@ -60,7 +60,7 @@ impl PendingCheckpoint {
     /// Writes `index.json`, renames the directory into place (replacing an earlier checkpoint
     /// of the same step), points `latest` at it and prunes all but the newest `keep`. A crash at
     /// any point leaves the previous checkpoint loadable: before the rename only a temporary
-    /// directory exists; while an old directory of the same step is moved aside, [`recover`]
+    /// directory exists; while an old directory of the same step is moved aside, [`super::recover`]
     /// puts it back; `latest` is written atomically after the rename.
     pub fn commit(self, index: &Index, keep: usize, hooks: &dyn TrainHooks) -> Result<PathBuf> {
         let step = self.step;

@@ -1,6 +1,7 @@
 //! What one micro-batch's forward pass keeps for its backward pass, by backend
-//! (docs/training.md §6.9): counted from the operations of `model::layers`, `model::ops` and the
-//! training units — every operation's output that the graph holds, in the dtype it is made in.
+//! (docs/training.md §6.9): counted from the operations of `vc_model::layers`, `vc_model::ops`
+//! and the training units — every operation's output that the graph holds, in the dtype it is
+//! made in.
 //!
 //! - The CPU kernels (`Numerics::CpuKernels`): one node per layer function; a node keeps its
 //!   inputs and its output, nothing else of size (attention recomputes its probabilities).

@@ -5,8 +5,8 @@
 //!
 //! Modules: [`shapes`] (the tensors a run loads, from `config.json`), [`activations`] (what a
 //! forward pass keeps), [`choice`] (the modes worth considering, the one `auto` takes). The
-//! arithmetic here mirrors what the trainers allocate (`train::params`, `train::moments`,
-//! `train::sharded`); `tests/it/train_plan.rs` holds it to the allocation it predicts.
+//! arithmetic here mirrors what the trainers allocate (`params`, `moments`,
+//! `sharded`); `tests/it/train_plan.rs` holds it to the allocation it predicts.
 
 pub mod activations;
 pub mod choice;
@@ -130,7 +130,7 @@ impl Estimate {
 }
 
 /// Bytes of one 8-bit or f32 moment of `rows` rows of a tensor of full shape `shape`
-/// (`train::moments`: one code per value and an f32 scale per block of a row).
+/// (`moments`: one code per value and an f32 scale per block of a row).
 fn moment_bytes(shape: &[usize], rows: usize, eight_bit: bool) -> usize {
     let (_, cols) = moment8::rows_cols(shape);
     if eight_bit {

@@ -1,5 +1,5 @@
 //! Unit tests of the sharded step, on in-process worlds of ranks (threads sharing memory,
-//! `dist::local`): each concern against a world of one rank, which computes the single-device
+//! `vc_dist::local`): each concern against a world of one rank, which computes the single-device
 //! result through the same code.
 
 use std::path::Path;
