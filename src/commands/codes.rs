@@ -8,7 +8,7 @@ use anyhow::Result;
 use crate::cli::CodesArgs;
 use vc_core::config::Config;
 use vc_core::workspace::Workspace;
-use vc_prep::codes::{self, load_codec, CodesOptions};
+use vc_prep::codes;
 
 pub fn run(ws: &Workspace, config: &Config, args: &CodesArgs) -> Result<()> {
     let input = args.input.clone().unwrap_or_else(|| ws.manifest());
@@ -19,15 +19,7 @@ pub fn run(ws: &Workspace, config: &Config, args: &CodesArgs) -> Result<()> {
         );
     }
     let output: PathBuf = args.output.clone().unwrap_or_else(|| input.clone());
-    let codec = load_codec(ws, config)?;
-    let opts = CodesOptions {
-        input: input.clone(),
-        output: output.clone(),
-        base_dir: ws.root().to_path_buf(),
-        batch_size: config.codes.batch_size,
-        force: args.force,
-    };
-    let summary = codes::run(&opts, &codec)?;
+    let summary = codes::code_manifest(ws, config, &input, &output, args.force)?;
     for line in summary.report(&input, &output) {
         println!("{line}");
     }

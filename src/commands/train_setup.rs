@@ -14,7 +14,7 @@ use crate::cli::TrainArgs;
 use vc_core::config::{Config, EmbedMode};
 use vc_core::workspace::Workspace;
 use vc_model::files::ModelFiles;
-use vc_prep::codes::{self, load_codec, CodesOptions};
+use vc_prep::codes;
 use vc_prep::transcribe::resolve_whisper_spec;
 use vc_prep::xvectors::{self, LoadedSpeakerEncoder, XVectorJob};
 use vc_train::hooks::TrainHooks;
@@ -368,15 +368,7 @@ fn ensure_codes(ws: &Workspace, config: &Config, manifest: &Path) -> Result<()> 
         missing.len(),
         ws.relative(manifest)
     );
-    let codec = load_codec(ws, config)?;
-    let opts = CodesOptions {
-        input: manifest.to_path_buf(),
-        output: manifest.to_path_buf(),
-        base_dir: ws.root().to_path_buf(),
-        batch_size: config.codes.batch_size,
-        force: false,
-    };
-    let summary = codes::run(&opts, &codec)?;
+    let summary = codes::code_manifest(ws, config, manifest, manifest, false)?;
     for line in summary.report(manifest, manifest) {
         println!("{line}");
     }

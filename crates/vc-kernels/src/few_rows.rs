@@ -211,18 +211,7 @@ fn pass(
 mod tests {
     use super::super::gemm::gemm;
     use super::*;
-
-    fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect()
-    }
+    use crate::test_values::vals;
 
     /// Each row of a few-row product equals the same row inside a product of many rows (which
     /// takes the crate's kernel), bit for bit: inner sizes around the block size, row strides
@@ -250,10 +239,10 @@ mod tests {
             ]
         };
         for (case, &(k, n)) in shapes.iter().enumerate() {
-            let w = rand_vec(k * (n + 3), 10 + case as u64);
+            let w = vals(k * (n + 3), 10 + case as u64);
             // Weights with a row stride wider than the view (a sub-matrix of columns).
             let rhs = MatRef::strided(&w, k, n, n + 3, 1);
-            let xs = rand_vec(big * k, 100 + case as u64);
+            let xs = vals(big * k, 100 + case as u64);
             for (transposed, acc) in [
                 (false, Acc::Add),
                 (true, Acc::Set),
@@ -273,7 +262,7 @@ mod tests {
                 } else {
                     (xs.clone(), k, 1)
                 };
-                let prior = rand_vec(big * n, 7);
+                let prior = vals(big * n, 7);
                 let mut many = prior.clone();
                 let lhs = MatRef::strided(&lhs_data, big, k, rs, cs);
                 gemm(

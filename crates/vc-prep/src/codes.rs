@@ -42,6 +42,26 @@ pub fn load_codec(ws: &Workspace, config: &Config) -> Result<Codec> {
         .with_context(|| format!("cannot load the speech tokenizer of {}", source.describe()))
 }
 
+/// Codes the manifest `input` into `output` with the configured speech tokenizer, audio paths
+/// relative to the workspace: what `voiceclone codes` runs, and `train` when lines lack codes.
+pub fn code_manifest(
+    ws: &Workspace,
+    config: &Config,
+    input: &Path,
+    output: &Path,
+    force: bool,
+) -> Result<CodesSummary> {
+    let codec = load_codec(ws, config)?;
+    let opts = CodesOptions {
+        input: input.to_path_buf(),
+        output: output.to_path_buf(),
+        base_dir: ws.root().to_path_buf(),
+        batch_size: config.codes.batch_size,
+        force,
+    };
+    run(&opts, &codec)
+}
+
 /// The codec as this step sees it: frames of exactly 16 codes.
 impl AudioEncoder for Codec {
     fn encode_batch(&self, clips: &[&[f32]]) -> Result<Vec<Vec<CodeFrame>>> {
