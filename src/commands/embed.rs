@@ -10,7 +10,7 @@ use vc_core::artifacts::speaker;
 use vc_core::config::{Config, EmbedMode};
 use vc_core::workspace::Workspace;
 use vc_prep::xvectors::{
-    single_speaker_job, speaker_job, workspace_speakers, LoadedSpeakerEncoder, XVectorJob,
+    single_speaker_job, speaker_job, workspace_speakers, write_jobs, XVectorJob,
 };
 
 pub fn run(ws: &Workspace, config: &Config, args: &EmbedArgs) -> Result<()> {
@@ -48,15 +48,13 @@ pub fn run(ws: &Workspace, config: &Config, args: &EmbedArgs) -> Result<()> {
                 output.display()
             );
         }
-        let encoder = LoadedSpeakerEncoder::load(ws, config)?;
         let job = XVectorJob {
             speaker: args.speaker.clone(),
             clips: vec![path.clone()],
             mode: EmbedMode::Ref,
             output,
         };
-        println!("{}", encoder.run(ws, config, &job)?);
-        return Ok(());
+        return write_jobs(ws, config, &[job], |line| println!("{line}"));
     }
     let names: Vec<String> = match &args.speaker {
         Some(name) => vec![name.clone()],
@@ -85,11 +83,7 @@ pub fn run(ws: &Workspace, config: &Config, args: &EmbedArgs) -> Result<()> {
         }
         jobs
     };
-    let encoder = LoadedSpeakerEncoder::load(ws, config)?;
-    for job in &jobs {
-        println!("{}", encoder.run(ws, config, job)?);
-    }
-    Ok(())
+    write_jobs(ws, config, &jobs, |line| println!("{line}"))
 }
 
 /// Whether two paths name the same existing file.

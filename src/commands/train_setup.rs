@@ -16,7 +16,7 @@ use vc_core::workspace::Workspace;
 use vc_model::files::ModelFiles;
 use vc_prep::codes;
 use vc_prep::transcribe::resolve_whisper_spec;
-use vc_prep::xvectors::{self, LoadedSpeakerEncoder, XVectorJob};
+use vc_prep::xvectors::{self, XVectorJob};
 use vc_train::hooks::TrainHooks;
 use vc_train::{self as train, checkpoint, data, export, TrainOptions};
 
@@ -382,13 +382,11 @@ fn ensure_speaker(ws: &Workspace, config: &Config, manifest: &Path) -> Result<Pa
     if path.is_file() {
         return Ok(path);
     }
+    let report = |line: &str| println!("{line}");
     if config.embed.mode == EmbedMode::Mean {
         println!("no speaker embedding yet: running `voiceclone embed --mode mean` first");
         let job = xvectors::single_speaker_job(ws, config)?;
-        println!(
-            "{}",
-            LoadedSpeakerEncoder::load(ws, config)?.run(ws, config, &job)?
-        );
+        xvectors::write_jobs(ws, config, &[job], report)?;
         return Ok(path);
     }
     let ref_audio = if ws.ref_wav().is_file() {
@@ -422,10 +420,7 @@ fn ensure_speaker(ws: &Workspace, config: &Config, manifest: &Path) -> Result<Pa
         mode: EmbedMode::Ref,
         output: path.clone(),
     };
-    println!(
-        "{}",
-        LoadedSpeakerEncoder::load(ws, config)?.run(ws, config, &job)?
-    );
+    xvectors::write_jobs(ws, config, &[job], report)?;
     Ok(path)
 }
 
@@ -442,9 +437,11 @@ fn ensure_speakers(ws: &Workspace, config: &Config, names: &[String]) -> Result<
             "no x-vector yet for speaker(s) {}: running `voiceclone embed` first",
             missing.join(", ")
         );
-        for line in xvectors::embed_speakers(ws, config, &missing)? {
-            println!("{line}");
-        }
+        let jobs = missing
+            .iter()
+            .map(|n| xvectors::speaker_job(ws, config, n))
+            .collect::<Result<Vec<_>>>()?;
+        xvectors::write_jobs(ws, config, &jobs, |line| println!("{line}"))?;
     }
     Ok(ws.speakers_dir())
 }

@@ -17,17 +17,19 @@ use vc_core::config::{Config, EmbedMode};
 use vc_core::workspace::Workspace;
 use vc_model::speaker::SpeakerEncoder;
 
-/// Computes the x-vector files of the named speakers `names` (what `train` runs for the ones
-/// that are missing), with the configured `embed.mode`; returns a report line per file.
-pub fn embed_speakers(ws: &Workspace, config: &Config, names: &[String]) -> Result<Vec<String>> {
-    let jobs = names
-        .iter()
-        .map(|n| speaker_job(ws, config, n))
-        .collect::<Result<Vec<_>>>()?;
+/// Loads the speaker encoder of `model.base` once and writes every job's x-vector file, handing
+/// `report` a line for each as soon as it is written.
+pub fn write_jobs(
+    ws: &Workspace,
+    config: &Config,
+    jobs: &[XVectorJob],
+    mut report: impl FnMut(&str),
+) -> Result<()> {
     let encoder = LoadedSpeakerEncoder::load(ws, config)?;
-    jobs.iter()
-        .map(|job| encoder.run(ws, config, job))
-        .collect()
+    for job in jobs {
+        report(&encoder.run(ws, config, job)?);
+    }
+    Ok(())
 }
 
 /// The named speakers of the workspace's manifest (none without a manifest or names).
@@ -167,12 +169,12 @@ fn mean_clips(ws: &Workspace, speaker: Option<&str>, n: usize) -> Result<Vec<Pat
 }
 
 /// The speaker encoder of `model.base`, loaded once for any number of jobs.
-pub struct LoadedSpeakerEncoder {
+struct LoadedSpeakerEncoder {
     encoder: SpeakerEncoder,
 }
 
 impl LoadedSpeakerEncoder {
-    pub fn load(ws: &Workspace, config: &Config) -> Result<Self> {
+    fn load(ws: &Workspace, config: &Config) -> Result<Self> {
         let source = ws.model_source(&config.model.base)?;
         let encoder = SpeakerEncoder::from_model(&source, &Device::Cpu)
             .with_context(|| format!("cannot load the speaker encoder of {}", source.describe()))?;
@@ -188,7 +190,7 @@ impl LoadedSpeakerEncoder {
     }
 
     /// Computes and writes `job`'s x-vector file; returns the line that reports it.
-    pub fn run(&self, ws: &Workspace, config: &Config, job: &XVectorJob) -> Result<String> {
+    fn run(&self, ws: &Workspace, config: &Config, job: &XVectorJob) -> Result<String> {
         let vectors = job
             .clips
             .iter()
