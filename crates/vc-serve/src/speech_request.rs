@@ -12,7 +12,7 @@ use super::ServerState;
 use vc_generate::sampling::Sampling;
 use vc_generate::{DecodeOptions, Voice};
 
-/// The fields a speech request may have, as sent (`null` is the same as absent). `model`,
+/// The fields a speech request may have, as sent (serde reads `null` as absent). `model`,
 /// `input`, `voice`, `response_format`, `speed`, `stream_format` and `instructions` are
 /// OpenAI's; the rest are ours.
 #[derive(Deserialize)]
@@ -95,21 +95,21 @@ pub fn parse_speech(state: &ServerState, body: &[u8]) -> Result<SpeechParams, Ap
     let body: SpeechBody = serde_json::from_value(v).map_err(|e| unknown_field(&e.to_string()))?;
     let string = |k: &str, v: &Option<Value>| -> Result<Option<String>, ApiError> {
         match v {
-            None | Some(Value::Null) => Ok(None),
+            None => Ok(None),
             Some(Value::String(s)) => Ok(Some(s.clone())),
             Some(_) => Err(field_type(k, "a string")),
         }
     };
     let number = |k: &str, v: &Option<Value>| -> Result<Option<f64>, ApiError> {
         match v {
-            None | Some(Value::Null) => Ok(None),
+            None => Ok(None),
             Some(Value::Number(n)) => Ok(n.as_f64()),
             Some(_) => Err(field_type(k, "a number")),
         }
     };
     let count = |k: &str, v: &Option<Value>| -> Result<Option<u64>, ApiError> {
         match v {
-            None | Some(Value::Null) => Ok(None),
+            None => Ok(None),
             Some(Value::Number(n)) => n
                 .as_u64()
                 .map(Some)
@@ -119,7 +119,7 @@ pub fn parse_speech(state: &ServerState, body: &[u8]) -> Result<SpeechParams, Ap
     };
     let boolean = |k: &str, v: &Option<Value>| -> Result<Option<bool>, ApiError> {
         match v {
-            None | Some(Value::Null) => Ok(None),
+            None => Ok(None),
             Some(Value::Bool(b)) => Ok(Some(*b)),
             Some(_) => Err(field_type(k, "true or false")),
         }
@@ -356,4 +356,35 @@ fn resolve_voice(state: &ServerState, name: &str) -> Result<Voice, ApiError> {
             }
         ),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The accessors above have no arm for `null`: serde must read it as an absent field.
+    #[test]
+    fn null_fields_read_as_absent() {
+        let v = serde_json::json!({"model": null, "seed": null, "input": "Hi."});
+        let body: SpeechBody = serde_json::from_value(v).unwrap();
+        assert!(body.model.is_none() && body.seed.is_none());
+        assert_eq!(body.input, Some(Value::String("Hi.".into())));
+    }
+
+    #[test]
+    fn an_unknown_field_is_named_with_the_known_ones() {
+        let v = serde_json::json!({"model": "m", "bogus": 1});
+        let Err(e) = serde_json::from_value::<SpeechBody>(v) else {
+            panic!("an unknown field was accepted");
+        };
+        let err = unknown_field(&e.to_string());
+        assert_eq!(err.param.as_deref(), Some("bogus"));
+        assert_eq!(err.code, Some("unknown_parameter"));
+        let msg = err.message;
+        assert!(
+            msg.starts_with("unknown field \"bogus\" (known: model, input, voice,"),
+            "{msg}"
+        );
+        assert!(msg.ends_with("non_streaming, stream)"), "{msg}");
+    }
 }
