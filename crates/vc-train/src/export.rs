@@ -95,26 +95,33 @@ pub struct ExportSummary {
 impl ExportSummary {
     /// Prints where the export went and how to use it (what `export` and `train` report).
     pub fn print(&self, ws: &Workspace) {
-        let s = self;
-        for note in &s.recovered {
+        for note in &self.recovered {
             eprintln!("note: {note}");
         }
-        let out = ws.relative(&s.output);
-        let names: Vec<String> = s.speakers.iter().map(|(n, _)| format!("{n:?}")).collect();
+        let out = ws.relative(&self.output);
+        let names: Vec<String> = self
+            .speakers
+            .iter()
+            .map(|(n, _)| format!("{n:?}"))
+            .collect();
         println!(
             "{} {out}: step {} ({} tensors, {} trained), speaker{} {}",
-            if s.replaced { "replaced" } else { "exported" },
-            s.step,
-            s.tensors,
-            s.trained_tensors,
+            if self.replaced {
+                "replaced"
+            } else {
+                "exported"
+            },
+            self.step,
+            self.tensors,
+            self.trained_tensors,
             if names.len() == 1 { "" } else { "s" },
             names.join(", ")
         );
-        if s.adapter_only {
+        if self.adapter_only {
             println!(
                 "  PEFT adapters: PeftModel.from_pretrained(Qwen3TTSModel.from_pretrained(BASE).model, \"{out}\")"
             );
-        } else if let Some((first, _)) = s.speakers.first() {
+        } else if let Some((first, _)) = self.speakers.first() {
             println!("  speak with: voiceclone speak --model {out} --speaker {first} \"Hello!\" -o hello.wav");
         }
     }
