@@ -11,7 +11,7 @@
 
 use anyhow::{ensure, Result};
 
-use super::dot;
+use super::decoder_stack::dot;
 use vc_kernels::team;
 
 use crate::linear::{Input, LinearWeight};

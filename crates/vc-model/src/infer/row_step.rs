@@ -12,7 +12,10 @@ use anyhow::{ensure, Result};
 
 use vc_kernels::{libm, team};
 
-use super::{attend, plan, rms_norm_rows, AdapterId, Cache, CpuDecoderStack, CpuLayer, RopeRows};
+use super::adapters::AdapterId;
+use super::decoder_stack::{
+    attend, plan, rms_norm_rows, Cache, CpuDecoderStack, CpuLayer, RopeRows,
+};
 
 impl CpuDecoderStack {
     /// `x` `(n, H)`: one new token for each of `n` rows, row `i` with its own one-row cache
