@@ -5,7 +5,7 @@
 //! |---|---|
 //! | [`config`], [`files`], [`weights`] | `config.json`, the model directory checked before loading, memory-mapped tensors |
 //! | [`text`] | the tokenizer and the prompt strings |
-//! | [`ops`], [`layers`] | numeric primitives in three modes, the Qwen3 decoder block and its KV cache |
+//! | [`ops`], [`layers`] | numeric primitives in three modes, the Qwen3 decoder block and its KV cache (`layers::kv_cache`: the cache, positions and masks; `layers::tensor_source`: where weights come from) |
 //! | [`talker`], [`code_predictor`] | the two decoders of a frame (candle tensors: training, GPU) |
 //! | [`infer`], [`linear`], [`bf16_matmul`] | the CPU inference path on plain rows (`infer::decoder_stack`, `infer::code_predictor`, `infer::talker`, `infer::row_step`, `infer::adapters`), its weight formats |
 //! | [`speaker`], [`mel`] | the speaker encoder and its log-mel front end |

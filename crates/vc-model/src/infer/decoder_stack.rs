@@ -530,7 +530,7 @@ pub(super) fn attend<'q>(
 }
 
 /// Positions of the new tokens, updating the cache's padding and next positions — the rules of
-/// `layers::plan_step` (docs/model.md §4.1, §14).
+/// `layers::kv_cache::plan_step` (docs/model.md §4.1, §14).
 pub(super) fn plan(
     b: usize,
     s: usize,
