@@ -1,14 +1,15 @@
-//! `voiceclone serve` end to end on the tiny fixture model (docs/serving.md): the
-//! speech endpoint returns what `voiceclone speak` writes for the same seed and voice, in every
-//! format, streamed while it is generated; concurrent requests give what each gives alone;
-//! registered voices persist; every error case answers OpenAI-style JSON; SIGTERM during a
-//! stream ends it cleanly and the server exits 0. The README's curl and `openai` Python
-//! examples are run as written (see `readme_examples_run_against_the_server`).
+//! `voiceclone serve` end to end on the tiny fixture model (docs/serving.md): the speech
+//! endpoint returns what `voiceclone speak` writes for the same seed and voice, in every format,
+//! streamed while it is generated in the chunks of docs/serving.md §4.1, and concurrent requests
+//! give what each gives alone. This module also holds what every `serve_*` test uses: the server
+//! process, the HTTP client and the readers of its responses; registered voices are tested in
+//! `serve_voices`, the error answers in `serve_errors`, a full queue, hang-ups and SIGTERM in
+//! `serve_lifecycle`, and the README's examples in `serve_readme`.
 //!
 //! The client here is a few lines of HTTP/1.1 over a `TcpStream`, so the tests see every
 //! chunk as it arrives (with its time) and can hang up mid-stream.
 
-use crate::common::{self, fixtures, stderr};
+use crate::common::{fixtures, stderr};
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -21,24 +22,24 @@ use serde_json::{json, Value};
 /// Frames every speech request of these tests generates (the fixture model rarely stops on
 /// its own): `[speak] max_frames` in the workspace, so `speak` and `serve` agree.
 const FRAMES: usize = 24;
-const SAMPLES_PER_FRAME: usize = 1920;
+pub(crate) const SAMPLES_PER_FRAME: usize = 1920;
 
-fn model(name: &str) -> String {
+pub(crate) fn model(name: &str) -> String {
     fixtures().join(name).display().to_string()
 }
 
-fn ref_wav() -> PathBuf {
+pub(crate) fn ref_wav() -> PathBuf {
     fixtures().join("audio/ref24k.wav")
 }
 
 /// A workspace whose voice is `data/ref.wav` (x-vector cloning) on the tiny Base model, with
 /// `extra` appended to its `voiceclone.toml`.
-fn workspace(extra: &str) -> tempfile::TempDir {
+pub(crate) fn workspace(extra: &str) -> tempfile::TempDir {
     crate::speak_cli::reference_workspace(&format!("\n[speak]\nmax_frames = {FRAMES}\n{extra}\n"))
 }
 
 /// `voiceclone speak` in `ws`: the 16-bit samples it writes.
-fn speak(ws: &Path, args: &[&str]) -> Vec<i16> {
+pub(crate) fn speak(ws: &Path, args: &[&str]) -> Vec<i16> {
     let o = Command::new(env!("CARGO_BIN_EXE_voiceclone"))
         .current_dir(ws)
         .arg("speak")
@@ -102,11 +103,11 @@ impl Server {
         self.child.id()
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
 
-    fn health(&self) -> Value {
+    pub(crate) fn health(&self) -> Value {
         let r = request(&self.addr, "GET", "/health", &[], b"");
         assert_eq!(r.status, 200);
         r.json()
@@ -116,18 +117,18 @@ impl Server {
 /// What the `test-hooks` tests (the slowed frame loop) use.
 #[cfg(feature = "test-hooks")]
 impl Server {
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    fn sigterm(&self) {
+    pub(crate) fn sigterm(&self) {
         // SAFETY: kill(2) on the id of a child this test started and has not reaped.
         let r = unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         assert_eq!(r, 0, "kill failed");
     }
 
     /// Waits (at most `limit`) for the process to exit; its status.
-    fn wait(&mut self, limit: Duration) -> std::process::ExitStatus {
+    pub(crate) fn wait(&mut self, limit: Duration) -> std::process::ExitStatus {
         let t = Instant::now();
         loop {
             if let Some(s) = self.child.try_wait().unwrap() {
@@ -169,11 +170,11 @@ pub(crate) struct Resp {
     /// (time since the request was sent, bytes) of every chunk of a chunked body.
     chunks: Vec<(Duration, usize)>,
     /// The body ended as HTTP says it ends (the last chunk, or all of Content-Length).
-    complete: bool,
+    pub(crate) complete: bool,
 }
 
 impl Resp {
-    fn header(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
             .find(|(k, _)| k.eq_ignore_ascii_case(name))
@@ -199,15 +200,21 @@ impl Resp {
 }
 
 /// An open connection with a request sent and the response head read.
-struct Conn {
+pub(crate) struct Conn {
     r: BufReader<TcpStream>,
     sent: Instant,
-    status: u16,
+    pub(crate) status: u16,
     headers: Vec<(String, String)>,
 }
 
 impl Conn {
-    fn open(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Conn {
+    pub(crate) fn open(
+        addr: &str,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Conn {
         let mut s = TcpStream::connect(addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
         let mut head = format!(
@@ -258,7 +265,7 @@ impl Conn {
 
     /// The next chunk of a chunked body: `Some(bytes)`, `None` at the last chunk, `Err` when
     /// the connection ends before it.
-    fn next_chunk(&mut self) -> Result<Option<Vec<u8>>, String> {
+    pub(crate) fn next_chunk(&mut self) -> Result<Option<Vec<u8>>, String> {
         let mut line = String::new();
         match self.r.read_line(&mut line) {
             Ok(0) => return Err("connection closed before the last chunk".into()),
@@ -274,7 +281,7 @@ impl Conn {
         Ok((size > 0).then_some(data))
     }
 
-    fn finish(mut self) -> Resp {
+    pub(crate) fn finish(mut self) -> Resp {
         let mut body = Vec::new();
         let mut chunks = Vec::new();
         let complete;
@@ -351,7 +358,7 @@ pub(crate) fn pcm_samples(bytes: &[u8]) -> Vec<i16> {
 }
 
 /// The samples of a WAV response (a 44-byte header, then PCM).
-fn wav_samples(bytes: &[u8]) -> Vec<i16> {
+pub(crate) fn wav_samples(bytes: &[u8]) -> Vec<i16> {
     assert!(bytes.len() >= 44, "no WAV header");
     assert_eq!(&bytes[0..4], b"RIFF");
     assert_eq!(&bytes[36..40], b"data");
@@ -410,7 +417,7 @@ pub(crate) fn env_refs<'a>(v: &'a [(&'static str, String)]) -> Vec<(&'static str
     v.iter().map(|(k, v)| (*k, v.as_str())).collect()
 }
 
-const TEXT: &str = "Hello from the voiceclone server.";
+pub(crate) const TEXT: &str = "Hello from the voiceclone server.";
 
 #[test]
 fn speech_equals_speak_in_every_format_and_streams_while_generating() {
@@ -641,705 +648,4 @@ fn concurrent_equals_alone(precision: &str) {
         alone[0], alone[1],
         "different seeds and texts give different audio"
     );
-}
-
-/// `POST /v1/voices` with a multipart body of `fields` (name, filename, bytes).
-fn multipart(fields: &[(&str, Option<&str>, &[u8])]) -> (String, Vec<u8>) {
-    let boundary = "voicecloneTestBoundary7f3a";
-    let mut body = Vec::new();
-    for (name, filename, data) in fields {
-        body.extend_from_slice(format!("--{boundary}\r\n").as_bytes());
-        match filename {
-            Some(f) => body.extend_from_slice(
-                format!(
-                    "Content-Disposition: form-data; name=\"{name}\"; filename=\"{f}\"\r\n\
-                     Content-Type: application/octet-stream\r\n\r\n"
-                )
-                .as_bytes(),
-            ),
-            None => body.extend_from_slice(
-                format!("Content-Disposition: form-data; name=\"{name}\"\r\n\r\n").as_bytes(),
-            ),
-        }
-        body.extend_from_slice(data);
-        body.extend_from_slice(b"\r\n");
-    }
-    body.extend_from_slice(format!("--{boundary}--\r\n").as_bytes());
-    (format!("multipart/form-data; boundary={boundary}"), body)
-}
-
-fn register(addr: &str, fields: &[(&str, Option<&str>, &[u8])]) -> Resp {
-    let (ct, body) = multipart(fields);
-    request(addr, "POST", "/v1/voices", &[("Content-Type", &ct)], &body)
-}
-
-#[test]
-fn registered_voices_speak_like_speak_and_survive_a_restart() {
-    let ws = workspace("\n[serve]\nmax_voices = 2\n");
-    let clip = std::fs::read(ref_wav()).unwrap();
-    let transcript = "This is the reference transcript.";
-    let ids = {
-        let server = Server::start(ws.path(), &[], &[]);
-        let icl = register(
-            &server.addr,
-            &[
-                ("file", Some("clip.wav"), &clip),
-                ("transcript", None, transcript.as_bytes()),
-                ("name", None, b"narrator"),
-            ],
-        );
-        assert_eq!(icl.status, 201, "{}", String::from_utf8_lossy(&icl.body));
-        let icl = icl.json();
-        assert_eq!(icl["mode"], "in-context");
-        assert_eq!(icl["name"], "narrator");
-        let xv = register(&server.addr, &[("file", Some("clip.wav"), &clip)]);
-        assert_eq!(xv.status, 201);
-        // serve.max_voices is 2 here: a third voice is refused until one is deleted.
-        let (status, code, msg) =
-            register(&server.addr, &[("file", Some("clip.wav"), &clip)]).error();
-        assert_eq!((status, code.as_str()), (400, "too_many_voices"), "{msg}");
-        assert!(
-            msg.contains("serve.max_voices") && msg.contains("DELETE"),
-            "{msg}"
-        );
-        let xv = xv.json();
-        assert_eq!(xv["mode"], "x-vector");
-        let ids = [
-            icl["id"].as_str().unwrap().to_string(),
-            xv["id"].as_str().unwrap().to_string(),
-        ];
-        assert_ne!(ids[0], ids[1]);
-        // In-context cloning gives what speak gives with the same clip and transcript.
-        let r = speech(
-            &server.addr,
-            &json!({"model": "m", "input": TEXT, "voice": ids[0], "seed": 9,
-                    "response_format": "pcm"}),
-        );
-        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
-        let want = speak(
-            ws.path(),
-            &[
-                TEXT,
-                "--seed",
-                "9",
-                "--ref-audio",
-                ref_wav().to_str().unwrap(),
-                "--ref-text",
-                transcript,
-            ],
-        );
-        assert_same_samples(
-            &pcm_samples(&r.body),
-            &want,
-            "registered in-context voice vs speak",
-        );
-        ids
-    };
-    // A restart keeps them (from serve/voices/ under the workspace).
-    let files: Vec<_> = std::fs::read_dir(ws.path().join("serve/voices"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    assert_eq!(files.len(), 2, "{files:?}");
-    let server = Server::start(ws.path(), &[], &[]);
-    let list = request(&server.addr, "GET", "/v1/voices", &[], b"").json();
-    let listed: Vec<&str> = list["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v["id"].as_str().unwrap())
-        .collect();
-    assert!(listed.contains(&"default"), "{list}");
-    for id in &ids {
-        assert!(listed.contains(&id.as_str()), "{id} not in {list}");
-    }
-    let r = speech(
-        &server.addr,
-        &json!({"model": "m", "input": TEXT, "voice": ids[1], "seed": 3, "response_format": "pcm"}),
-    );
-    assert_eq!(r.status, 200);
-    // Deleting: the voice and its file go; a second delete, an unknown id and an id that is a
-    // path are 404 and touch nothing.
-    let d = request(
-        &server.addr,
-        "DELETE",
-        &format!("/v1/voices/{}", ids[1]),
-        &[],
-        b"",
-    );
-    assert_eq!(d.status, 200, "{}", String::from_utf8_lossy(&d.body));
-    assert_eq!(d.json()["deleted"], true);
-    assert!(!ws
-        .path()
-        .join(format!("serve/voices/{}.safetensors", ids[1]))
-        .exists());
-    std::fs::write(ws.path().join("keep.safetensors"), b"x").unwrap();
-    for path in [
-        format!("/v1/voices/{}", ids[1]),
-        "/v1/voices/voice_00000000000000000000".to_string(),
-        "/v1/voices/../../keep".to_string(),
-        "/v1/voices/..%2F..%2Fkeep".to_string(),
-    ] {
-        let r = request(&server.addr, "DELETE", &path, &[], b"");
-        assert_eq!(r.error().0, 404, "{path}");
-        assert_eq!(r.error().1, "voice_not_found", "{path}");
-    }
-    assert!(ws.path().join("keep.safetensors").exists());
-    let r = speech(
-        &server.addr,
-        &json!({"model": "m", "input": TEXT, "voice": ids[1]}),
-    );
-    assert_eq!(r.error().1, "voice_not_found");
-    assert!(ws
-        .path()
-        .join(format!("serve/voices/{}.safetensors", ids[0]))
-        .exists());
-}
-
-#[test]
-fn every_error_is_openai_style_json_with_a_clear_message() {
-    let ws = workspace("\n[serve]\nmax_input_chars = 60\nmax_body_mb = 0.01\n");
-    let server = Server::start(ws.path(), &["--api-key", "sekrit"], &[]);
-    let auth = ("Authorization", "Bearer sekrit");
-    let post = |body: &[u8], headers: &[(&str, &str)]| {
-        request(&server.addr, "POST", "/v1/audio/speech", headers, body)
-    };
-    let ok_body = json!({"model": "m", "input": "Hi.", "voice": "default", "seed": 1,
-                         "max_frames": 2})
-    .to_string();
-
-    // Authentication: every endpoint but /health.
-    for headers in [
-        vec![],
-        vec![("Authorization", "Bearer wrong")],
-        vec![("Authorization", "sekrit")],
-    ] {
-        let r = post(ok_body.as_bytes(), &headers);
-        let (status, code, msg) = r.error();
-        assert_eq!(
-            (status, code.as_str()),
-            (401, "invalid_api_key"),
-            "{headers:?}"
-        );
-        assert!(msg.contains("Authorization: Bearer"), "{msg}");
-        assert_eq!(r.header("www-authenticate"), Some("Bearer"));
-    }
-    for path in ["/v1/models", "/v1/voices"] {
-        assert_eq!(request(&server.addr, "GET", path, &[], b"").status, 401);
-        assert_eq!(request(&server.addr, "GET", path, &[auth], b"").status, 200);
-    }
-    assert_eq!(server.health()["status"], "ok");
-    let models = request(&server.addr, "GET", "/v1/models", &[auth], b"").json();
-    assert_eq!(models["object"], "list");
-    assert_eq!(models["data"][0]["object"], "model");
-    let r = post(ok_body.as_bytes(), &[auth]);
-    assert_eq!(r.status, 200);
-    assert_eq!(wav_samples(&r.body).len(), 2 * SAMPLES_PER_FRAME);
-    // The scheme is case-insensitive, the key is not.
-    for scheme in ["bearer", "BEARER"] {
-        let header = format!("{scheme} sekrit");
-        let r = post(ok_body.as_bytes(), &[("Authorization", &header)]);
-        assert_eq!(r.status, 200, "{scheme}");
-    }
-    let r = post(ok_body.as_bytes(), &[("Authorization", "Bearer SEKRIT")]);
-    assert_eq!(r.status, 401);
-
-    let cases: Vec<(Value, u16, &str, &str)> = vec![
-        (json!("not an object"), 400, "invalid_json", "JSON object"),
-        (
-            json!({"model": "m", "voice": "default"}),
-            400,
-            "empty_input",
-            "\"input\"",
-        ),
-        (
-            json!({"model": "m", "input": "  ", "voice": "default"}),
-            400,
-            "empty_input",
-            "empty",
-        ),
-        (
-            json!({"model": "m", "input": "x".repeat(61), "voice": "default"}),
-            400,
-            "string_above_max_length",
-            "at most 60",
-        ),
-        (
-            json!({"model": "m", "input": "Hi.", "voice": "nobody"}),
-            400,
-            "voice_not_found",
-            "unknown voice \"nobody\"",
-        ),
-        (
-            json!({"model": "m", "input": "Hi."}),
-            400,
-            "missing_required_parameter",
-            "\"voice\"",
-        ),
-        (
-            json!({"input": "Hi.", "voice": "default"}),
-            400,
-            "missing_required_parameter",
-            "\"model\"",
-        ),
-        (
-            json!({"model": "m", "input": "Hi.", "voice": "default", "speed": 1.5}),
-            400,
-            "unsupported_speed",
-            "only 1.0",
-        ),
-        (
-            json!({"model": "m", "input": "Hi.", "voice": "default", "response_format": "mp3"}),
-            400,
-            "unsupported_response_format",
-            "\"mp3\"",
-        ),
-        (
-            json!({"model": "m", "input": "Hi.", "voice": "default", "response_format": "flac"}),
-            400,
-            "unsupported_response_format",
-            "FLAC",
-        ),
-        (
-            json!({"model": "m", "input": "Hi.", "voice": "default", "stream_format": "ws"}),
-            400,
-            "invalid_value",
-            "\"sse\"",
-        ),
-        (
-            json!({"model": "m", "input": "Hi.", "voice": "default", "instructions": "whisper"}),
-            400,
-            "unsupported_parameter",
-            "instructions",
-        ),
-        (
-            json!({"model": "m", "input": "Hi.", "voice": "default", "bogus": 1}),
-            400,
-            "unknown_parameter",
-            "\"bogus\"",
-        ),
-        (
-            json!({"model": "m", "input": "Hi.", "voice": "default", "seed": "x"}),
-            400,
-            "invalid_type",
-            "non-negative integer",
-        ),
-        (
-            json!({"model": "m", "input": "Hi.", "voice": "default", "temperature": -1}),
-            400,
-            "invalid_value",
-            "positive",
-        ),
-        (
-            json!({"model": "m", "input": "Hi.", "voice": "default", "language": "klingon"}),
-            400,
-            "invalid_request",
-            "klingon",
-        ),
-    ];
-    for (body, status, code, says) in cases {
-        let r = post(body.to_string().as_bytes(), &[auth]);
-        let (s, c, msg) = r.error();
-        assert_eq!((s, c.as_str()), (status, code), "{body}: {msg}");
-        assert!(msg.contains(says), "{body}: {msg:?} should say {says:?}");
-    }
-    // Not JSON at all.
-    let (s, c, msg) = post(b"{\"model\": ", &[auth]).error();
-    assert_eq!((s, c.as_str()), (400, "invalid_json"), "{msg}");
-    // Over the body limit (0.01 MiB).
-    let big = json!({"model": "m", "input": "a".repeat(20_000), "voice": "default"}).to_string();
-    let (s, c, _) = post(big.as_bytes(), &[auth]).error();
-    assert_eq!((s, c.as_str()), (413, "request_too_large"));
-    // Routes and methods.
-    let r = request(&server.addr, "GET", "/v1/nothing", &[auth], b"");
-    assert_eq!(r.error().0, 404);
-    let r = request(&server.addr, "GET", "/v1/audio/speech", &[auth], b"");
-    assert_eq!(r.error().0, 405);
-    // Voice uploads: not multipart, no file, not audio.
-    let r = request(
-        &server.addr,
-        "POST",
-        "/v1/voices",
-        &[auth, ("Content-Type", "application/json")],
-        b"{}",
-    );
-    assert_eq!(r.error().1, "invalid_content_type");
-    let (ct, body) = multipart(&[("transcript", None, b"words")]);
-    let r = request(
-        &server.addr,
-        "POST",
-        "/v1/voices",
-        &[auth, ("Content-Type", &ct)],
-        &body,
-    );
-    assert_eq!(r.error().1, "missing_required_parameter");
-    let (ct, body) = multipart(&[("file", Some("x.wav"), b"RIFF but not really audio")]);
-    let r = request(
-        &server.addr,
-        "POST",
-        "/v1/voices",
-        &[auth, ("Content-Type", &ct)],
-        &body,
-    );
-    assert_eq!(r.error().1, "invalid_audio");
-    // The server is still well after all that.
-    assert_eq!(post(ok_body.as_bytes(), &[auth]).status, 200);
-}
-
-#[cfg(feature = "test-hooks")]
-/// Polls `/health` until `running` and `queued` are 0 (or panics after `limit`).
-fn wait_idle(server: &Server, limit: Duration) {
-    let t = Instant::now();
-    loop {
-        let h = server.health();
-        if h["running"] == 0 && h["queued"] == 0 && h["streams"] == 0 {
-            return;
-        }
-        assert!(t.elapsed() < limit, "still busy after {limit:?}: {h}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-#[cfg(feature = "test-hooks")]
-#[test]
-fn a_full_queue_is_429_and_a_client_that_hangs_up_frees_its_row() {
-    let ws = workspace("\n[serve]\nmax_batch = 1\nmax_queue = 1\n");
-    // Seed 7 gives 6 frames (`speech_equals_speak_…`): 4.2 s for each request at this delay.
-    let delay = Duration::from_millis(700);
-    let env = slow_frames(delay.as_millis() as u64);
-    let server = Server::start(ws.path(), &[], &env_refs(&env));
-    let long = json!({"model": "m", "input": TEXT, "voice": "default", "seed": 7,
-                      "response_format": "pcm"})
-    .to_string();
-    let open = || {
-        Conn::open(
-            &server.addr,
-            "POST",
-            "/v1/audio/speech",
-            &[("Content-Type", "application/json")],
-            long.as_bytes(),
-        )
-    };
-    // A runs (its first audio arrives), B waits in the queue, C finds the queue full.
-    let mut a = open();
-    assert_eq!(a.status, 200);
-    assert!(a.next_chunk().unwrap().is_some());
-    let b = open();
-    assert_eq!(b.status, 200);
-    let t = Instant::now();
-    while server.health()["queued"] != 1 {
-        assert!(t.elapsed() < Duration::from_secs(10), "B never queued");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let c = Conn::open(
-        &server.addr,
-        "POST",
-        "/v1/audio/speech",
-        &[("Content-Type", "application/json")],
-        long.as_bytes(),
-    )
-    .finish();
-    let (s, code, msg) = c.error();
-    assert_eq!((s, code.as_str()), (429, "queue_full"), "{msg}");
-    assert_eq!(
-        c.header("retry-after"),
-        Some("2"),
-        "a 429 says when to retry"
-    );
-    // Both clients hang up mid-stream: their rows leave the batch at the next frames (the
-    // two requests would run for 12 frame steps).
-    drop(a);
-    drop(b);
-    wait_idle(&server, delay * 7);
-    assert_eq!(server.health()["status"], "ok");
-}
-
-/// A whole WAV is sent after generation; a client that hangs up before then still frees its
-/// row at once (the response's future is dropped with the connection).
-#[cfg(feature = "test-hooks")]
-#[test]
-fn a_client_that_hangs_up_before_its_whole_wav_frees_its_row() {
-    use std::io::Write;
-    let ws = workspace("");
-    let delay = Duration::from_millis(700);
-    let env = slow_frames(delay.as_millis() as u64);
-    let server = Server::start(ws.path(), &[], &env_refs(&env));
-    let body = json!({"model": "m", "input": TEXT, "voice": "default", "seed": 7}).to_string();
-    let mut s = std::net::TcpStream::connect(&server.addr).unwrap();
-    write!(
-        s,
-        "POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let t = Instant::now();
-    while server.health()["running"] != 1 {
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "the request never ran"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    drop(s);
-    // Seed 7 gives 6 frames: 4.2 s if the row ran to its end.
-    wait_idle(&server, delay * 3);
-}
-
-#[cfg(feature = "test-hooks")]
-#[test]
-fn sigterm_during_a_stream_finishes_it_and_exits_0() {
-    let ws = workspace("");
-    let env = slow_frames(100);
-    let body = json!({"model": "m", "input": TEXT, "voice": "default", "seed": 7,
-                      "response_format": "pcm"})
-    .to_string();
-    let full = 2 * speak(ws.path(), &[TEXT, "--seed", "7"]).len();
-    let open = |server: &Server| {
-        let mut c = Conn::open(
-            &server.addr,
-            "POST",
-            "/v1/audio/speech",
-            &[("Content-Type", "application/json")],
-            body.as_bytes(),
-        );
-        assert_eq!(c.status, 200);
-        let first = c.next_chunk().unwrap().unwrap();
-        (c, first)
-    };
-    // With time to finish: the stream is completed, then the server exits 0.
-    let mut server = Server::start(ws.path(), &[], &env_refs(&env));
-    let (c, first) = open(&server);
-    server.sigterm();
-    let rest = c.finish();
-    assert!(rest.complete, "the stream was cut");
-    assert_eq!(first.len() + rest.body.len(), full, "the whole utterance");
-    assert!(
-        server.wait(Duration::from_secs(30)).success(),
-        "{}",
-        server.log()
-    );
-    // Without (--shutdown-seconds 0): the stream ends cleanly, shorter, and the server exits 0.
-    let mut server = Server::start(ws.path(), &["--shutdown-seconds", "0"], &env_refs(&env));
-    let (c, first) = open(&server);
-    server.sigterm();
-    let rest = c.finish();
-    assert!(
-        rest.complete,
-        "the stream was not ended cleanly: {}",
-        server.log()
-    );
-    let n = first.len() + rest.body.len();
-    assert!(n < full, "{n} bytes of {full}: not ended early");
-    assert!(
-        server.wait(Duration::from_secs(30)).success(),
-        "{}",
-        server.log()
-    );
-}
-
-/// The code blocks of the README's `voiceclone serve` section: (language, text).
-fn readme_serve_blocks() -> Vec<(String, String)> {
-    let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
-    let start = readme
-        .find("## `voiceclone serve")
-        .expect("README has a voiceclone serve section");
-    let section = &readme[start..];
-    let section = &section[..section[3..].find("\n## ").map_or(section.len(), |i| i + 3)];
-    let mut blocks = Vec::new();
-    let mut rest = section;
-    while let Some(i) = rest.find("```") {
-        let after = &rest[i + 3..];
-        let (lang, body) = after.split_once('\n').unwrap();
-        let end = body.find("```").expect("closed code block");
-        blocks.push((lang.trim().to_string(), body[..end].to_string()));
-        rest = &body[end + 3..];
-    }
-    blocks
-}
-
-/// The Python of the test assets' venv, if it has the `openai` package
-/// (`scripts/fetch_test_assets.sh` installs it).
-fn openai_python() -> Option<PathBuf> {
-    let py = common::assets().join("venv/bin/python");
-    let ok = py.is_file()
-        && Command::new(&py)
-            .args(["-c", "import openai"])
-            .output()
-            .is_ok_and(|o| o.status.success());
-    let required = std::env::var_os("VOICECLONE_REQUIRE_ASSETS").is_some_and(|v| v == "1");
-    if !ok {
-        let msg = format!(
-            "no Python with the openai package at {}: run scripts/fetch_test_assets.sh",
-            py.display()
-        );
-        assert!(!required, "{msg}");
-        eprintln!("skipped: {msg}");
-        return None;
-    }
-    Some(py)
-}
-
-fn have_curl() -> bool {
-    let ok = Command::new("curl")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        assert!(
-            std::env::var_os("VOICECLONE_REQUIRE_ASSETS").is_none_or(|v| v != "1"),
-            "curl is missing: scripts/install_deps.sh installs it"
-        );
-        eprintln!("skipped: curl is missing");
-    }
-    ok
-}
-
-/// Acceptance 1: real clients nobody here wrote — curl and the official `openai` Python
-/// package — running the README's examples; the WAV they get is `speak`'s.
-#[test]
-fn readme_examples_run_against_the_server() {
-    let blocks = readme_serve_blocks();
-    let curl = blocks
-        .iter()
-        .find(|(l, b)| l == "sh" && b.contains("curl "))
-        .expect("a curl block")
-        .1
-        .clone();
-    let python = blocks
-        .iter()
-        .find(|(l, _)| l == "python")
-        .expect("a python block")
-        .1
-        .clone();
-    let ws = workspace("");
-    let text = "Hello from my own voice.";
-    let want = speak(ws.path(), &[text, "--seed", "7"]);
-    std::fs::copy(ref_wav(), ws.path().join("my-clip.wav")).unwrap();
-    let server = Server::start(ws.path(), &[], &[]);
-    let here = |s: &str| s.replace("http://127.0.0.1:8000", &server.url());
-    let file = |name: &str| std::fs::read(ws.path().join(name)).unwrap();
-
-    if have_curl() {
-        let o = Command::new("bash")
-            .args(["-euo", "pipefail", "-c", &here(&curl)])
-            .current_dir(ws.path())
-            .output()
-            .unwrap();
-        assert!(
-            o.status.success(),
-            "the README's curl commands failed: {}",
-            stderr(&o)
-        );
-        let got = wav_samples(&file("hello.wav"));
-        assert_same_samples(&got, &want, "curl's WAV vs speak's");
-        assert_eq!(pcm_samples(&file("hello.pcm")), got);
-        let voice: Value = serde_json::from_slice(&file("voice.json")).unwrap();
-        assert_eq!(voice["mode"], "in-context", "{voice}");
-        let voices: Value = serde_json::from_slice(&file("voices.json")).unwrap();
-        assert!(voices["data"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|v| v["id"] == voice["id"]));
-    }
-    if let Some(py) = openai_python() {
-        let o = Command::new(&py)
-            .args(["-c", &here(&python)])
-            .current_dir(ws.path())
-            .env_remove("OPENAI_API_KEY")
-            .env_remove("OPENAI_BASE_URL")
-            .output()
-            .unwrap();
-        assert!(
-            o.status.success(),
-            "the README's Python failed: {}",
-            stderr(&o)
-        );
-        let got = wav_samples(&file("hello-openai.wav"));
-        assert_same_samples(&got, &want, "the openai client's WAV vs speak's");
-        assert_eq!(pcm_samples(&file("hello-openai.pcm")), got);
-        // Python's wave module reads the file the client wrote with its true length (it
-        // once read 2,147,483,647 frames from the placeholder sizes).
-        let o = Command::new(py)
-            .args([
-                "-c",
-                "import wave,sys; w=wave.open(sys.argv[1]); print(w.getnframes())",
-            ])
-            .arg(ws.path().join("hello-openai.wav"))
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", stderr(&o));
-        assert_eq!(
-            String::from_utf8_lossy(&o.stdout).trim(),
-            got.len().to_string(),
-            "frames by Python's wave"
-        );
-    }
-}
-
-/// A CustomVoice model: its speakers are the voices (case-insensitive), a long text is split
-/// into chunks joined with pauses exactly as `speak` splits it, and cloning is refused.
-#[test]
-fn custom_voice_speakers_and_split_texts_equal_speak() {
-    let ws = tempfile::tempdir().unwrap();
-    std::fs::write(
-        ws.path().join("voiceclone.toml"),
-        format!(
-            "[model]\nbase = {:?}\n\n[speak]\nmax_frames = 6\nmax_chunk_chars = 25\n",
-            model("tiny-0b6-custom")
-        ),
-    )
-    .unwrap();
-    let server = Server::start(ws.path(), &[], &[]);
-    // The start-up lines speak of what serve has: a request's "voice", not speak's flags,
-    // and the stored dtype by its name.
-    let startup = std::fs::read_to_string(&server.log).unwrap();
-    assert!(
-        startup.contains("each request names one as its \"voice\"")
-            && !startup.contains("--speaker")
-            && !startup.contains("Some("),
-        "{startup}"
-    );
-    let voices = request(&server.addr, "GET", "/v1/voices", &[], b"").json();
-    let ids: Vec<&str> = voices["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v["id"].as_str().unwrap())
-        .collect();
-    assert_eq!(ids, ["alice", "bob", "carol"], "{voices}");
-    let text = "First sentence here. Second sentence follows. Third one ends it.";
-    let mut outputs = Vec::new();
-    for (voice, seed) in [("BOB", "5"), ("carol", "6")] {
-        let r = speech(
-            &server.addr,
-            &json!({"model": "m", "input": text, "voice": voice, "seed": seed.parse::<u64>().unwrap(),
-                    "response_format": "pcm"}),
-        );
-        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
-        let got = pcm_samples(&r.body);
-        let want = speak(ws.path(), &[text, "--speaker", voice, "--seed", seed]);
-        assert_same_samples(&got, &want, &format!("{voice} vs speak"));
-        // Three chunks (at most 6 frames each) and two 0.12 s pauses.
-        assert!(got.len() > 2 * 2880, "{voice}: {} samples", got.len());
-        outputs.push(got);
-    }
-    assert_ne!(outputs[0], outputs[1]);
-    let clip = std::fs::read(ref_wav()).unwrap();
-    let r = register(&server.addr, &[("file", Some("clip.wav"), &clip)]);
-    let (s, code, msg) = r.error();
-    assert_eq!(
-        (s, code.as_str()),
-        (400, "voice_cloning_unavailable"),
-        "{msg}"
-    );
-    let r = speech(
-        &server.addr,
-        &json!({"model": "m", "input": "Hi.", "voice": "default"}),
-    );
-    let (s, code, msg) = r.error();
-    assert_eq!((s, code.as_str()), (400, "voice_not_found"), "{msg}");
-    assert!(msg.contains("alice, bob, carol"), "{msg}");
 }

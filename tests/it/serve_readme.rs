@@ -1,0 +1,155 @@
+//! The README's `voiceclone serve` examples run as written against a running server
+//! (docs/serving.md): its curl commands and its `openai` Python code, real clients nobody here
+//! wrote, get the WAV (and PCM) that `voiceclone speak` writes; each client is skipped with a
+//! message when absent, unless `VOICECLONE_REQUIRE_ASSETS=1`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+use crate::common::{self, stderr};
+use crate::serve::{
+    assert_same_samples, pcm_samples, ref_wav, speak, wav_samples, workspace, Server,
+};
+
+/// The code blocks of the README's `voiceclone serve` section: (language, text).
+fn readme_serve_blocks() -> Vec<(String, String)> {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let start = readme
+        .find("## `voiceclone serve")
+        .expect("README has a voiceclone serve section");
+    let section = &readme[start..];
+    let section = &section[..section[3..].find("\n## ").map_or(section.len(), |i| i + 3)];
+    let mut blocks = Vec::new();
+    let mut rest = section;
+    while let Some(i) = rest.find("```") {
+        let after = &rest[i + 3..];
+        let (lang, body) = after.split_once('\n').unwrap();
+        let end = body.find("```").expect("closed code block");
+        blocks.push((lang.trim().to_string(), body[..end].to_string()));
+        rest = &body[end + 3..];
+    }
+    blocks
+}
+
+/// The Python of the test assets' venv, if it has the `openai` package
+/// (`scripts/fetch_test_assets.sh` installs it).
+fn openai_python() -> Option<PathBuf> {
+    let py = common::assets().join("venv/bin/python");
+    let ok = py.is_file()
+        && Command::new(&py)
+            .args(["-c", "import openai"])
+            .output()
+            .is_ok_and(|o| o.status.success());
+    let required = std::env::var_os("VOICECLONE_REQUIRE_ASSETS").is_some_and(|v| v == "1");
+    if !ok {
+        let msg = format!(
+            "no Python with the openai package at {}: run scripts/fetch_test_assets.sh",
+            py.display()
+        );
+        assert!(!required, "{msg}");
+        eprintln!("skipped: {msg}");
+        return None;
+    }
+    Some(py)
+}
+
+fn have_curl() -> bool {
+    let ok = Command::new("curl")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        assert!(
+            std::env::var_os("VOICECLONE_REQUIRE_ASSETS").is_none_or(|v| v != "1"),
+            "curl is missing: scripts/install_deps.sh installs it"
+        );
+        eprintln!("skipped: curl is missing");
+    }
+    ok
+}
+
+/// Acceptance 1: real clients nobody here wrote — curl and the official `openai` Python
+/// package — running the README's examples; the WAV they get is `speak`'s.
+#[test]
+fn readme_examples_run_against_the_server() {
+    let blocks = readme_serve_blocks();
+    let curl = blocks
+        .iter()
+        .find(|(l, b)| l == "sh" && b.contains("curl "))
+        .expect("a curl block")
+        .1
+        .clone();
+    let python = blocks
+        .iter()
+        .find(|(l, _)| l == "python")
+        .expect("a python block")
+        .1
+        .clone();
+    let ws = workspace("");
+    let text = "Hello from my own voice.";
+    let want = speak(ws.path(), &[text, "--seed", "7"]);
+    std::fs::copy(ref_wav(), ws.path().join("my-clip.wav")).unwrap();
+    let server = Server::start(ws.path(), &[], &[]);
+    let here = |s: &str| s.replace("http://127.0.0.1:8000", &server.url());
+    let file = |name: &str| std::fs::read(ws.path().join(name)).unwrap();
+
+    if have_curl() {
+        let o = Command::new("bash")
+            .args(["-euo", "pipefail", "-c", &here(&curl)])
+            .current_dir(ws.path())
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "the README's curl commands failed: {}",
+            stderr(&o)
+        );
+        let got = wav_samples(&file("hello.wav"));
+        assert_same_samples(&got, &want, "curl's WAV vs speak's");
+        assert_eq!(pcm_samples(&file("hello.pcm")), got);
+        let voice: Value = serde_json::from_slice(&file("voice.json")).unwrap();
+        assert_eq!(voice["mode"], "in-context", "{voice}");
+        let voices: Value = serde_json::from_slice(&file("voices.json")).unwrap();
+        assert!(voices["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["id"] == voice["id"]));
+    }
+    if let Some(py) = openai_python() {
+        let o = Command::new(&py)
+            .args(["-c", &here(&python)])
+            .current_dir(ws.path())
+            .env_remove("OPENAI_API_KEY")
+            .env_remove("OPENAI_BASE_URL")
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "the README's Python failed: {}",
+            stderr(&o)
+        );
+        let got = wav_samples(&file("hello-openai.wav"));
+        assert_same_samples(&got, &want, "the openai client's WAV vs speak's");
+        assert_eq!(pcm_samples(&file("hello-openai.pcm")), got);
+        // Python's wave module reads the file the client wrote with its true length (it
+        // once read 2,147,483,647 frames from the placeholder sizes).
+        let o = Command::new(py)
+            .args([
+                "-c",
+                "import wave,sys; w=wave.open(sys.argv[1]); print(w.getnframes())",
+            ])
+            .arg(ws.path().join("hello-openai.wav"))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert_eq!(
+            String::from_utf8_lossy(&o.stdout).trim(),
+            got.len().to_string(),
+            "frames by Python's wave"
+        );
+    }
+}
