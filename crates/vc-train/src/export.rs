@@ -13,33 +13,37 @@
 //! ```
 //! The directory is written under a temporary name and renamed into place; an existing
 //! directory is only replaced when it is an earlier export (or empty).
+//!
+//! Here: the options, the order of the steps, the copied files and `config.json`. The marker,
+//! what it says of a directory and the recovery of an interrupted export are [`marker`]'s; the
+//! bf16 weight file, adapters merged, is [`weights`]'.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::fs;
-use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use candle_core::{Device, Tensor};
-use memmap2::Mmap;
-use safetensors::{Dtype as StDtype, SafeTensors};
+use candle_core::Device;
 use serde_json::{json, Value};
 
 use super::adapter_export;
 use super::checkpoint::{self, ModelIdentity};
-use super::lora::LoraIdentity;
-use super::safetensors_stream::{self, TensorHeader};
 use vc_core::hub::ModelSource;
 use vc_core::workspace::Workspace;
 use vc_model::files::{self as mf, ModelFiles};
 
-/// Marker file of an exported directory.
-pub const MARKER: &str = "voiceclone-export.json";
+pub mod marker;
+pub mod weights;
+
+use marker::check_output;
+pub use marker::{base_identity, export_kind, is_current, recover, MARKER};
+pub use weights::merge_adapters;
+use weights::write_weights;
+
 /// Codec-embedding row that holds the fine-tuned speaker (docs/model.md §10.5); named speakers
 /// take this row and the ones after it, in the order of the checkpoint's speaker table
 /// (docs/training.md §10).
 pub const SPEAKER_ROW: usize = vc_model::overlay::SPEAKER_ROW;
-use vc_model::overlay::CODEC_EMBEDDING;
 /// Files of a hub model copied next to the weights (the official recipe copies the whole
 /// directory; these are the ones the loaders read).
 const HUB_FILES: &[&str] = &[
@@ -125,102 +129,6 @@ impl ExportSummary {
             println!("  speak with: voiceclone speak --model {out} --speaker {first} \"Hello!\" -o hello.wav");
         }
     }
-}
-
-/// Repairs what an interrupted export to `output` left next to it (docs/training.md §10). An
-/// export builds `.NAME.tmp-export-PID/` (complete once it holds the marker, written last),
-/// moves an earlier export aside to `.NAME.old-export-PID/`, renames the new one into place and
-/// deletes the old one. Killed between the renames, `output` is missing: the complete new export
-/// is moved into place (or, if there is none, the earlier one put back). Then leftovers are
-/// removed: incomplete or superseded temporary directories, and earlier exports once `output`
-/// is an export. Returns what was done, for the user.
-pub fn recover(output: &Path) -> Result<Vec<String>> {
-    let (Some(parent), Some(name)) = (output.parent(), output.file_name()) else {
-        return Ok(Vec::new());
-    };
-    let parent = if parent.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        parent
-    };
-    let name = name.to_string_lossy();
-    let (tmp, old) = (
-        format!(".{name}.tmp-export-"),
-        format!(".{name}.old-export-"),
-    );
-    let Ok(entries) = fs::read_dir(parent) else {
-        return Ok(Vec::new());
-    };
-    let (mut tmps, mut olds) = (Vec::new(), Vec::new());
-    for e in entries.flatten() {
-        let n = e.file_name().to_string_lossy().into_owned();
-        if e.path().is_dir() && n.starts_with(&tmp) {
-            tmps.push(e.path());
-        } else if e.path().is_dir() && n.starts_with(&old) {
-            olds.push(e.path());
-        }
-    }
-    // Newest first.
-    let newest_first = |v: &mut Vec<PathBuf>| {
-        v.sort_by_key(|p| std::cmp::Reverse(fs::metadata(p).and_then(|m| m.modified()).ok()))
-    };
-    newest_first(&mut tmps);
-    newest_first(&mut olds);
-    let mut done = Vec::new();
-    if !output.exists() {
-        let complete = tmps.iter().position(|t| t.join(MARKER).is_file());
-        let back = match complete {
-            Some(i) => Some((tmps.remove(i), "finished an export that was interrupted")),
-            None => olds.iter().position(|o| o.join(MARKER).is_file()).map(|i| {
-                (
-                    olds.remove(i),
-                    "restored the previous export, which an interrupted export had moved aside",
-                )
-            }),
-        };
-        if let Some((dir, what)) = back {
-            fs::rename(&dir, output).with_context(|| {
-                format!("cannot move {} to {}", dir.display(), output.display())
-            })?;
-            done.push(format!("{}: {what}", output.display()));
-        }
-    }
-    for t in tmps {
-        fs::remove_dir_all(&t).with_context(|| format!("cannot remove {}", t.display()))?;
-    }
-    if output.join(MARKER).is_file() {
-        for o in olds.into_iter().filter(|o| o.join(MARKER).is_file()) {
-            fs::remove_dir_all(&o).with_context(|| format!("cannot remove {}", o.display()))?;
-            done.push(format!(
-                "removed {}, the previous export that an interrupted export replaced",
-                o.display()
-            ));
-        }
-    }
-    Ok(done)
-}
-
-/// Whether `output` already holds the export of `checkpoint` for `speaker_name` (its marker
-/// names the same checkpoint directory, step and speaker, or the checkpoint's named speakers).
-pub fn is_current(output: &Path, checkpoint: &Path, speaker_name: &str) -> bool {
-    // What the end of training exports: a merged model at the trained strength.
-    let Some(marker) = read_marker(output) else {
-        return false;
-    };
-    let Ok(index) = checkpoint::read_index(checkpoint) else {
-        return false;
-    };
-    let speakers_match = if index.identity.speakers.is_empty() {
-        marker["speaker_name"].as_str() == Some(&speaker_name.trim().to_lowercase())
-    } else {
-        marker["speakers"] == json!(named_rows(&index.identity.speakers).collect::<Vec<_>>())
-    };
-    marker["checkpoint"].as_str() == Some(&checkpoint.display().to_string())
-        && marker["step"].as_u64() == Some(index.step as u64)
-        && speakers_match
-        && marker["kind"].as_str().unwrap_or("model") == "model"
-        && marker["lora"]["scale"].as_f64().unwrap_or(1.0) == 1.0
-        && output.join(mf::SINGLE_FILE).is_file()
 }
 
 /// The lower-cased names of named speakers with their rows 3000, 3001, … (table order).
@@ -309,59 +217,6 @@ pub fn checkpoint_as_model(
         overlay,
         &speakers,
         &format!("checkpoint {}", checkpoint.display()),
-    )
-}
-
-/// The identity of the base model an export was made from, as its marker records it.
-pub fn base_identity(dir: &Path) -> Option<ModelIdentity> {
-    serde_json::from_value(read_marker(dir)?.get("base_identity")?.clone()).ok()
-}
-
-/// The marker of the export in `dir`, if it has a readable one.
-fn read_marker(dir: &Path) -> Option<Value> {
-    serde_json::from_str(&fs::read_to_string(dir.join(MARKER)).ok()?).ok()
-}
-
-/// What a directory holds, by its marker: `"model"` (a merged or full fine-tune export, also
-/// every marker written before adapters existed) or `"adapter"`; `None` without a marker.
-pub fn export_kind(dir: &Path) -> Option<String> {
-    Some(
-        read_marker(dir)?["kind"]
-            .as_str()
-            .unwrap_or("model")
-            .to_string(),
-    )
-}
-
-/// Why an existing `output` may or may not be replaced by an export of `kind`: an export of
-/// another kind is refused (an adapter must not replace a merged model, nor the reverse).
-fn check_output(output: &Path, kind: &str) -> Result<bool> {
-    if let Some(found) = export_kind(output) {
-        if found != kind {
-            bail!(
-                "{} holds an exported {found}; refusing to replace it with an exported {kind}. \
-                 Choose another output (-o) or move it away",
-                output.display()
-            );
-        }
-    }
-    if !output.exists() {
-        return Ok(false);
-    }
-    if !output.is_dir() {
-        bail!(
-            "{} exists and is not a directory; choose another output (-o)",
-            output.display()
-        );
-    }
-    let empty = fs::read_dir(output)?.next().is_none();
-    if empty || output.join(MARKER).is_file() {
-        return Ok(true);
-    }
-    bail!(
-        "{} exists and was not written by `voiceclone export` (it has no {MARKER}); refusing to \
-         replace it. Choose another output (-o) or move it away",
-        output.display()
     )
 }
 
@@ -652,208 +507,9 @@ fn write_config(base: &Path, speakers: &[(String, usize)], dest: &Path) -> Resul
     Ok(())
 }
 
-/// Writes `model.safetensors` (bf16) with each speaker's x-vector in its codec-embedding row,
-/// and returns (tensor count, trained tensor count).
-fn write_weights(
-    opts: &ExportOptions,
-    index: &checkpoint::Index,
-    speakers: &[(usize, &[f32])],
-    dest: &Path,
-) -> Result<(usize, usize)> {
-    let mut trained: BTreeMap<String, Tensor> =
-        checkpoint::RowReader::open(&opts.checkpoint)?.masters(&Device::Cpu)?;
-    let mmaps = opts
-        .files
-        .checkpoint
-        .shards
-        .iter()
-        .map(|p| {
-            let f = fs::File::open(p).with_context(|| format!("cannot open {}", p.display()))?;
-            // SAFETY: read-only mapping of a checkpoint that is not modified while exporting.
-            Ok(unsafe { Mmap::map(&f)? })
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let files = mmaps
-        .iter()
-        .zip(&opts.files.checkpoint.shards)
-        .map(|(m, p)| {
-            SafeTensors::deserialize(m)
-                .map_err(|e| anyhow::anyhow!("{} is not valid safetensors: {e}", p.display()))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let mut entries = Vec::new();
-    let mut origin = Vec::new();
-    for (fi, st) in files.iter().enumerate() {
-        for name in st.names() {
-            if name.starts_with("speaker_encoder.") {
-                continue;
-            }
-            let view = st.tensor(name)?;
-            let dtype = if is_float(view.dtype()) {
-                StDtype::BF16
-            } else {
-                view.dtype()
-            };
-            entries.push(TensorHeader {
-                name: name.to_string(),
-                dtype,
-                shape: view.shape().to_vec(),
-            });
-            origin.push(fi);
-        }
-    }
-    let mut order: Vec<usize> = (0..entries.len()).collect();
-    order.sort_by(|&a, &b| entries[a].name.cmp(&entries[b].name));
-    let entries: Vec<TensorHeader> = order.iter().map(|&i| entries[i].clone()).collect();
-    let origin: Vec<usize> = order.iter().map(|&i| origin[i]).collect();
-    if let Some(lora) = &index.identity.lora {
-        // S·α/r as the adapter-only export's α' = S·α gives it (α'/r), so both merge alike.
-        let scale = LoraIdentity {
-            rank: lora.rank,
-            alpha: opts.lora_scale * lora.alpha,
-        }
-        .scale();
-        let base = |name: &str| -> Result<Tensor> {
-            let i = entries
-                .iter()
-                .position(|e| e.name == name)
-                .with_context(|| {
-                    format!("the checkpoint adapts {name}, which the base model does not have")
-                })?;
-            view_f32(&files[origin[i]].tensor(name)?)
-        };
-        trained = merge_adapters(trained, scale, base)?;
-    }
-    for name in trained.keys() {
-        let Some(e) = entries.iter().find(|e| &e.name == name) else {
-            bail!("the checkpoint trains {name}, which the base model does not have");
-        };
-        if trained[name].dims() != e.shape.as_slice() {
-            bail!(
-                "the checkpoint's {name} has shape {:?}, the base model {:?}",
-                trained[name].dims(),
-                e.shape
-            );
-        }
-    }
-    let speaker_bf16: Vec<(usize, Vec<u8>)> = speakers
-        .iter()
-        .map(|(row, x)| {
-            let bytes = x
-                .iter()
-                .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
-                .collect();
-            (*row, bytes)
-        })
-        .collect();
-    let meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
-    let file =
-        fs::File::create(dest).with_context(|| format!("cannot create {}", dest.display()))?;
-    let mut w = BufWriter::new(file);
-    safetensors_stream::write(&mut w, &entries, &meta, |i| {
-        let e = &entries[i];
-        let mut bytes = match trained.get(&e.name) {
-            Some(t) => safetensors_stream::bf16_bytes(t)?,
-            None => {
-                let view = files[origin[i]].tensor(&e.name)?;
-                to_bf16_bytes(view.dtype(), view.data())?
-            }
-        };
-        if e.name == CODEC_EMBEDDING {
-            for (row, x) in &speaker_bf16 {
-                let n = x.len();
-                bytes[row * n..(row + 1) * n].copy_from_slice(x);
-            }
-        }
-        Ok(bytes)
-    })?;
-    let file = w.into_inner().map_err(|e| e.into_error())?;
-    file.sync_all()?;
-    Ok((entries.len(), trained.len()))
-}
-
-/// The trained tensors of a LoRA checkpoint with every adapter merged into its matrix:
-/// `W + scale · B·A` in f32 (`base(name)` gives `W`); the fully trained tensors as they are.
-pub fn merge_adapters(
-    trained: BTreeMap<String, Tensor>,
-    scale: f64,
-    base: impl Fn(&str) -> Result<Tensor>,
-) -> Result<BTreeMap<String, Tensor>> {
-    let mut out = BTreeMap::new();
-    for (name, t) in &trained {
-        if let Some(module) = name.strip_suffix(".lora_A.weight") {
-            let b_name = format!("{module}.lora_B.weight");
-            let b = trained
-                .get(&b_name)
-                .with_context(|| format!("the checkpoint has {name} but no {b_name}"))?;
-            let weight = format!("{module}.weight");
-            let w = base(&weight)?;
-            let merged = vc_model::overlay::merge_low_rank(&w, t, b, scale)
-                .with_context(|| format!("merging the adapter of {weight}"))?;
-            out.insert(weight, merged);
-        } else if name.ends_with(".lora_B.weight") {
-            let a_name = name.replace(".lora_B.weight", ".lora_A.weight");
-            if !trained.contains_key(&a_name) {
-                bail!("the checkpoint has {name} but no {a_name}");
-            }
-        } else {
-            out.insert(name.clone(), t.clone());
-        }
-    }
-    Ok(out)
-}
-
-/// A safetensors tensor as an f32 CPU tensor.
-fn view_f32(view: &safetensors::tensor::TensorView<'_>) -> Result<Tensor> {
-    let dtype = match view.dtype() {
-        StDtype::BF16 => candle_core::DType::BF16,
-        StDtype::F16 => candle_core::DType::F16,
-        StDtype::F32 => candle_core::DType::F32,
-        StDtype::F64 => candle_core::DType::F64,
-        d => bail!("a {d:?} tensor is not a matrix an adapter can sit on"),
-    };
-    Ok(
-        Tensor::from_raw_buffer(view.data(), dtype, view.shape(), &Device::Cpu)?
-            .to_dtype(candle_core::DType::F32)?,
-    )
-}
-
-fn is_float(d: StDtype) -> bool {
-    matches!(
-        d,
-        StDtype::BF16 | StDtype::F16 | StDtype::F32 | StDtype::F64
-    )
-}
-
-/// Raw little-endian tensor bytes converted to bf16 (floats) or kept (other dtypes).
-fn to_bf16_bytes(dtype: StDtype, data: &[u8]) -> Result<Vec<u8>> {
-    let conv = |v: f32| half::bf16::from_f32(v).to_le_bytes();
-    Ok(match dtype {
-        StDtype::BF16 => data.to_vec(),
-        StDtype::F16 => data
-            .chunks_exact(2)
-            .flat_map(|b| conv(half::f16::from_le_bytes([b[0], b[1]]).to_f32()))
-            .collect(),
-        StDtype::F32 => data
-            .chunks_exact(4)
-            .flat_map(|b| conv(f32::from_le_bytes([b[0], b[1], b[2], b[3]])))
-            .collect(),
-        StDtype::F64 => data
-            .chunks_exact(8)
-            .flat_map(|b| conv(f64::from_le_bytes(b.try_into().expect("8 bytes")) as f32))
-            .collect(),
-        _ => data.to_vec(),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn export_dir(p: &Path, content: &str) {
-        fs::create_dir_all(p).unwrap();
-        fs::write(p.join(MARKER), content).unwrap();
-    }
 
     #[test]
     fn a_model_folder_with_a_link_loop_is_copied_once() {
@@ -869,29 +525,5 @@ mod tests {
         assert!(dest.join("vocab.json").is_file());
         assert!(dest.join("speech_tokenizer/config.json").is_file());
         assert!(!dest.join("speech_tokenizer/up").exists());
-    }
-
-    #[test]
-    fn recovery_puts_back_the_previous_export_when_the_new_one_is_incomplete() {
-        let dir = tempfile::tempdir().unwrap();
-        let model = dir.path().join("model");
-        export_dir(&dir.path().join(".model.old-export-7"), "previous");
-        // Killed before the new export was complete: its marker is written last.
-        fs::create_dir_all(dir.path().join(".model.tmp-export-7")).unwrap();
-        let done = recover(&model).unwrap();
-        assert_eq!(fs::read_to_string(model.join(MARKER)).unwrap(), "previous");
-        assert!(done[0].contains("restored the previous export"), "{done:?}");
-        assert_eq!(
-            fs::read_dir(dir.path()).unwrap().count(),
-            1,
-            "leftovers remain"
-        );
-        // Nothing to do now; and a directory the user made is never touched.
-        assert!(recover(&model).unwrap().is_empty());
-        let mine = dir.path().join("mine");
-        fs::create_dir_all(&mine).unwrap();
-        fs::create_dir_all(dir.path().join(".mine.old-export-3")).unwrap();
-        assert!(recover(&mine).unwrap().is_empty());
-        assert!(dir.path().join(".mine.old-export-3").exists());
     }
 }
