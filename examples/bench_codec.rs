@@ -1,5 +1,5 @@
-//! CPU benchmark of the Rust codec, the counterpart of `scripts/bench_codec_official.py --bench`
-//! (same inputs, same protocol, same JSON line). Run through `scripts/bench_codec.sh`.
+//! CPU benchmark of the Rust codec, the counterpart of `scripts/reference/bench_codec.py --bench`
+//! (same inputs, same protocol, same JSON line). Run through `scripts/bench/codec.sh`.
 //!
 //! ```text
 //! cargo run --release --example bench_codec -- --codec DIR --audio WAV [--seconds 60] [--stream [--push N] [--streams S]]
@@ -15,7 +15,7 @@
 //! "decode_seconds", "audio_seconds", "frames"}` (and `"stream_decode_seconds"`) on stdout;
 //! diagnostics go to stderr. `RAYON_NUM_THREADS` sets the threads (default: every core).
 //!
-//! `--parity REF` instead compares with official outputs written by `scripts/bench_codec.sh`:
+//! `--parity REF` instead compares with official outputs written by `scripts/bench/codec.sh`:
 //! `REF/codes.i64` (frames × 16, little-endian) of the first `REF/samples` samples of WAV and
 //! `REF/wav.f32` (their decode). Prints `{"frames", "codes_differing", "wav_max_abs_diff"}`.
 

@@ -3,7 +3,7 @@
 # minutes on one GPU, without network. Run it in the repository root:
 #   BIN=path/to/voiceclone scripts/gpu-check.sh
 # BIN is a release build with --features cuda,nccl (build it where CUDA 13.0 is, e.g. with
-# scripts/build_cuda.sh, which prints its path); with
+# scripts/release/build_cuda.sh, which prints its path); with
 # BIN unset and cargo and nvcc present, it is built here. CUDA 13 and NCCL libraries must be on
 # LD_LIBRARY_PATH (docs/architecture.md §9.2). python3 with numpy writes the 0.6B-shaped model.
 # Checks, one summary line each at the end:
@@ -38,7 +38,7 @@ fi
 "$BIN" --version 2>/dev/null || true
 
 make_ws() { # make_ws DIR MODEL FRAMES: a workspace with synthetic codes and an x-vector
-  python3 scripts/synthetic.py workspace "$1" "$2" "$3"
+  python3 scripts/bench/synthetic.py workspace "$1" "$2" "$3"
 }
 metric() { # metric WS STEP KEY
   python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; print(r[int(sys.argv[2])-1][sys.argv[3]])" \
@@ -94,7 +94,7 @@ summary "CHECK 2 single GPU vs --gpus 1: $r (loss rel $lf, grad norm rel $gf; li
 
 MODEL=$WORK/qwen3-tts-0.6b-random
 echo "== 3. --gpus 1 on a 0.6B-shaped random model"
-python3 scripts/synthetic.py model-0.6b tests/fixtures/tiny-0b6 "$MODEL"
+python3 scripts/bench/synthetic.py model-0.6b tests/fixtures/tiny-0b6 "$MODEL"
 make_ws "$WORK/big" "$MODEL" 100
 nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits -lms 200 >"$WORK/mem.txt" &
 SMI=$!

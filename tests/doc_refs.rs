@@ -465,3 +465,51 @@ fn the_crate_graph_drawn_is_the_manifests() {
         "docs/architecture.md §3 against crates/*/Cargo.toml"
     );
 }
+
+/// The `scripts/…` paths one mention names: each run of path characters that starts at
+/// `scripts/` (not inside a longer path), with the punctuation that ends a sentence trimmed.
+/// A run followed by `*` or `{` is a pattern, not a path, and is left out.
+fn script_paths(text: &str) -> Vec<String> {
+    let is_path = |c: char| c.is_ascii_alphanumeric() || "_./-".contains(c);
+    let mut found = Vec::new();
+    for (at, _) in text.match_indices("scripts/") {
+        if text[..at].chars().next_back().is_some_and(is_path) {
+            continue;
+        }
+        let rest = &text[at..];
+        let end = rest.find(|c: char| !is_path(c)).unwrap_or(rest.len());
+        if rest[end..].starts_with(['*', '{']) {
+            continue;
+        }
+        let path = rest[..end].trim_end_matches(['.', ',']);
+        found.push(path.to_string());
+    }
+    found
+}
+
+/// Every `scripts/…` path a scanned file names exists, so that no moved or renamed script
+/// leaves its old name behind in the docs, the tests or another script (the scripts are grouped
+/// in folders: README.md, Development).
+#[test]
+fn every_script_path_named_exists() {
+    assert_eq!(
+        script_paths("run scripts/ci/test.sh. See scripts/bench/, not x/scripts/y or scripts/bench*"),
+        ["scripts/ci/test.sh", "scripts/bench/"]
+    );
+    let root = root();
+    let mut errors = Vec::new();
+    for f in scanned(&root) {
+        let Ok(text) = fs::read_to_string(&f) else {
+            continue; // not UTF-8 text
+        };
+        let rel = f.strip_prefix(&root).unwrap_or(&f).display().to_string();
+        for (i, line) in text.lines().enumerate() {
+            for path in script_paths(line) {
+                if path != "scripts/" && !root.join(&path).exists() {
+                    errors.push(format!("{rel}:{}: {path} does not exist", i + 1));
+                }
+            }
+        }
+    }
+    assert!(errors.is_empty(), "{}", errors.join("\n"));
+}

@@ -73,7 +73,7 @@ fn out_dir() -> PathBuf {
     PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"))
 }
 
-/// With `VOICECLONE_GGML_AVX512=ON` (scripts/release.sh sets it), compiles ggml's CPU backend a
+/// With `VOICECLONE_GGML_AVX512=ON` (scripts/release/release.sh sets it), compiles ggml's CPU backend a
 /// second time, for AVX-512, and links it in beside whisper-rs-sys's portable one
 /// (docs/architecture.md §9.4). Every global symbol of the second copy gets the prefix
 /// `vc512_`, so the two coexist; the one reference from outside a CPU backend to its inside,

@@ -26,7 +26,7 @@ use super::overrides::Overrides;
     --gpus N trains on N GPUs and --cpu-ranks N on N CPU processes, sharded (FSDP; train.shard \
     full or grad-op), with the same results as one device; --max-restarts K starts every rank \
     again from the last checkpoint when one fails. A process started by torchrun (with \
-    --no-python; RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), by scripts/ray_train.py \
+    --no-python; RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), by scripts/launchers/ray_train.py \
     or as one of several Slurm tasks (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, MASTER_ADDR) is \
     one rank of such a run and starts nothing itself: that is how runs span several nodes (the \
     workspace must be on a shared filesystem). Checkpoints of a sharded run continue at any \

@@ -1,6 +1,6 @@
 //! Parity of the 12 Hz codec (docs/model.md §9) with the official Python package
 //! (`qwen-tts==0.1.1`, torch f32 on CPU) on the tiny codec in
-//! `tests/fixtures/tiny-0b6/speech_tokenizer/` and the references `scripts/make_fixtures.py`
+//! `tests/fixtures/tiny-0b6/speech_tokenizer/` and the references `scripts/reference/make_fixtures.py`
 //! recorded in `tests/fixtures/refs/codec.*` (see the fixtures README). Codes must match exactly
 //! (every nearest-neighbour lookup of the fixture has a relative gap ≥ 1e-3); audio within 2e-3
 //! (docs/model.md §14; the official f32 error is 1.4e-4).

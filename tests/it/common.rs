@@ -9,7 +9,7 @@ pub fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }
 
-/// Where the downloaded/converted test assets are (`scripts/fetch_test_assets.sh`), or
+/// Where the downloaded/converted test assets are (`scripts/assets/fetch_test_assets.sh`), or
 /// `$VOICECLONE_TEST_ASSETS`.
 pub fn assets() -> PathBuf {
     std::env::var_os("VOICECLONE_TEST_ASSETS")
@@ -26,7 +26,7 @@ pub fn have_assets() -> bool {
         && dir.join("speech/prep2/transcripts.tsv").is_file();
     if !present {
         let msg = format!(
-            "test assets missing in {}: run scripts/fetch_test_assets.sh (the README's test \
+            "test assets missing in {}: run scripts/assets/fetch_test_assets.sh (the README's test \
              command does)",
             dir.display()
         );
@@ -39,14 +39,14 @@ pub fn have_assets() -> bool {
     present
 }
 
-/// Whether the program at `path`, which `scripts/fetch_test_assets.sh` installs (`what`), is
+/// Whether the program at `path`, which `scripts/assets/fetch_test_assets.sh` installs (`what`), is
 /// there; absent, as for [`have_assets`]: skip with a message, or fail when assets are required.
 pub fn have_tool(path: &Path, what: &str) -> bool {
     if path.exists() {
         return true;
     }
     let msg = format!(
-        "{} ({what}) is missing: run scripts/fetch_test_assets.sh (the README's test command does)",
+        "{} ({what}) is missing: run scripts/assets/fetch_test_assets.sh (the README's test command does)",
         path.display()
     );
     assert!(

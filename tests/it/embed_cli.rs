@@ -16,7 +16,7 @@ fn clip(name: &str) -> String {
     let path = fixtures().join("audio").join(name);
     assert!(
         path.is_file(),
-        "missing fixture {} (scripts/make_audio_fixtures.sh)",
+        "missing fixture {} (scripts/assets/make_audio_fixtures.sh)",
         path.display()
     );
     path.to_string_lossy().into_owned()

@@ -122,8 +122,8 @@ fn version_tells_the_commit_the_features_and_the_cpu_paths() {
         format!("whisper.cpp (ggml) compiled for: {ggml}"),
         "{long}"
     );
-    // The test build has no AVX-512 copy of ggml's CPU backend (only scripts/release.sh's
-    // build does; scripts/check_static.sh checks it).
+    // The test build has no AVX-512 copy of ggml's CPU backend (only scripts/release/release.sh's
+    // build does; scripts/ci/check_static.sh checks it).
     assert_eq!(
         lines.last().unwrap(),
         &"whisper.cpp runs: the portable build (no AVX-512 copy in this binary)",

@@ -2,7 +2,7 @@
 //! through the normal path, and peak memory must stay within 1.3x the f32 size of the loaded
 //! weights (bf16 on disk is converted tensor by tensor and the mapped pages are released as we go).
 //!
-//! The checkpoint is `.big-fixtures/qwen3-tts-0.6b-random/` when `scripts/make_fixtures.py
+//! The checkpoint is `.big-fixtures/qwen3-tts-0.6b-random/` when `scripts/reference/make_fixtures.py
 //! --full-size` made one; otherwise this test writes an equivalent random bf16 checkpoint into a
 //! temporary directory. The load runs in a child process so its peak RSS is its own.
 

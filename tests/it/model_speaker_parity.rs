@@ -1,6 +1,6 @@
 //! Parity of the log-mel front end and the ECAPA-TDNN speaker encoder with the official Python
 //! package (`qwen-tts==0.1.1`, torch f32 on CPU), on the tiny Base models and the reference
-//! clip that `scripts/make_fixtures.py` committed under `tests/fixtures/` (see its README).
+//! clip that `scripts/reference/make_fixtures.py` committed under `tests/fixtures/` (see its README).
 //! Tolerances: docs/model.md §14 (official log-mel f32 error ≈ 2e-4, x-vector ≈ 1e-5).
 
 use crate::common::fixtures;

@@ -1,5 +1,5 @@
 //! Parity of the talker and the code predictor with the official implementation, on the tiny
-//! random models of `tests/fixtures/` (references recorded by `scripts/make_fixtures.py`, see
+//! random models of `tests/fixtures/` (references recorded by `scripts/reference/make_fixtures.py`, see
 //! `tests/fixtures/README.md`). Every check runs for both fixture models (`tiny-0b6` without
 //! and `tiny-1b7` with `small_to_mtp_projection`) and both numerics modes.
 

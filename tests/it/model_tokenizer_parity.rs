@@ -1,6 +1,6 @@
 //! Text tokenizer parity (docs/model.md §3): our ids must equal, exactly, the ids the official
 //! `Qwen3TTSProcessor` (transformers 4.57.3 `Qwen2TokenizerFast`) produced for the cases in
-//! `tests/fixtures/refs/tokenizer_cases.json` (written by `scripts/make_fixtures.py`). The
+//! `tests/fixtures/refs/tokenizer_cases.json` (written by `scripts/reference/make_fixtures.py`). The
 //! tokenizer is loaded from the fixture model directories through `ModelSource`, the same path a
 //! hub download takes (`tests/hub_offline.rs` loads it once more from a Hugging Face cache).
 

@@ -35,7 +35,7 @@ fn readme_serve_blocks() -> Vec<(String, String)> {
 }
 
 /// The Python of the test assets' venv, if it has the `openai` package
-/// (`scripts/fetch_test_assets.sh` installs it).
+/// (`scripts/assets/fetch_test_assets.sh` installs it).
 fn openai_python() -> Option<PathBuf> {
     let py = common::assets().join("venv/bin/python");
     let ok = py.is_file()
@@ -46,7 +46,7 @@ fn openai_python() -> Option<PathBuf> {
     let required = std::env::var_os("VOICECLONE_REQUIRE_ASSETS").is_some_and(|v| v == "1");
     if !ok {
         let msg = format!(
-            "no Python with the openai package at {}: run scripts/fetch_test_assets.sh",
+            "no Python with the openai package at {}: run scripts/assets/fetch_test_assets.sh",
             py.display()
         );
         assert!(!required, "{msg}");
@@ -64,7 +64,7 @@ fn have_curl() -> bool {
     if !ok {
         assert!(
             std::env::var_os("VOICECLONE_REQUIRE_ASSETS").is_none_or(|v| v != "1"),
-            "curl is missing: scripts/install_deps.sh installs it"
+            "curl is missing: scripts/ci/install_deps.sh installs it"
         );
         eprintln!("skipped: curl is missing");
     }

@@ -44,7 +44,7 @@ fn codecs() -> [(&'static str, &'static Codec); 2] {
     [("f32-stored", f32_stored), ("bf16-stored", bf16_stored)]
 }
 
-/// The 330 frames the official decoder was recorded on (`scripts/make_fixtures.py`).
+/// The 330 frames the official decoder was recorded on (`scripts/reference/make_fixtures.py`).
 fn long_codes() -> Vec<Vec<u32>> {
     let path = fixtures().join("refs/codec.safetensors");
     let refs = candle_core::safetensors::load(&path, &Device::Cpu).unwrap();

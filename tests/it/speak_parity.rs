@@ -1,5 +1,5 @@
 //! Greedy generation parity with the official `generate_voice_clone` / `generate_custom_voice`
-//! (docs/model.md §14): every case recorded by `scripts/make_fixtures.py` in
+//! (docs/model.md §14): every case recorded by `scripts/reference/make_fixtures.py` in
 //! `tests/fixtures/refs/<model>.speak.{json,safetensors}` is replayed through the library the
 //! way `voiceclone speak` runs it — model loaded from its directory like a download, voice made
 //! from the reference clip, prompts, left-padded batch, frame loop, codec decode, ICL cut —
@@ -25,7 +25,7 @@ fn load_refs(model: &str) -> Refs {
     let dir = fixtures().join("refs");
     let json = dir.join(format!("{model}.speak.json"));
     let text = std::fs::read_to_string(&json)
-        .unwrap_or_else(|e| panic!("{}: {e} (made by scripts/make_fixtures.py)", json.display()));
+        .unwrap_or_else(|e| panic!("{}: {e} (made by scripts/reference/make_fixtures.py)", json.display()));
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     let cases = match v {
         serde_json::Value::Array(a) => a,

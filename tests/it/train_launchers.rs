@@ -1,5 +1,5 @@
 //! Sharded runs started by other launchers (docs/distributed.md §5): torchrun's environment,
-//! the real torchrun, and the Ray launcher (`scripts/ray_train.py`).
+//! the real torchrun, and the Ray launcher (`scripts/launchers/ray_train.py`).
 
 use crate::dist_support::*;
 
@@ -188,7 +188,7 @@ impl RayCluster {
         })
     }
 
-    /// `scripts/ray_train.py` with 2 CPU workers running `voiceclone --workdir WS train BASE
+    /// `scripts/launchers/ray_train.py` with 2 CPU workers running `voiceclone --workdir WS train BASE
     /// args`, after `options`.
     fn train(
         &self,
@@ -197,7 +197,7 @@ impl RayCluster {
         args: &[&str],
     ) -> std::process::Command {
         let mut c = std::process::Command::new(&self.python);
-        c.arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/ray_train.py"))
+        c.arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/launchers/ray_train.py"))
             .args(["--address", &self.address, "--workers", "2", "--cpu"])
             .arg("--voiceclone")
             .arg(env!("CARGO_BIN_EXE_voiceclone"))

@@ -1,5 +1,5 @@
 //! The corrected objective (docs/model.md §10.3) on the fixture batch of
-//! `scripts/make_train_refs.py` (official modules, float32) — the batch layout exactly, the
+//! `scripts/reference/make_train_refs.py` (official modules, float32) — the batch layout exactly, the
 //! input embeddings and hidden states, L / L_talker / L_sub within 1e-5 relative, the global
 //! gradient norm within 1e-4 relative, per-parameter gradients, and (when recorded) a short
 //! AdamW trajectory — for both fixture models.
@@ -29,7 +29,7 @@ fn refs_of(model: &str, kind: &str) -> Refs {
     let json: Value =
         serde_json::from_str(&std::fs::read_to_string(&json_path).unwrap_or_else(|e| {
             panic!(
-                "{}: {e} (scripts/make_train_refs.py writes it)",
+                "{}: {e} (scripts/reference/make_train_refs.py writes it)",
                 json_path.display()
             )
         }))

@@ -22,7 +22,7 @@ pub const RENDEZVOUS_PORT: &str = "VOICECLONE_RENDEZVOUS_PORT";
 /// Directory where each rank leaves its error message for our launcher.
 pub const REPORT_DIR: &str = "VOICECLONE_REPORT_DIR";
 
-/// Set by voiceclone's launcher (and `scripts/ray_train.py`) in the ranks of a restarted run:
+/// Set by voiceclone's launcher (and `scripts/launchers/ray_train.py`) in the ranks of a restarted run:
 /// how many times the run was restarted before this attempt.
 pub const RESTART_COUNT: &str = "VOICECLONE_RESTART_COUNT";
 

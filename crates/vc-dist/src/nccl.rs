@@ -5,7 +5,7 @@
 //! [`super::tcp`]; rank 0 creates the NCCL unique id and passes it in the rendezvous.
 //!
 //! NCCL needs equal chunk sizes on every rank, which the padded flat shards of [`super::unit_packing`]
-//! provide. Compiled in CI (`scripts/check_cuda_build.sh`); it runs only where a GPU is.
+//! provide. Compiled in CI (`scripts/ci/check_cuda_build.sh`); it runs only where a GPU is.
 
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};

@@ -1,7 +1,7 @@
 //! Which of whisper.cpp's CPU backends runs (docs/architecture.md §9.4).
 //!
 //! whisper-rs-sys compiles ggml's CPU backend for the portable baseline. A release build
-//! (`VOICECLONE_GGML_AVX512=ON`, set by scripts/release.sh) links a second copy compiled for
+//! (`VOICECLONE_GGML_AVX512=ON`, set by scripts/release/release.sh) links a second copy compiled for
 //! AVX-512 with VBMI, VNNI and BF16, its symbols renamed by the build script; the linker sends
 //! ggml's one call into a CPU backend, `ggml_backend_cpu_reg`, here, and this returns the second
 //! copy's registration where the CPU has every extension it was compiled for. The answer is

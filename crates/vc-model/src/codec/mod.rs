@@ -11,7 +11,7 @@
 //! decoding equals it bit for bit, docs/model.md §9.5); vectorised ELU / SnakeBeta / GELU
 //! ([`vc_kernels::act`]).
 //! Both directions use all cores (`RAYON_NUM_THREADS` caps them). Parity with the official
-//! code: `tests/it/codec_parity.rs`; speed: `scripts/bench_codec.sh`.
+//! code: `tests/it/codec_parity.rs`; speed: `scripts/bench/codec.sh`.
 //!
 //! ```no_run
 //! # fn main() -> anyhow::Result<()> {

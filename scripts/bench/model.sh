@@ -1,0 +1,38 @@
+# Sourced by the benchmarks that run `voiceclone` on a random checkpoint of the real shapes
+# (docs/performance.md §1): the checks and set-up they share.
+#
+# `require_model DIR` stops the script when DIR holds no model (and says which script writes
+# the 0.6B-shaped one). `ensure_bin` builds target/release/voiceclone into BIN unless BIN is set.
+# `model_with_codec MODEL CODEC DEST` makes DEST the model MODEL with the speech tokenizer in
+# CODEC (links to both; the codec of the real size is what limits streaming on a CPU, and the
+# random checkpoints carry a small one), stopping when CODEC holds no tokenizer.
+require_model() {
+    if [[ ! -f $1/model.safetensors ]]; then
+        echo "error: no model at $1 (scripts/reference/make_fixtures.py --full-size $1 writes the" \
+            "0.6B-shaped random one, see scripts/bench/speak.sh)" >&2
+        exit 1
+    fi
+}
+
+ensure_bin() {
+    if [[ -z ${BIN:-} ]]; then
+        echo "== building voiceclone (release)" >&2
+        cargo build --release --quiet --bin voiceclone
+        BIN=target/release/voiceclone
+    fi
+}
+
+model_with_codec() {
+    local model=$1 codec=$2 dest=$3 f
+    if [[ ! -f $codec/model.safetensors || ! -f $codec/config.json ]]; then
+        echo "error: no speech tokenizer at $codec (model.safetensors and config.json;" \
+            "scripts/reference/bench_codec.py --make-full-size $codec writes the full-size one," \
+            "CODEC=own keeps the model's own)" >&2
+        exit 1
+    fi
+    mkdir -p "$dest"
+    for f in "$model"/*; do
+        [[ $(basename "$f") == speech_tokenizer ]] || ln -s "$(realpath "$f")" "$dest/"
+    done
+    ln -s "$(realpath "$codec")" "$dest/speech_tokenizer"
+}

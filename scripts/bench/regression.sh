@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# No-regression check: this tree against an older commit, side by side in one run, on the
+# speak, train and codec work (docs/performance.md §11).
+#
+#   scripts/bench/regression.sh 9547a80          # best of 3 alternating rounds
+#   ROUNDS=5 FRAMES=40 scripts/bench/regression.sh 9547a80
+#
+# The old commit is checked out into a git worktree under OLD_TARGET and built in release mode
+# there (kept between runs, so a second run builds nothing); this tree is built into target/.
+# The timed rounds wait up to five minutes for the builds' load to settle. Both sides then run the same three jobs, alternating old / new in
+# every round, each as a whole process (loading included):
+#   speak  `voiceclone speak --greedy --max-frames FRAMES` on the 0.6B-shaped random model
+#          (MODEL, bf16-stored) cloning the fixture reference clip, in every precision both
+#          commits know (PRECISIONS, default "f32 bf16-weights");
+#   train  `examples/profile_train MODEL` (forward and backward of the training graph's parts;
+#          the sum of the parts it prints);
+#   codec  `examples/bench_codec` on a full-size random codec (CODEC, made once by
+#          `scripts/reference/bench_codec.py --make-full-size`): encode + decode of
+#          SECONDS_OF_AUDIO of the fixture speech (the sum of both times it prints).
+# Each side's best time is reported with the ratio old/new (> 1: this tree is faster).
+#
+# The machine must be quiet: the script reads the 1-minute load average first and stops when it
+# is 0.5 or more (FORCE=1 runs anyway and says so in the output).
+#
+# Environment: MODEL (default .big-fixtures/qwen3-tts-0.6b-random; make it with
+# `scripts/reference/make_fixtures.py --full-size`), CODEC (default .big-fixtures/codec-full), FRAMES (30), SECONDS_OF_AUDIO (20), ROUNDS (3),
+# PRECISIONS, THREADS (RAYON_NUM_THREADS of every job; default every core), OLD_TARGET
+# (default target/regression), FORCE.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+OLD_REV=${1:?usage: scripts/bench/regression.sh OLD_COMMIT}
+MODEL=${MODEL:-.big-fixtures/qwen3-tts-0.6b-random}
+CODEC=${CODEC:-.big-fixtures/codec-full}
+FRAMES=${FRAMES:-30}
+SECONDS_OF_AUDIO=${SECONDS_OF_AUDIO:-20}
+ROUNDS=${ROUNDS:-3}
+PRECISIONS=${PRECISIONS:-"f32 bf16-weights"}
+THREADS=${THREADS:-$(nproc)}
+OLD_TARGET=${OLD_TARGET:-target/regression}
+TEXT="The quick brown fox jumps over the lazy dog, and then it runs far away into the quiet forest."
+REF=tests/fixtures/audio/ref24k.wav
+OUT=$(mktemp -d)
+mkdir -p "$OUT/ws"
+trap 'rm -rf "$OUT"' EXIT
+
+old_sha=$(git rev-parse --verify "$OLD_REV^{commit}")
+new_sha=$(git rev-parse HEAD)
+[[ -n $(git status --porcelain --untracked-files=no) ]] && new_sha="$new_sha (with uncommitted changes)"
+if [[ ! -f $CODEC/model.safetensors ]]; then
+    echo "error: $CODEC/model.safetensors is missing (scripts/reference/bench_codec.py --make-full-size $CODEC)" >&2
+    exit 1
+fi
+if [[ ! -f $MODEL/model.safetensors ]]; then
+    echo "error: $MODEL/model.safetensors is missing (scripts/reference/make_fixtures.py --full-size $MODEL)" >&2
+    exit 1
+fi
+
+echo "== building the old commit $old_sha (release, into $OLD_TARGET)" >&2
+mkdir -p "$OLD_TARGET"
+OLD_TARGET=$(cd "$OLD_TARGET" && pwd)
+# A fixed place for the old tree, so that a second run finds its build up to date.
+OLD_TREE=$OLD_TARGET/tree
+if [[ $(git -C "$OLD_TREE" rev-parse HEAD 2>/dev/null) != "$old_sha" ]]; then
+    git worktree remove --force "$OLD_TREE" 2>/dev/null || rm -rf "$OLD_TREE"
+    git worktree prune
+    git worktree add --detach --quiet "$OLD_TREE" "$old_sha"
+fi
+(cd "$OLD_TREE" && CARGO_TARGET_DIR=$OLD_TARGET cargo build --release --quiet --locked \
+    --bin voiceclone --example profile_train --example bench_codec)
+echo "== building this tree (release)" >&2
+cargo build --release --quiet --locked --bin voiceclone --example profile_train --example bench_codec
+
+# The builds above load the machine: give the load average up to five minutes to settle.
+for _ in $(seq 30); do
+    python3 -c "import sys; sys.exit(0 if float(open('/proc/loadavg').read().split()[0]) < 0.5 else 1)" &&
+        break
+    sleep 10
+done
+source scripts/bench/quiet.sh
+require_quiet "before the timed rounds"
+
+# Seconds of one job; `$1` is the side's target directory.
+job_speak() { # target precision
+    local start end
+    start=$(date +%s.%N)
+    RAYON_NUM_THREADS=$THREADS "$1/release/voiceclone" --workdir "$OUT/ws" speak "$TEXT" \
+        -o "$OUT/speak.wav" --overwrite --model "$MODEL" --ref-audio "$REF" --greedy \
+        --max-frames "$FRAMES" --precision "$2" >"$OUT/job.out" 2>"$OUT/job.err" || {
+        cat "$OUT/job.err" >&2
+        exit 1
+    }
+    end=$(date +%s.%N)
+    python3 -c "print(f'{$end - $start:.3f}')"
+}
+job_train() { # target
+    RAYON_NUM_THREADS=$THREADS "$1/release/examples/profile_train" "$MODEL" >"$OUT/job.out" \
+        2>"$OUT/job.err" || {
+        cat "$OUT/job.err" >&2
+        exit 1
+    }
+    # Lines "<part> <ms> ms": the sum of the parts, in seconds.
+    awk '$NF == "ms" { s += $(NF-1) } END { printf "%.3f\n", s / 1000 }' "$OUT/job.out"
+}
+job_codec() { # target
+    RAYON_NUM_THREADS=$THREADS "$1/release/examples/bench_codec" --codec "$CODEC" \
+        --audio "$REF" --seconds "$SECONDS_OF_AUDIO" >"$OUT/job.out" 2>"$OUT/job.err" || {
+        cat "$OUT/job.err" >&2
+        exit 1
+    }
+    python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print("%.3f" % (r["encode_seconds"] + r["decode_seconds"]))' \
+        "$OUT/job.out"
+}
+
+JOBS=()
+for p in $PRECISIONS; do JOBS+=("speak:$p"); done
+JOBS+=(train codec)
+declare -A BEST
+run_job() { # side target job
+    local t
+    case $3 in
+        speak:*) t=$(job_speak "$2" "${3#speak:}") ;;
+        train) t=$(job_train "$2") ;;
+        codec) t=$(job_codec "$2") ;;
+    esac
+    echo "   round $round $1 $3: $t s" >&2
+    local key="$1 $3"
+    if [[ -z ${BEST[$key]:-} ]] || python3 -c "import sys; sys.exit(0 if $t < ${BEST[$key]} else 1)"; then
+        BEST[$key]=$t
+    fi
+}
+for ((round = 1; round <= ROUNDS; round++)); do
+    for job in "${JOBS[@]}"; do
+        # Alternate which side goes first, so neither always runs on a warmer cache.
+        if ((round % 2)); then
+            run_job old "$OLD_TARGET" "$job"
+            run_job new target "$job"
+        else
+            run_job new target "$job"
+            run_job old "$OLD_TARGET" "$job"
+        fi
+    done
+done
+
+echo
+echo "no-regression check, $(nproc) cores, RAYON_NUM_THREADS=$THREADS, $LOAD_NOTE; best of $ROUNDS alternating rounds"
+echo "old: $old_sha"
+echo "new: $new_sha"
+printf '%-20s %10s %10s %10s\n' job "old s" "new s" "old/new"
+for job in "${JOBS[@]}"; do
+    o=${BEST["old $job"]}
+    n=${BEST["new $job"]}
+    printf '%-20s %10.3f %10.3f %10.2f\n' "$job" "$o" "$n" "$(python3 -c "print($o / $n)")"
+done
+echo "(speak: $FRAMES frames on $MODEL, whole process; train: profile_train's parts; codec: encode + decode of $SECONDS_OF_AUDIO s)"

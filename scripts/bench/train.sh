@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# Training throughput, voiceclone vs a PyTorch loop over the official modules, side by side in one
+# run (docs/performance.md §1).
+#
+#   scripts/bench/train.sh                    # medium random model, batch 2, 2 warm-up + 10 timed steps
+#   ROUNDS=3 STEPS=20 scripts/bench/train.sh
+#
+# Both sides train the same model directory (MODEL_DIR, a random "medium" model in the official
+# layout made once by `scripts/reference/bench_train.py --make-model`), on the same JSONL rows
+# (DATA, made once by `--make-data`), with the same x-vector (computed by the official speaker
+# encoder on tests/fixtures/audio/ref24k.wav and handed to voiceclone as data/speaker.safetensors),
+# the same batches in the same order (consecutive rows, no shuffle: voiceclone `--no-shuffle`,
+# `--grad-accum 1`), fp32 on the CPU, lr 2e-5, weight decay 0.01, clip 1.0, the same thread count.
+# Every step is a full optimizer step (forward, backward, clipping, AdamW); the first WARMUP steps
+# are not timed. Throughput = codec frames of the timed steps / their wall time (voiceclone's
+# per-step `seconds` from checkpoints/metrics.jsonl; checkpoint writing is outside the steps).
+# Rounds alternate official / voiceclone; the best of each side is reported (the machine is
+# shared), with the ratio voiceclone / official (> 1: voiceclone is faster).
+#
+# Sanity checks: both sides see the same frame counts per step, and the first step's loss (same
+# weights, same batch, before any update) agrees to 1e-5 relative.
+#
+# Environment: PYTHON (torch + qwen-tts; default .reference-venv/bin/python, made by
+# scripts/reference/setup_venv.sh), MODEL_DIR (default .big-fixtures/train-medium),
+# DATA (default .big-fixtures/train-rows.jsonl), BATCH (2),
+# WARMUP (2), STEPS (10), ROUNDS (1), THREADS (both sides; default: every core).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+PYTHON=${PYTHON:-.reference-venv/bin/python}
+MODEL_DIR=${MODEL_DIR:-.big-fixtures/train-medium}
+DATA=${DATA:-.big-fixtures/train-rows.jsonl}
+BATCH=${BATCH:-2}
+WARMUP=${WARMUP:-2}
+STEPS=${STEPS:-10}
+ROUNDS=${ROUNDS:-1}
+THREADS=${THREADS:-$(nproc)}
+OUT=$(mktemp -d)
+trap 'rm -rf "$OUT"' EXIT
+
+if ! "$PYTHON" -c 'import torch, qwen_tts' 2>/dev/null; then
+    echo "error: $PYTHON lacks torch / qwen-tts (bash scripts/reference/setup_venv.sh makes the reference environment)" >&2
+    exit 1
+fi
+echo "== building voiceclone (release)" >&2
+cargo build --release --quiet
+if [[ ! -f $MODEL_DIR/config.json ]]; then
+    echo "== writing a random medium model to $MODEL_DIR (once)" >&2
+    "$PYTHON" scripts/reference/bench_train.py --make-model "$MODEL_DIR"
+fi
+if [[ ! -f $DATA ]]; then
+    echo "== writing synthetic training rows to $DATA (once)" >&2
+    "$PYTHON" scripts/reference/bench_train.py --make-data "$DATA"
+fi
+ROWS=$(grep -c . "$DATA")
+if (( ROWS % BATCH != 0 )); then
+    echo "error: $DATA has $ROWS rows, not a multiple of BATCH=$BATCH (the batch orders would differ)" >&2
+    exit 1
+fi
+MODEL_ABS=$(cd "$MODEL_DIR" && pwd)
+
+official() {  # $1 = round
+    local xv=()
+    if [[ -f $OUT/xvector.safetensors ]]; then
+        xv=(--ref-xvector "$OUT/xvector.safetensors")
+    else
+        xv=(--ref-audio tests/fixtures/audio/ref24k.wav --save-xvector "$OUT/xvector.safetensors")
+    fi
+    "$PYTHON" scripts/reference/bench_train.py --model "$MODEL_DIR" --data "$DATA" "${xv[@]}" \
+        --batch-size "$BATCH" --warmup "$WARMUP" --steps "$STEPS" --threads "$THREADS" \
+        --lr 2e-5 --dtype float32 --device cpu --out-json "$OUT/official-$1.json" >/dev/null
+}
+
+rust() {  # $1 = round
+    local ws=$OUT/ws-$1
+    mkdir -p "$ws/data"
+    cp "$DATA" "$ws/data/train.jsonl"
+    cp "$OUT/xvector.safetensors" "$ws/data/speaker.safetensors"
+    printf '[model]\nbase = "%s"\n' "$MODEL_ABS" > "$ws/voiceclone.toml"
+    RAYON_NUM_THREADS=$THREADS /usr/bin/time -f '%M' -o "$ws/maxrss" \
+        target/release/voiceclone --workdir "$ws" train --no-shuffle --batch-size "$BATCH" \
+        --grad-accum 1 --warmup-steps 0 --lr 2e-5 --weight-decay 0.01 --clip-norm 1.0 \
+        --max-steps $((WARMUP + STEPS)) --epochs 1000000 --save-every 0 --keep 1 --no-export \
+        >/dev/null 2>"$ws/stderr" || { cat "$ws/stderr" >&2; exit 1; }
+}
+
+for r in $(seq 1 "$ROUNDS"); do
+    echo "== round $r: official (PyTorch)" >&2
+    official "$r"
+    echo "== round $r: voiceclone" >&2
+    rust "$r"
+done
+
+"$PYTHON" - "$OUT" "$ROUNDS" "$WARMUP" <<'PY'
+import json, sys
+out, rounds, warmup = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+best_o = best_r = None
+for r in range(1, rounds + 1):
+    o = json.load(open(f"{out}/official-{r}.json"))
+    m = [json.loads(l) for l in open(f"{out}/ws-{r}/checkpoints/metrics.jsonl")]
+    frames_r = [x["frames"] for x in m]
+    if frames_r != o["frames"]:
+        sys.exit(f"different batches: frames per step {frames_r} vs official {o['frames']}")
+    rel = abs(m[0]["loss"] - o["losses"][0]) / abs(o["losses"][0])
+    if rel > 1e-5:
+        sys.exit(f"first-step loss differs: {m[0]['loss']} vs official {o['losses'][0]} (rel {rel:.2e})")
+    t = m[warmup:]
+    fps_r = sum(x["frames"] for x in t) / sum(x["seconds"] for x in t)
+    spp_r = sum(x["seconds"] for x in t) / len(t)
+    rss_r = int(open(f"{out}/ws-{r}/maxrss").read().split()[-1]) / 1024
+    print(f"round {r}: official {o['frames_per_s']:.1f} frames/s ({o['s_per_step']:.2f} s/step, "
+          f"peak RSS {o['peak_rss_mb']:.0f} MB); voiceclone {fps_r:.1f} frames/s ({spp_r:.2f} s/step, "
+          f"peak RSS {rss_r:.0f} MB); first-step loss rel diff {rel:.1e}", file=sys.stderr)
+    if best_o is None or o["frames_per_s"] > best_o[0]:
+        best_o = (o["frames_per_s"], o["s_per_step"], o["peak_rss_mb"], o["trained_parameters"])
+    if best_r is None or fps_r > best_r[0]:
+        best_r = (fps_r, spp_r, rss_r)
+print(f"model: {best_o[3] / 1e6:.1f} M trained parameters, fp32, CPU, {o['threads']} threads, "
+      f"batch {o['batch_size']}, {o['steps']} timed steps after {warmup} warm-up")
+print(f"official (PyTorch): {best_o[0]:8.1f} frames/s  {best_o[1]:6.2f} s/step  peak RSS {best_o[2]:6.0f} MB")
+print(f"voiceclone:         {best_r[0]:8.1f} frames/s  {best_r[1]:6.2f} s/step  peak RSS {best_r[2]:6.0f} MB")
+print(f"ratio voiceclone / official: {best_r[0] / best_o[0]:.2f}")
+PY
