@@ -3,7 +3,8 @@
 //!
 //! - [`collective`]: the `Collective` trait (all-gather, reduce-scatter, broadcast, host
 //!   all-reduce, barrier, abort);
-//! - [`tcp`]: the CPU backend (ring collectives over TCP, rendezvous, control plane);
+//! - [`tcp`]: the CPU backend (ring collectives over TCP, rendezvous; its control plane in
+//!   `tcp::control`, the tensors' bytes on the wire in `tcp::wire`);
 //! - `nccl` (feature `nccl`): the GPU backend over `cudarc::nccl`;
 //! - [`shard`]: how tensors split into row ranges; [`unit_packing`]: one collective per unit;
 //! - [`env`]: whether this process is a rank of a run (ours, torchrun's or Slurm's);

@@ -19,18 +19,27 @@
 //! its machine gone without closing the connection — is noticed when nothing has come from it
 //! for half the timeout, and the run is aborted naming it, even while the others are busy computing
 //! or blocked inside a GPU collective, where no socket timeout applies.
+//!
+//! Here: the rendezvous, the ring and the collectives over it. The control plane's messages and
+//! shared state are in `control`, the conversions between tensors and the bytes the ring carries
+//! in `wire`.
 
 use std::io::{Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor};
-use serde::{Deserialize, Serialize};
 
 use super::collective::{Collective, ReduceOp};
+
+mod control;
+mod wire;
+
+use control::{recv_msg, send_msg, Control, Hello, Welcome, BYE, HELLO, WELCOME};
+use wire::{f32_bytes, f32_from, from_bytes, pod_vec, to_bytes};
 
 /// Where a rank finds the others.
 #[derive(Debug, Clone)]
@@ -44,179 +53,6 @@ pub struct Endpoint {
     /// Rank 0's rendezvous socket when it was bound before this rank started (by our launcher,
     /// so that no other process can take the port in between); `None`: rank 0 binds `master`.
     pub listener: Option<Arc<TcpListener>>,
-}
-
-/// Control-plane message kinds.
-const HELLO: u8 = 1;
-const WELCOME: u8 = 2;
-const ABORT: u8 = 3;
-const BYE: u8 = 4;
-const HEARTBEAT: u8 = 5;
-
-/// How often a rank tells the other end of its control connections that it is alive.
-const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
-
-#[derive(Debug, Serialize, Deserialize)]
-struct Hello {
-    rank: usize,
-    world: usize,
-    ring_port: u16,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-struct Welcome {
-    /// Ring listener of every rank, `host:port`.
-    ring: Vec<String>,
-    payload: Vec<u8>,
-}
-
-fn send_msg(mut s: &TcpStream, kind: u8, payload: &[u8]) -> std::io::Result<()> {
-    let mut frame = Vec::with_capacity(5 + payload.len());
-    frame.push(kind);
-    frame.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    frame.extend_from_slice(payload);
-    s.write_all(&frame)
-}
-
-fn recv_msg(mut s: &TcpStream) -> std::io::Result<(u8, Vec<u8>)> {
-    let mut head = [0u8; 5];
-    s.read_exact(&mut head)?;
-    let len = u32::from_le_bytes([head[1], head[2], head[3], head[4]]) as usize;
-    let mut payload = vec![0u8; len];
-    s.read_exact(&mut payload)?;
-    Ok((head[0], payload))
-}
-
-/// Shared state of the control plane.
-struct Control {
-    rank: usize,
-    aborted: Mutex<Option<String>>,
-    finishing: AtomicBool,
-    /// Ring sockets, shut down on abort so that blocked collectives return.
-    ring: Mutex<Vec<TcpStream>>,
-    /// Rank 0: the connection to every other rank (index = rank); others: `[rank 0]`.
-    links: Vec<Option<TcpStream>>,
-    /// Rank 0: goodbyes received.
-    byes: Mutex<usize>,
-    bye_seen: Condvar,
-    /// Serialises writes on the control connections (heartbeats, aborts, goodbyes).
-    write: Mutex<()>,
-    /// When each peer (index = rank) was last heard from on the control plane.
-    last_heard: Mutex<Vec<Instant>>,
-    /// A peer silent for this long is taken for stopped or unreachable.
-    silence: Duration,
-    /// Run once when the run is aborted (e.g. aborting a GPU communicator).
-    on_abort: Mutex<Vec<Box<dyn Fn() + Send + Sync>>>,
-}
-
-impl Control {
-    /// Records `why` (the first reason wins), tells the others, and unblocks the ring.
-    fn abort(&self, why: &str, tell_others: bool) {
-        {
-            let mut a = self.aborted.lock().expect("control state");
-            if a.is_some() {
-                return;
-            }
-            *a = Some(why.to_string());
-        }
-        if tell_others {
-            for link in self.links.iter().flatten() {
-                let _ = self.send(link, ABORT, why.as_bytes());
-            }
-        }
-        for s in self.ring.lock().expect("control state").iter() {
-            let _ = s.shutdown(Shutdown::Both);
-        }
-        self.bye_seen.notify_all();
-        for f in self.on_abort.lock().expect("control state").iter() {
-            f();
-        }
-    }
-
-    /// Sends one message on a control connection (whole, never interleaved with another).
-    fn send(&self, link: &TcpStream, kind: u8, payload: &[u8]) -> std::io::Result<()> {
-        let _guard = self.write.lock().expect("control state");
-        send_msg(link, kind, payload)
-    }
-
-    /// Sends heartbeats and watches the peers' until the run finishes or is aborted.
-    fn heartbeat(self: Arc<Self>) {
-        loop {
-            std::thread::sleep(HEARTBEAT_EVERY);
-            if self.finishing.load(Ordering::SeqCst) || self.aborted().is_some() {
-                return;
-            }
-            for link in self.links.iter().flatten() {
-                let _ = self.send(link, HEARTBEAT, &[]);
-            }
-            let silent = {
-                let heard = self.last_heard.lock().expect("control state");
-                self.links
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, l)| l.is_some())
-                    .map(|(i, _)| if self.rank == 0 { i } else { 0 })
-                    .find(|&peer| heard[peer].elapsed() > self.silence)
-            };
-            if let Some(peer) = silent {
-                if self.finishing.load(Ordering::SeqCst) {
-                    return;
-                }
-                self.abort(
-                    &format!(
-                        "rank {peer} stopped responding: nothing was heard from it for {} s (half \
-                         of train.dist_timeout); it is stopped (SIGSTOP), hung outside this \
-                         program, or its machine is unreachable",
-                        self.silence.as_secs()
-                    ),
-                    true,
-                );
-                return;
-            }
-        }
-    }
-
-    fn aborted(&self) -> Option<String> {
-        self.aborted.lock().expect("control state").clone()
-    }
-
-    /// Reads one control connection until it ends. `peer` is the rank at the other end.
-    fn listen(self: Arc<Self>, stream: TcpStream, peer: usize) {
-        let _ = stream.set_read_timeout(None);
-        loop {
-            match recv_msg(&stream) {
-                Ok((ABORT, msg)) => {
-                    let why = String::from_utf8_lossy(&msg).into_owned();
-                    // Rank 0 relays an abort to every rank; the others only record it.
-                    self.abort(&why, self.rank == 0);
-                    return;
-                }
-                Ok((BYE, _)) => {
-                    *self.byes.lock().expect("control state") += 1;
-                    self.bye_seen.notify_all();
-                    return;
-                }
-                Ok((HEARTBEAT, _)) => {
-                    self.last_heard.lock().expect("control state")[peer] = Instant::now();
-                }
-                Ok(_) => {}
-                Err(_) => {
-                    if self.finishing.load(Ordering::SeqCst) && self.rank != 0 {
-                        return;
-                    }
-                    let why = if peer == 0 {
-                        "lost the connection to rank 0 (it exited or was killed)".to_string()
-                    } else {
-                        format!(
-                            "rank {peer} disconnected without finishing (it exited or was killed)"
-                        )
-                    };
-                    self.abort(&why, self.rank == 0);
-                    return;
-                }
-            }
-        }
-    }
 }
 
 /// The two ring connections of a rank.
@@ -564,56 +400,6 @@ fn host_of(master: &str) -> &str {
     master.rsplit_once(':').map_or(master, |(h, _)| h)
 }
 
-fn f32_bytes(v: &[f32]) -> Vec<u8> {
-    bytemuck::cast_slice(v).to_vec()
-}
-
-fn f32_from(bytes: &[u8]) -> Vec<f32> {
-    pod_vec(bytes)
-}
-
-/// `bytes` (a whole number of `T`s, any alignment) copied into a `Vec<T>`.
-fn pod_vec<T: bytemuck::Pod + Default>(bytes: &[u8]) -> Vec<T> {
-    let n = bytes.len() / std::mem::size_of::<T>();
-    let mut v = vec![T::default(); n];
-    bytemuck::cast_slice_mut(&mut v).copy_from_slice(&bytes[..n * std::mem::size_of::<T>()]);
-    v
-}
-
-/// A contiguous tensor's raw bytes on the host, and how to rebuild one from them.
-fn to_bytes(t: &Tensor) -> Result<Vec<u8>> {
-    let t = t.to_device(&Device::Cpu)?.flatten_all()?;
-    Ok(match t.dtype() {
-        DType::F32 => f32_bytes(&t.to_vec1::<f32>()?),
-        DType::BF16 => {
-            let v: Vec<u16> = t
-                .to_vec1::<half::bf16>()?
-                .iter()
-                .map(|x| x.to_bits())
-                .collect();
-            bytemuck::cast_slice(&v).to_vec()
-        }
-        DType::F64 => bytemuck::cast_slice(&t.to_vec1::<f64>()?).to_vec(),
-        DType::U32 => bytemuck::cast_slice(&t.to_vec1::<u32>()?).to_vec(),
-        other => bail!("the TCP collectives do not carry {other:?} tensors"),
-    })
-}
-
-fn from_bytes(bytes: &[u8], dtype: DType, shape: &[usize], device: &Device) -> Result<Tensor> {
-    let t = match dtype {
-        DType::F32 => Tensor::from_vec(f32_from(bytes), shape, &Device::Cpu)?,
-        DType::BF16 => {
-            let v: Vec<u16> = pod_vec(bytes);
-            let v: Vec<half::bf16> = v.into_iter().map(half::bf16::from_bits).collect();
-            Tensor::from_vec(v, shape, &Device::Cpu)?
-        }
-        DType::F64 => Tensor::from_vec(pod_vec::<f64>(bytes), shape, &Device::Cpu)?,
-        DType::U32 => Tensor::from_vec(pod_vec::<u32>(bytes), shape, &Device::Cpu)?,
-        other => bail!("the TCP collectives do not carry {other:?} tensors"),
-    };
-    Ok(t.to_device(device)?)
-}
-
 impl Collective for TcpCollective {
     fn rank(&self) -> usize {
         self.rank
@@ -799,142 +585,4 @@ impl Drop for TcpCollective {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A rendezvous socket bound before any rank starts, as our launcher binds it (a port
-    /// chosen and released first could be taken by a parallel test), and its port.
-    fn bound_rendezvous() -> (Arc<TcpListener>, u16) {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = l.local_addr().unwrap().port();
-        (Arc::new(l), port)
-    }
-
-    /// Runs `f` on `world` ranks (threads) connected over loopback.
-    fn run<T: Send>(world: usize, f: impl Fn(TcpCollective) -> T + Sync) -> Vec<T> {
-        let (listener, port) = bound_rendezvous();
-        std::thread::scope(|s| {
-            let handles: Vec<_> = (0..world)
-                .map(|rank| {
-                    let f = &f;
-                    let listener = listener.clone();
-                    s.spawn(move || {
-                        let ep = Endpoint {
-                            rank,
-                            world,
-                            master: format!("127.0.0.1:{port}"),
-                            timeout: Duration::from_secs(20),
-                            listener: (rank == 0).then_some(listener),
-                        };
-                        let c = TcpCollective::connect(&ep, b"hello".to_vec()).unwrap();
-                        assert_eq!(c.payload(), b"hello");
-                        f(c)
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
-        })
-    }
-
-    #[test]
-    fn ring_collectives_agree_with_their_definition() {
-        for world in [1usize, 2, 3, 4] {
-            let out = run(world, |c| {
-                let r = c.rank() as f32;
-                // Shard of 2 rows × 3, different per rank.
-                let shard =
-                    Tensor::new(&[[r, r + 0.5, -r], [10.0 * r, 1.0, 2.0]], &Device::Cpu).unwrap();
-                let gathered = c.all_gather(&shard).unwrap();
-                let bf = c.all_gather(&shard.to_dtype(DType::BF16).unwrap()).unwrap();
-                assert_eq!(bf.dtype(), DType::BF16);
-                // Full tensor: world × 2 rows; rank r contributes (r + 1) × row index.
-                let rows: Vec<f32> = (0..world * 2 * 3).map(|i| (i as f32) * (r + 1.0)).collect();
-                let full = Tensor::from_vec(rows, (world * 2, 3), &Device::Cpu).unwrap();
-                let reduced = c.reduce_scatter(&full).unwrap();
-                let b = c
-                    .broadcast(&Tensor::new(&[r + 7.0], &Device::Cpu).unwrap(), world - 1)
-                    .unwrap();
-                let host = c.all_reduce_host(&[r as f64, 1.0], ReduceOp::Sum).unwrap();
-                let max = c.all_reduce_host(&[r as f64], ReduceOp::Max).unwrap();
-                c.barrier().unwrap();
-                c.finish().unwrap();
-                (
-                    gathered.to_vec2::<f32>().unwrap(),
-                    reduced.to_vec2::<f32>().unwrap(),
-                    b.to_vec1::<f32>().unwrap(),
-                    host,
-                    max,
-                )
-            });
-            let total: f32 = (1..=world).map(|k| k as f32).sum();
-            for (rank, (g, red, b, host, max)) in out.into_iter().enumerate() {
-                assert_eq!(g.len(), 2 * world, "world {world}");
-                for q in 0..world {
-                    let q = q as f32;
-                    assert_eq!(g[2 * q as usize], vec![q, q + 0.5, -q]);
-                    assert_eq!(g[2 * q as usize + 1], vec![10.0 * q, 1.0, 2.0]);
-                }
-                for (i, row) in red.iter().enumerate() {
-                    for (j, v) in row.iter().enumerate() {
-                        let flat = ((rank * 2 + i) * 3 + j) as f32;
-                        assert_eq!(*v, flat * total, "world {world} rank {rank}");
-                    }
-                }
-                assert_eq!(b, vec![(world - 1) as f32 + 7.0]);
-                let s: f64 = (0..world).map(|k| k as f64).sum();
-                assert_eq!(host, vec![s, world as f64]);
-                assert_eq!(max, vec![(world - 1) as f64]);
-            }
-        }
-    }
-
-    #[test]
-    fn an_abort_reaches_every_rank_and_fails_their_collectives() {
-        let out = run(3, |c| {
-            if c.rank() == 2 {
-                c.abort("rank 2 failed: disk full");
-            }
-            // Everyone else blocks in a collective that rank 2 never joins.
-            let started = Instant::now();
-            let r = c.all_reduce_host(&[1.0], ReduceOp::Sum);
-            let why = c.aborted();
-            (r.is_err(), why, started.elapsed())
-        });
-        for (rank, (failed, why, took)) in out.into_iter().enumerate() {
-            assert!(failed, "rank {rank}");
-            assert_eq!(
-                why.as_deref(),
-                Some("rank 2 failed: disk full"),
-                "rank {rank}"
-            );
-            assert!(took < Duration::from_secs(10), "rank {rank} took {took:?}");
-        }
-    }
-
-    #[test]
-    fn a_rendezvous_with_a_missing_rank_times_out_naming_it() {
-        let (listener, port) = bound_rendezvous();
-        let ep = |rank| Endpoint {
-            rank,
-            world: 3,
-            master: format!("127.0.0.1:{port}"),
-            timeout: Duration::from_secs(2),
-            listener: (rank == 0).then(|| listener.clone()),
-        };
-        let (r0, r1) = std::thread::scope(|s| {
-            let a = s.spawn(|| TcpCollective::connect(&ep(0), vec![]).err().unwrap());
-            let b = s.spawn(|| TcpCollective::connect(&ep(1), vec![]).err().unwrap());
-            (a.join().unwrap(), b.join().unwrap())
-        });
-        let e0 = format!("{r0:#}");
-        assert!(
-            e0.contains(&format!("127.0.0.1:{port}")) && e0.contains("rank(s) 2 never connected"),
-            "{e0}"
-        );
-        let e1 = format!("{r1:#}");
-        assert!(
-            e1.contains("rank 1") && e1.contains(&format!("127.0.0.1:{port}")),
-            "{e1}"
-        );
-    }
-}
+mod tests;
