@@ -16,7 +16,7 @@
 //! | [`conv_transpose`], [`depthwise_conv`], [`rows_linear`] | its transposed and depthwise convolutions and channels-last linear layers, on those tiles |
 //! | [`residual_unit`] | the codec's residual unit, fused tile by tile |
 //! | [`isa`] | run-time detection of AVX2, AVX-VNNI, AVX-512 (VNNI, BF16) |
-//! | [`q8`] | 8-bit block-quantized matrices times activation rows (`vpdpbusd`), inference |
+//! | [`q8`] | 8-bit block-quantized matrices times activation rows (`vpdpbusd`), inference (`q8::rows`: the activation rows' quantization; `q8::x86`: the x86-64 kernels) |
 //! | [`bf16_dot`] | bf16- or f32-stored matrices times activation rows (widening + FMA), inference |
 //! | [`matvec`] | `x · wᵀ` for a few f32 rows against bf16 candle weights (the tensor path) |
 //! | [`grad`] | inner loops of the training kernels with hand-written backward passes |
