@@ -33,7 +33,7 @@
 //!   views guarantee the extents), the AVX2 paths' unaligned loads and their run-time feature
 //!   check, committing buffers that [`buf`] has verified are fully written, and `mallopt`.
 //!   Every block says why it holds (`// SAFETY:`, enforced by `clippy::undocumented_unsafe_blocks`).
-//!   `scripts/miri.sh` runs this module's tests under Miri, scalar and AVX2 builds.
+//!   `scripts/ci/miri.sh` runs this module's tests under Miri, scalar and AVX2 builds.
 //! - **Parallelism.** Outputs are split into disjoint chunks that each task owns, with
 //!   per-worker scratch where needed; no threads are spawned per call. It goes through rayon
 //!   (`par_chunks_mut`, [`buf::par_new_vec`]; nested calls simply nest), with one exception:
@@ -48,7 +48,7 @@
 //!   calls; reuse of freed memory is the allocator's job, configured once per process
 //!   ([`alloc`]).
 //! - **Self-contained.** No dependency beyond `gemm`, `rayon`, `half`, `anyhow` and `libc`:
-//!   its tests build without candle or whisper.cpp, and `scripts/miri.sh` runs them under Miri
+//!   its tests build without candle or whisper.cpp, and `scripts/ci/miri.sh` runs them under Miri
 //!   (which cannot build either).
 
 pub mod act;
