@@ -10,10 +10,12 @@
 //! | [`continuous_batch`] | the frame loop for rows that join and leave a running batch |
 //! | [`text_split`] | long texts cut into chunks the model speaks well |
 //! | [`synthesizer`] | text in, 24 kHz audio out: the voice-clone and custom-voice pipelines |
+//! | [`precision`] | the number formats of inference (`speak.precision`) and what `auto` picks |
 //! | [`streaming`], [`audio_chunks`] | one request spoken as it is generated, its audio in growing chunks |
 
 pub mod audio_chunks;
 pub mod continuous_batch;
+pub mod precision;
 pub mod prompt;
 pub mod sampling;
 pub mod streaming;
@@ -22,4 +24,5 @@ pub mod talker_loop;
 pub mod text_split;
 
 pub use audio_chunks::AudioChunks;
-pub use synthesizer::{DecodeOptions, Precision, Request, RowPlan, Speech, Synthesizer, Voice};
+pub use precision::Precision;
+pub use synthesizer::{DecodeOptions, Request, RowPlan, Speech, Synthesizer, Voice};

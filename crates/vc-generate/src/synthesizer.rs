@@ -3,8 +3,9 @@
 //! pipelines on top of the prompt builder and the frame loop (docs/model.md §6, §7).
 
 use anyhow::{bail, ensure, Context, Result};
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 
+pub use super::precision::Precision;
 use super::prompt::{self, Embed, IclBranch, IclReference, PromptSpec, SpeakerSlot, SpecialEmbeds};
 use super::sampling::{Code0Processors, RowRng, Sampling};
 use super::talker_loop::{self, Generated, LoopOptions};
@@ -15,7 +16,6 @@ use vc_core::hub::ModelSource;
 use vc_model::codec::Codec;
 use vc_model::files::{GenerationConfig, ModelFiles};
 use vc_model::infer;
-use vc_model::linear::WeightFormat;
 use vc_model::ops::Numerics;
 use vc_model::speaker::SpeakerEncoder;
 use vc_model::talker::Talker;
@@ -138,100 +138,6 @@ pub struct RowPlan {
     pub text_tokens: usize,
     /// The adapter the row computes with ([`Voice::Adapter`]).
     pub adapter: Option<infer::AdapterId>,
-}
-
-/// Number formats of inference (`speak.precision`, docs/performance.md §2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Precision {
-    /// Everything in f32: the reference mode, the official f32 pipeline's arithmetic.
-    F32,
-    /// The large matrices (projections, heads, text embedding) kept in bf16 — the official
-    /// checkpoints' own values, read in place from the mapped file, so nothing is rounded for
-    /// bf16 checkpoints — with f32 activations and f32 arithmetic: half the bytes per frame.
-    Bf16Weights,
-    /// Everything in bf16 (GPUs).
-    Bf16,
-    /// Talker and code-predictor matrices quantized at load time to 8-bit blocks with one scale
-    /// per 32 weights; activations quantized per row on the fly; integer dot products (CPU).
-    Q8,
-}
-
-impl Precision {
-    /// The name `speak.precision` uses.
-    pub fn name(self) -> &'static str {
-        match self {
-            Precision::F32 => "f32",
-            Precision::Bf16Weights => "bf16-weights",
-            Precision::Bf16 => "bf16",
-            Precision::Q8 => "q8",
-        }
-    }
-
-    /// What `auto` picks: never less than the checkpoint stores. On a GPU bf16; on a CPU
-    /// bf16-weights for a bf16-stored checkpoint (its exact values, f32 arithmetic) and f32 for
-    /// anything else (f32 or f16 matrices would be rounded by bf16).
-    pub fn auto(stored: Option<safetensors::Dtype>, cuda: bool) -> Precision {
-        match (cuda, stored) {
-            (true, _) => Precision::Bf16,
-            (false, Some(safetensors::Dtype::BF16)) => Precision::Bf16Weights,
-            (false, _) => Precision::F32,
-        }
-    }
-
-    /// The stored dtype of a checkpoint's matrices, as [`Self::auto`] reads it (the first
-    /// talker projection).
-    pub fn stored(files: &ModelFiles) -> Option<safetensors::Dtype> {
-        files
-            .checkpoint
-            .tensor(&format!(
-                "{}.model.layers.0.self_attn.q_proj.weight",
-                vc_model::talker::PREFIX
-            ))
-            .map(|t| t.dtype)
-    }
-
-    /// Activation dtype of the candle path.
-    pub fn activations(self) -> DType {
-        match self {
-            Precision::F32 | Precision::Bf16Weights | Precision::Q8 => DType::F32,
-            Precision::Bf16 => DType::BF16,
-        }
-    }
-
-    /// Storage dtype of checkpoint tensor `name` on the candle path.
-    pub fn dtype_of(self, name: &str) -> DType {
-        match self {
-            Precision::Bf16Weights if is_matrix(name) => DType::BF16,
-            other => other.activations(),
-        }
-    }
-
-    /// The matrix format of the CPU inference path, or `None` where the candle path runs.
-    fn cpu_format(self, device: &Device) -> Option<WeightFormat> {
-        if !device.is_cpu() {
-            return None;
-        }
-        match self {
-            Precision::F32 => Some(WeightFormat::F32),
-            Precision::Bf16Weights => Some(WeightFormat::Bf16),
-            Precision::Q8 => Some(WeightFormat::Q8),
-            Precision::Bf16 => None,
-        }
-    }
-}
-
-impl std::fmt::Display for Precision {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// The tensors that dominate the bytes read per frame (and the text embedding, by size).
-fn is_matrix(name: &str) -> bool {
-    name.ends_with("_proj.weight")
-        || name == "talker.codec_head.weight"
-        || name.starts_with("talker.code_predictor.lm_head.")
-        || name == "talker.model.text_embedding.weight"
 }
 
 /// Which implementation runs the talker.
