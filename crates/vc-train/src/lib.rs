@@ -6,7 +6,8 @@
 //! Modules, one job each: [`data`] (manifest → samples), [`sampler`] (epoch order, cursor),
 //! [`batch`] (layout), [`loss`] (objective), [`trainable`], [`params`] and [`units`] (trained set), [`lora`]
 //! (low-rank adapters),
-//! [`optim`] (AdamW, clipping, schedule), [`checkpoint`], [`metrics`], [`export`], the one
+//! [`optim`] (AdamW, clipping, schedule), [`checkpoint`], [`metrics`], [`export`] (its
+//! directory marker in [`export::marker`], its weight file in [`export::weights`]), the one
 //! training loop ([`driver`]) and what it drives: the single-device step ([`trainer`], its
 //! [`Trainer`]) or one rank of a sharded run ([`sharded`]); [`backend`] (how either computes:
 //! the CPU kernels or autograd, and the weights' storage dtype).
