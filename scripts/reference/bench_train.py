@@ -3,8 +3,9 @@
 fine-tuning objective (docs/model.md §10.3), the baseline for `voiceclone train`.
 
 The objective, batch layout and x-vector handling are those of `scripts/reference/make_train_refs.py` (imported
-from there): `L = L_talker + 0.3 · L_sub` with `text_projection` applied, a single label shift and the
-hidden that predicted code 0 feeding the code predictor; right-padded batches of docs/model.md §10.2.
+from `scripts/reference/sft_recipe.py`, which both use): `L = L_talker + 0.3 · L_sub` with `text_projection`
+applied, a single label shift and the hidden that predicted code 0 feeding the code predictor; right-padded
+batches of docs/model.md §10.2.
 
 Three modes (run from the repository root with the reference environment, made by scripts/reference/setup_venv.sh)::
 
@@ -77,8 +78,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import make_train_refs as mtr  # noqa: E402  (batch builder + corrected objective)
 import official  # noqa: E402  (model builders and the loader shared with the fixtures)
+import sft_recipe as sft  # noqa: E402  (batch builder + corrected objective)
 
 REPO = HERE.parents[1]
 
@@ -197,7 +198,7 @@ def rss_mb() -> float:
 
 
 def bench(args) -> dict:
-    torch = mtr.import_stack(threads=args.threads, deterministic=False)
+    torch = sft.import_stack(threads=args.threads, deterministic=False)["torch"]
     from safetensors.torch import load_file, save_file
 
     dtype = dict(float32=torch.float32, bfloat16=torch.bfloat16)[args.dtype]
@@ -209,7 +210,7 @@ def bench(args) -> dict:
     cfg = tts.model.config
     talker = tts.model.talker
     talker.train()
-    params = [p for _, p in mtr.trained_parameters(tts)]
+    params = [p for _, p in sft.trained_parameters(tts)]
     n_trained = sum(p.numel() for p in params)
 
     if args.ref_xvector:
@@ -217,7 +218,7 @@ def bench(args) -> dict:
     else:
         if tts.model.speaker_encoder is None:
             raise SystemExit(f"{args.model}: no speaker encoder (not a Base model); pass --ref-xvector")
-        xvec = mtr.xvector_from_wav(tts, Path(args.ref_audio)).float().cpu()
+        xvec = sft.xvector_from_wav(tts, Path(args.ref_audio)).float().cpu()
     if xvec.shape[0] != cfg.talker_config.hidden_size:
         raise SystemExit(f"x-vector has {xvec.shape[0]} values, the talker hidden size is {cfg.talker_config.hidden_size}")
     if args.save_xvector:
@@ -225,7 +226,7 @@ def bench(args) -> dict:
     xvec = xvec.to(dev)
 
     rows = read_rows(Path(args.data))
-    text_ids = [mtr.tokenize_row_text(tts, r["text"]) for r in rows]
+    text_ids = [sft.tokenize_row_text(tts, r["text"]) for r in rows]
     codes = [torch.tensor(r["audio_codes"], dtype=torch.long) for r in rows]
     for i, c in enumerate(codes):
         if c.ndim != 2 or c.shape[1] != 16 or c.shape[0] == 0:
@@ -250,8 +251,8 @@ def bench(args) -> dict:
         sync()
         t = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        batch = mtr.build_batch(cfg, [text_ids[i] for i in idx], [codes[i] for i in idx])
-        res = mtr.corrected_objective(talker, batch, xvec)
+        batch = sft.build_batch(cfg, [text_ids[i] for i in idx], [codes[i] for i in idx])
+        res = sft.corrected_objective(talker, batch, xvec)
         res["loss"].backward()
         gn = torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()

@@ -29,8 +29,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import make_train_refs as base  # noqa: E402
+import make_train_refs as base  # noqa: E402  (the fixture batch)
 import official  # noqa: E402
+import sft_recipe as sft  # noqa: E402  (the batch builder and the corrected objective)
 
 
 def fail(msg: str) -> None:
@@ -44,7 +45,7 @@ def main() -> None:
     ap.add_argument("--base", type=Path, required=True)
     ap.add_argument("--merged", type=Path)
     args = ap.parse_args()
-    torch = base.import_stack()
+    torch = base.import_stack()["torch"]
     from peft import PeftModel
     from safetensors import safe_open
     from safetensors.torch import load_file
@@ -54,8 +55,8 @@ def main() -> None:
     with safe_open(str(args.adapter / "speakers.safetensors"), "pt") as f:
         xvec = f.get_tensor("speaker_embeddings")[0].float()
     rows = base.fixture_rows(base.fixture_codes())
-    text_ids = [base.tokenize_row_text(tts, r["text"]) for r in rows]
-    batch = base.build_batch(cfg, text_ids, [torch.tensor(r["audio_codes"]) for r in rows])
+    text_ids = [sft.tokenize_row_text(tts, r["text"]) for r in rows]
+    batch = sft.build_batch(cfg, text_ids, [torch.tensor(r["audio_codes"]) for r in rows])
     xvecs = xvec.reshape(1, -1).expand(batch["text_ids"].shape[0], -1).contiguous()
 
     acfg = json.loads((args.adapter / "adapter_config.json").read_text())
@@ -81,9 +82,9 @@ def main() -> None:
             fail(f"{peft_name} differs from the file's {key}")
         checked += 1
     with torch.no_grad():
-        unmerged = base.corrected_objective(tts.model.talker, batch, xvecs, keep=True)
+        unmerged = sft.corrected_objective(tts.model.talker, batch, xvecs, keep=True)
         merged_model = model.merge_and_unload()
-        merged = base.corrected_objective(merged_model.talker, batch, xvecs, keep=True)
+        merged = sft.corrected_objective(merged_model.talker, batch, xvecs, keep=True)
     scale = float(merged["logits"].abs().max())
     d = float((unmerged["logits"] - merged["logits"]).abs().max()) / scale
     if d > 1e-5:
@@ -112,7 +113,7 @@ def main() -> None:
             for n, p in merged_model.named_parameters():
                 if n.startswith("talker.") and n in ours:
                     p.copy_(ours[n].float())
-            exported = base.corrected_objective(merged_model.talker, batch, xvecs, keep=True)
+            exported = sft.corrected_objective(merged_model.talker, batch, xvecs, keep=True)
         out.update(
             merged_export_worst_bf16_steps=worst,
             logits_export_vs_peft_merged=float((exported["logits"] - merged["logits"]).abs().max()) / scale,

@@ -67,10 +67,10 @@ def make_custom_voice_copy(src: Path, dst: Path, speaker: str, ref_audio: Path) 
     from safetensors.torch import load_file, save_file
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import make_train_refs as mtr
     import official
+    import sft_recipe as sft
 
-    mtr.import_stack()
+    sft.import_stack()
     if dst.exists():
         shutil.rmtree(dst)
     dst.mkdir(parents=True)
@@ -83,7 +83,7 @@ def make_custom_voice_copy(src: Path, dst: Path, speaker: str, ref_audio: Path) 
         else:
             shutil.copy2(target, dst / p.name)
     tts = official.load_official(src)
-    xvec = mtr.xvector_from_wav(tts, ref_audio)
+    xvec = sft.xvector_from_wav(tts, ref_audio)
     del tts
     cfg = json.loads((src / "config.json").read_text())
     cfg["tts_model_type"] = "custom_voice"

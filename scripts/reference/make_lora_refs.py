@@ -9,8 +9,8 @@ What it writes (for each committed fixture model ``tests/fixtures/<model>``)::
 
 How
 ---
-* The fixture batch, x-vector and corrected objective of ``scripts/reference/make_train_refs.py`` (imported), on the
-  official model loaded in float32.
+* The fixture batch and x-vector of ``scripts/reference/make_train_refs.py`` and the corrected objective of
+  ``scripts/reference/sft_recipe.py`` (imported), on the official model loaded in float32.
 * ``peft.get_peft_model(model, LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=[every q/k/v/o and
   gate/up/down projection of the talker's and the code predictor's decoder layers], lora_dropout=0,
   bias="none"))``; ``talker.codec_head.weight`` is trained fully beside the adapters (voiceclone's
@@ -38,8 +38,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import make_train_refs as base  # noqa: E402
+import make_train_refs as base  # noqa: E402  (the fixture batch and the optimisation settings)
 import official  # noqa: E402
+import sft_recipe as sft  # noqa: E402  (the batch builder and the corrected objective)
 
 RANK = 4
 ALPHA = 8.0
@@ -107,16 +108,16 @@ def ref_model(name: str) -> None:
     tts = official.load_official(model_dir)
     cfg = tts.model.config
     torch.manual_seed(0)
-    xvec = base.xvector_from_wav(tts, base.REF_WAV)
+    xvec = sft.xvector_from_wav(tts, base.REF_WAV)
     rows = base.fixture_rows(base.fixture_codes())
-    text_ids = [base.tokenize_row_text(tts, r["text"]) for r in rows]
+    text_ids = [sft.tokenize_row_text(tts, r["text"]) for r in rows]
     row_codes = [torch.tensor(r["audio_codes"], dtype=torch.long) for r in rows]
-    batch = base.build_batch(cfg, text_ids, row_codes)
+    batch = sft.build_batch(cfg, text_ids, row_codes)
     B = batch["text_ids"].shape[0]
     xvecs = xvec.reshape(1, -1).expand(B, -1).contiguous()
 
     with torch.no_grad():
-        base_loss = base.corrected_objective(tts.model.talker, batch, xvecs)["loss"].item()
+        base_loss = sft.corrected_objective(tts.model.talker, batch, xvecs)["loss"].item()
 
     targets = sorted(n for n, _ in tts.model.named_modules() if adaptable(n))
     lcfg = LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=targets, lora_dropout=0.0, bias="none")
@@ -143,7 +144,7 @@ def ref_model(name: str) -> None:
     expected = sorted([f"{m}.lora_A.weight" for m in targets] + [f"{m}.lora_B.weight" for m in targets] + FULL)
     assert names == expected, (names[:4], expected[:4])
 
-    res, grads = base.run_objective(tts, params, batch, xvecs)
+    res, grads = sft.run_objective(tts, params, batch, xvecs)
     loss0 = res["loss"].item()
     assert loss0 == base_loss, (loss0, base_loss)  # B = 0: the base model exactly
     grad_norm = float(sum(g.double().pow(2).sum() for g in grads.values()).sqrt())
@@ -153,13 +154,13 @@ def ref_model(name: str) -> None:
     losses, gnorms = [], []
     for _ in range(base.TRAIN_STEPS):
         opt.zero_grad(set_to_none=True)
-        r = base.corrected_objective(talker, batch, xvecs)
+        r = sft.corrected_objective(talker, batch, xvecs)
         r["loss"].backward()
         gnorms.append(float(torch.nn.utils.clip_grad_norm_([p for _, p in params], base.CLIP_NORM)))
         opt.step()
         losses.append(r["loss"].item())
     with torch.no_grad():
-        loss_after = base.corrected_objective(talker, batch, xvecs)["loss"].item()
+        loss_after = sft.corrected_objective(talker, batch, xvecs)["loss"].item()
 
     tensors = {}
     for n, a in init.items():
