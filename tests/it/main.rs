@@ -31,6 +31,7 @@ mod serve_voices;
 mod speak_cli;
 mod speak_parity;
 mod speakers_cli;
+mod speakers_prep_embed;
 mod train_cli;
 mod train_dist;
 mod train_dist_failures;
