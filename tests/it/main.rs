@@ -40,6 +40,7 @@ mod train_lora;
 mod train_memory;
 mod train_parity;
 mod train_plan;
+mod train_recovery;
 mod train_samples;
 mod train_support;
 mod train_validation;
