@@ -42,5 +42,6 @@ mod train_parity;
 mod train_plan;
 mod train_recovery;
 mod train_samples;
+mod train_samples_select;
 mod train_support;
 mod train_validation;

@@ -1,9 +1,11 @@
-//! Samples at every evaluation (docs/training.md §14.4, §14.5 and §14.6): spoken from each checkpoint as
-//! its export would speak them, each measure checked against a computation of its own (the
-//! x-vector by `voiceclone embed`, the rate and end of speech from the saved codes and the
-//! manifest, the WER from a transcription and an edit distance of the test's own), the drift
-//! warnings, the choice by score with `best`, early stop and `export --best`, and the report
-//! page rendered in a real browser.
+//! Samples at every evaluation (docs/training.md §14.4, §14.5 and §14.6): spoken from each
+//! checkpoint as its export would speak them (named speakers each in their own voice, a LoRA run
+//! as its merged export), each measure checked against a computation of its own (the x-vector
+//! by `voiceclone embed`, the rate and end of speech from the saved codes and the manifest, the
+//! WER from a transcription and an edit distance of the test's own), the drift warnings, and the
+//! report page rendered in a real browser. Switching samples on and off and choosing the
+//! checkpoint by their score are tested in `train_samples_select`, which shares the workspace
+//! and run helpers here.
 
 use std::path::{Path, PathBuf};
 
@@ -13,13 +15,13 @@ use crate::common::{have_assets, have_tool, normalize_words, whisper_model, word
 use crate::dist_support::ok;
 use crate::train_support::*;
 
-const M: &str = "tiny-0b6";
+pub(crate) const M: &str = "tiny-0b6";
 /// The frame limit of a sample as a multiple of its reference length, and the least one.
 const CAP_FACTOR: f64 = 1.5;
 const MIN_CAP: usize = 4;
 
 /// The fixture model (stored in bf16) and its copy stored in f32, with their labels.
-fn models() -> (tempfile::TempDir, Vec<(String, &'static str)>) {
+pub(crate) fn models() -> (tempfile::TempDir, Vec<(String, &'static str)>) {
     let f32_copy = f32_model_copy(M);
     let path = f32_copy.path().to_str().unwrap().to_string();
     (f32_copy, vec![(M.to_string(), "bf16"), (path, "f32")])
@@ -27,7 +29,7 @@ fn models() -> (tempfile::TempDir, Vec<(String, &'static str)>) {
 
 /// A workspace of 12 synthetic utterances, a quarter held out; `whisper` names the Whisper
 /// model for the WER (a missing file: none).
-fn workspace(dir: &Path, model: &str, whisper: &Path, extra: &str) -> Vec<f32> {
+pub(crate) fn workspace(dir: &Path, model: &str, whisper: &Path, extra: &str) -> Vec<f32> {
     let x = xvector(hidden(M), 3);
     let toml = format!(
         "[prep]\nwhisper_model = {:?}\n[train]\nval_fraction = 0.25\n{extra}",
@@ -37,7 +39,7 @@ fn workspace(dir: &Path, model: &str, whisper: &Path, extra: &str) -> Vec<f32> {
     x
 }
 
-fn train(ws: &Path, extra: &[&str]) -> std::process::Output {
+pub(crate) fn train(ws: &Path, extra: &[&str]) -> std::process::Output {
     let mut args = vec![
         "train",
         "--batch-size",
@@ -73,7 +75,7 @@ fn f(v: &Value) -> f64 {
 }
 
 /// The score of docs/training.md §14.5, computed here from a metrics line's samples.
-fn score_of(samples: &[Value]) -> f64 {
+pub(crate) fn score_of(samples: &[Value]) -> f64 {
     let each = samples.iter().map(|s| {
         let wer = s["wer"].as_f64().map_or(0.0, |w| w.min(1.0));
         let eos = if s["eos"].as_bool().unwrap() {
@@ -499,199 +501,6 @@ fn the_wer_of_real_speech_is_low_against_its_text_and_high_against_another() {
     let (silent, heard) =
         vc_train::samples::intelligibility(&whisper, &[], 24_000, "two words").unwrap();
     assert_eq!((silent, heard.as_str()), (Some(1.0), ""));
-}
-
-/// Samples on by the flag, custom texts, samples off, and the refusal of a choice by score
-/// without samples.
-#[test]
-fn sample_texts_are_spoken_by_the_speaker_and_samples_can_be_turned_off() {
-    let none = Path::new("/nonexistent/ggml.bin");
-    let dir = tempfile::tempdir().unwrap();
-    let ws = dir.path();
-    workspace(ws, M, none, "");
-    let o = train(
-        ws,
-        &[
-            "--max-steps",
-            "2",
-            "--save-every",
-            "2",
-            "--samples",
-            "true",
-            "--sample-text",
-            "A text of its own.",
-        ],
-    );
-    ok(&o);
-    assert!(text(&o).contains("no WER"), "{}", text(&o));
-    let e = &evals(ws)[0];
-    let samples = e["samples"].as_array().unwrap();
-    assert_eq!(samples.len(), 1);
-    assert_eq!(samples[0]["text"], "A text of its own.");
-    assert!(samples[0]["recording"].is_null() && samples[0]["wer"].is_null());
-    // Off: evaluations without samples; and a choice by score is refused up front.
-    let dir = tempfile::tempdir().unwrap();
-    let ws = dir.path();
-    workspace(ws, M, none, "");
-    let o = train(
-        ws,
-        &[
-            "--max-steps",
-            "2",
-            "--save-every",
-            "2",
-            "--samples",
-            "false",
-        ],
-    );
-    ok(&o);
-    assert!(text(&o).contains("no samples at evaluations: train.samples is false"));
-    assert!(evals(ws)[0].get("samples").is_none());
-    assert!(!ws.join("checkpoints/step-0000002/samples").exists());
-    let o = train(
-        ws,
-        &[
-            "--max-steps",
-            "4",
-            "--samples",
-            "false",
-            "--select",
-            "score",
-        ],
-    );
-    assert!(!o.status.success());
-    assert!(
-        text(&o).contains("train.select = \"score\" chooses by the samples' score"),
-        "{}",
-        text(&o)
-    );
-    // Nothing held out: no evaluations, so no samples, even with texts of their own; said at
-    // the start, and a choice by score refused.
-    let dir = tempfile::tempdir().unwrap();
-    let ws = dir.path();
-    make_workspace(
-        ws,
-        M,
-        &synthetic_rows(12, 21),
-        &xvector(hidden(M), 3),
-        "[train]\nval_fraction = 0\n",
-    );
-    let own = [
-        "--max-steps",
-        "2",
-        "--save-every",
-        "2",
-        "--sample-text",
-        "Words.",
-    ];
-    let o = train(ws, &own);
-    ok(&o);
-    assert!(
-        text(&o).contains("no samples at evaluations: nothing is held out"),
-        "{}",
-        text(&o)
-    );
-    assert!(!ws.join("checkpoints/step-0000002/samples").exists());
-    let o = train(ws, &[&own[..], &["--select", "score", "--fresh"]].concat());
-    assert!(
-        !o.status.success() && text(&o).contains("nothing is held out"),
-        "{}",
-        text(&o)
-    );
-}
-
-#[test]
-fn the_best_scoring_checkpoint_is_kept_exported_and_stops_the_run_early() {
-    let none = Path::new("/nonexistent/ggml.bin");
-    let (_keep, models) = models();
-    let mut runs: Vec<(String, &str, &str, Option<&str>)> = Vec::new();
-    for (model, stored) in &models {
-        for backend in ["kernels", "autograd"] {
-            runs.push((format!("{stored} {backend}"), model, backend, None));
-        }
-    }
-    for backend in ["kernels", "autograd"] {
-        runs.push((
-            format!("bf16 {backend}, 2 ranks"),
-            &models[0].0,
-            backend,
-            Some("2"),
-        ));
-    }
-    for (tag, model, backend, ranks) in &runs {
-        let dir = tempfile::tempdir().unwrap();
-        let ws = dir.path();
-        // Evaluated at every step (every evaluation with samples saves), one checkpoint kept.
-        workspace(ws, model, none, "eval_every = 1\nkeep = 1\n");
-        let mut flags = vec![
-            "--max-steps",
-            "16",
-            "--lr",
-            "5e-1",
-            "--backend",
-            backend,
-            "--select",
-            "score",
-            "--early-stop",
-            "2",
-        ];
-        if let Some(n) = ranks {
-            flags.extend(["--cpu-ranks", n]);
-        }
-        let o = train(ws, &flags);
-        ok(&o);
-        let scores: Vec<(u64, f64)> = evals(ws)
-            .iter()
-            .map(|e| {
-                (
-                    e["step"].as_u64().unwrap(),
-                    score_of(e["samples"].as_array().unwrap()),
-                )
-            })
-            .collect();
-        let (stop, best) = early_stop_of(&scores, 2, |a, b| a > b)
-            .unwrap_or_else(|| panic!("{tag}: no early stop in {scores:?}"));
-        assert_eq!(scores.last().unwrap().0, stop, "{tag}: ran past the stop");
-        assert!(
-            text(&o).contains(&format!("early stop after step {stop}")),
-            "{tag}: {}",
-            text(&o)
-        );
-        let root = ws.join("checkpoints");
-        let name = |s: u64| format!("step-{s:07}");
-        assert_eq!(
-            std::fs::read_to_string(root.join("best")).unwrap().trim(),
-            name(best),
-            "{tag}"
-        );
-        let mut kept = vec![name(best), name(stop)];
-        kept.dedup();
-        assert_eq!(step_dirs(ws), kept, "{tag}");
-        let index: Value = serde_json::from_str(
-            &std::fs::read_to_string(root.join(name(stop)).join("index.json")).unwrap(),
-        )
-        .unwrap();
-        assert_eq!(index["selection"]["best_score_step"], best, "{tag}");
-        assert_eq!(index["selection"]["since_best_score"], 2, "{tag}");
-        // The run exported the chosen one; `export` the newest, `export --best` the chosen.
-        assert_eq!(export_step(&ws.join("model")), best, "{tag}");
-        let (newest, chosen) = (ws.join("newest"), ws.join("chosen"));
-        ok(&voiceclone(ws, &["export", "-o", newest.to_str().unwrap()]));
-        assert_eq!(export_step(&newest), stop, "{tag}");
-        ok(&voiceclone(
-            ws,
-            &["export", "--best", "-o", chosen.to_str().unwrap()],
-        ));
-        assert_eq!(export_step(&chosen), best, "{tag}");
-        // Run again with the same patience: it stays stopped.
-        let again = train(ws, &flags);
-        ok(&again);
-        assert!(
-            text(&again).contains("no higher sample score"),
-            "{tag}: {}",
-            text(&again)
-        );
-    }
 }
 
 /// Named speakers: one sample per speaker, each in its own voice, measured against its own
