@@ -1,5 +1,5 @@
 //! The integration tests, one binary (each test file is a module, so candle and whisper.cpp
-//! are linked once). Tests that need the downloaded assets (`scripts/fetch_test_assets.sh`)
+//! are linked once). Tests that need the downloaded assets (`scripts/assets/fetch_test_assets.sh`)
 //! skip with a message when they are absent, unless `VOICECLONE_REQUIRE_ASSETS=1` (set by the
 //! README's test command) makes that a failure. Tests that drive `voiceclone train` through its
 //! test seams need `--features test-hooks` and are ignored without it.

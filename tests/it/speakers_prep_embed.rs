@@ -14,14 +14,14 @@ use crate::common;
 use crate::speakers_cli::{check_rows, fails_with, named_workspace, ok, wav, MODEL};
 use crate::train_support::{hidden, make_workspace, model_dir, text, voiceclone, xvector};
 
-/// The LibriVox reader's clips (`scripts/fetch_test_assets.sh`, from pocketsphinx-testdata).
+/// The LibriVox reader's clips (`scripts/assets/fetch_test_assets.sh`, from pocketsphinx-testdata).
 fn librivox() -> Option<PathBuf> {
     let dir = common::assets().join("speech/librivox");
     if dir.join("transcripts.tsv").is_file() {
         return Some(dir);
     }
     let msg = format!(
-        "test asset missing: {} (run scripts/fetch_test_assets.sh)",
+        "test asset missing: {} (run scripts/assets/fetch_test_assets.sh)",
         dir.display()
     );
     assert!(
