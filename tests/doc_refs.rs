@@ -493,7 +493,9 @@ fn script_paths(text: &str) -> Vec<String> {
 #[test]
 fn every_script_path_named_exists() {
     assert_eq!(
-        script_paths("run scripts/ci/test.sh. See scripts/bench/, not x/scripts/y or scripts/bench*"),
+        script_paths(
+            "run scripts/ci/test.sh. See scripts/bench/, not x/scripts/y or scripts/bench*"
+        ),
         ["scripts/ci/test.sh", "scripts/bench/"]
     );
     let root = root();

@@ -24,8 +24,12 @@ struct Refs {
 fn load_refs(model: &str) -> Refs {
     let dir = fixtures().join("refs");
     let json = dir.join(format!("{model}.speak.json"));
-    let text = std::fs::read_to_string(&json)
-        .unwrap_or_else(|e| panic!("{}: {e} (made by scripts/reference/make_fixtures.py)", json.display()));
+    let text = std::fs::read_to_string(&json).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (made by scripts/reference/make_fixtures.py)",
+            json.display()
+        )
+    });
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     let cases = match v {
         serde_json::Value::Array(a) => a,

@@ -197,18 +197,20 @@ impl RayCluster {
         args: &[&str],
     ) -> std::process::Command {
         let mut c = std::process::Command::new(&self.python);
-        c.arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/launchers/ray_train.py"))
-            .args(["--address", &self.address, "--workers", "2", "--cpu"])
-            .arg("--voiceclone")
-            .arg(env!("CARGO_BIN_EXE_voiceclone"))
-            .args(options)
-            .arg("--")
-            .arg("--workdir")
-            .arg(ws)
-            .arg("train")
-            .args(BASE)
-            .args(args)
-            .env_remove("RUST_LOG");
+        c.arg(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/launchers/ray_train.py"),
+        )
+        .args(["--address", &self.address, "--workers", "2", "--cpu"])
+        .arg("--voiceclone")
+        .arg(env!("CARGO_BIN_EXE_voiceclone"))
+        .args(options)
+        .arg("--")
+        .arg("--workdir")
+        .arg(ws)
+        .arg("train")
+        .args(BASE)
+        .args(args)
+        .env_remove("RUST_LOG");
         c
     }
 }
