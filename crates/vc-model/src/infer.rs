@@ -11,12 +11,14 @@
 //!
 //! The parts, each in a module of its own: [`CpuDecoderStack`] with its [`Cache`] and the row
 //! loops of a step (`decoder_stack`), one step for rows that each own their cache (`row_step`),
-//! adapters kept factored beside the base (`adapters`), and the two models built on the stack,
+//! adapters kept factored beside the base (`adapters`), the dot product and RMS normalisation
+//! all of them use (`row_math`), and the two models built on the stack,
 //! [`CpuCodePredictor`] (`code_predictor`) and [`CpuTalker`] (`talker`).
 
 mod adapters;
 mod code_predictor;
 mod decoder_stack;
+mod row_math;
 mod row_step;
 mod talker;
 

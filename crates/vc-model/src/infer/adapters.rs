@@ -11,7 +11,7 @@
 
 use anyhow::{ensure, Result};
 
-use super::decoder_stack::dot;
+use super::row_math::dot;
 use vc_kernels::team;
 
 use crate::linear::{Input, LinearWeight};

@@ -13,9 +13,8 @@ use anyhow::{ensure, Result};
 use vc_kernels::{libm, team};
 
 use super::adapters::AdapterId;
-use super::decoder_stack::{
-    attend, plan, rms_norm_rows, Cache, CpuDecoderStack, CpuLayer, RopeRows,
-};
+use super::decoder_stack::{attend, plan, Cache, CpuDecoderStack, CpuLayer, RopeRows};
+use super::row_math::rms_norm_rows;
 
 impl CpuDecoderStack {
     /// `x` `(n, H)`: one new token for each of `n` rows, row `i` with its own one-row cache

@@ -1,0 +1,34 @@
+//! The loops over one `f32` row that the decoder stack, its per-row step and the adapters
+//! share: a dot product written to vectorise and RMS normalisation (docs/model.md §4.1). Their
+//! own module so that the adapters, which the stack calls, need not reach back into the stack.
+
+/// RMSNorm of every `weight.len()`-wide row (docs/model.md §4.1: f32 statistics).
+pub(super) fn rms_norm_rows(x: &mut [f32], weight: &[f32], eps: f64) {
+    for row in x.chunks_exact_mut(weight.len()) {
+        rms_norm_row(row, weight, eps);
+    }
+}
+
+/// RMSNorm of one row (a head, for the per-head q/k norms).
+pub(super) fn rms_norm_row(row: &mut [f32], weight: &[f32], eps: f64) {
+    let mean = dot(row, row) / row.len() as f32;
+    let inv = 1.0 / (mean + eps as f32).sqrt();
+    row.iter_mut()
+        .zip(weight)
+        .for_each(|(v, w)| *v = *v * inv * w);
+}
+
+/// Dot product with 8 independent accumulators (vectorisable).
+pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    const L: usize = 8;
+    let mut acc = [0f32; L];
+    let (ca, cb) = (a.chunks_exact(L), b.chunks_exact(L));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (pa, pb) in ca.zip(cb) {
+        for l in 0..L {
+            acc[l] += pa[l] * pb[l];
+        }
+    }
+    let tail: f32 = ra.iter().zip(rb).map(|(x, y)| x * y).sum();
+    acc.iter().sum::<f32>() + tail
+}
