@@ -466,39 +466,53 @@ fn the_crate_graph_drawn_is_the_manifests() {
     );
 }
 
-/// The `scripts/…` paths one mention names: each run of path characters that starts at
-/// `scripts/` (not inside a longer path), with the punctuation that ends a sentence trimmed.
-/// A run followed by `*` or `{` is a pattern, not a path, and is left out.
-fn script_paths(text: &str) -> Vec<String> {
+/// The repository paths one line names: each run of path characters that starts at one of the
+/// top-level folders (`scripts/`, `tests/`, `docs/`, `crates/`, `configs/`, `examples/`, `.ci/`)
+/// and not inside a longer path, with the punctuation that ends a sentence trimmed. A run
+/// followed by `*`, `{`, `$` or `<` is a pattern, not a path, and is left out. (`src/` is left
+/// out: in a crate's manifest it means that crate's own folder.)
+fn repo_paths(text: &str) -> Vec<String> {
+    const ROOTS: [&str; 7] = [
+        "scripts/",
+        "tests/",
+        "docs/",
+        "crates/",
+        "configs/",
+        "examples/",
+        ".ci/",
+    ];
     let is_path = |c: char| c.is_ascii_alphanumeric() || "_./-".contains(c);
     let mut found = Vec::new();
-    for (at, _) in text.match_indices("scripts/") {
-        if text[..at].chars().next_back().is_some_and(is_path) {
-            continue;
+    for root in ROOTS {
+        for (at, _) in text.match_indices(root) {
+            if text[..at].chars().next_back().is_some_and(is_path) {
+                continue;
+            }
+            let rest = &text[at..];
+            let end = rest.find(|c: char| !is_path(c)).unwrap_or(rest.len());
+            if rest[end..].starts_with(['*', '{', '$', '<']) {
+                continue;
+            }
+            found.push(rest[..end].trim_end_matches(['.', ',']).to_string());
         }
-        let rest = &text[at..];
-        let end = rest.find(|c: char| !is_path(c)).unwrap_or(rest.len());
-        if rest[end..].starts_with(['*', '{']) {
-            continue;
-        }
-        let path = rest[..end].trim_end_matches(['.', ',']);
-        found.push(path.to_string());
     }
     found
 }
 
-/// Every `scripts/…` path a scanned file names exists, so that no moved or renamed script
-/// leaves its old name behind in the docs, the tests or another script (the scripts are grouped
-/// in folders: README.md, Development).
+/// Every repository path a scanned file names exists, so that no moved or renamed file leaves
+/// its old name behind in the docs, the tests or a script. `examples/NAME` may name the
+/// example (`examples/NAME.rs`), as cargo does.
 #[test]
-fn every_script_path_named_exists() {
+fn every_repository_path_named_exists() {
     assert_eq!(
-        script_paths(
-            "run scripts/ci/test.sh. See scripts/bench/, not x/scripts/y or scripts/bench*"
-        ),
-        ["scripts/ci/test.sh", "scripts/bench/"]
+        repo_paths("run scripts/ci/test.sh. See docs/, not x/scripts/y, scripts/bench* or docs/$f"),
+        ["scripts/ci/test.sh", "docs/"]
     );
     let root = root();
+    let exists = |path: &str| {
+        root.join(path).exists()
+            || (path.starts_with("examples/") && root.join(format!("{path}.rs")).exists())
+    };
     let mut errors = Vec::new();
     for f in scanned(&root) {
         let Ok(text) = fs::read_to_string(&f) else {
@@ -506,8 +520,8 @@ fn every_script_path_named_exists() {
         };
         let rel = f.strip_prefix(&root).unwrap_or(&f).display().to_string();
         for (i, line) in text.lines().enumerate() {
-            for path in script_paths(line) {
-                if path != "scripts/" && !root.join(&path).exists() {
+            for path in repo_paths(line) {
+                if !exists(&path) {
                     errors.push(format!("{rel}:{}: {path} does not exist", i + 1));
                 }
             }

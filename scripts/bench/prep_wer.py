@@ -9,7 +9,7 @@ MANIFEST is `data/train.jsonl` of `voiceclone prep` or the baseline's
 "source", "start" and "text". TRANSCRIPTS is `file<TAB>text` per source file
 (speech/*/transcripts.tsv of scripts/assets/fetch_test_assets.sh). The utterances of
 each source are joined in time order and compared word by word with its
-transcript; words are normalised like tests/common/mod.rs (lower case,
+transcript; words are normalised like tests/it/common.rs (lower case,
 punctuation removed, apostrophes kept inside words). Sources without any
 utterance count every reference word as deleted.
 
