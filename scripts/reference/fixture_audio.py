@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 from official import FIXTURES
+from official import log as _log
 
 AUDIO_WAV = FIXTURES / "audio" / "ref24k.wav"
 # The text espeak-ng speaks for ref24k.wav (the clip keeps the first 2.6 s of it).
@@ -36,9 +37,6 @@ def bind_stack(s: dict) -> None:
     global np, librosa, sf
     np, librosa, sf = s["np"], s["librosa"], s["sf"]
 
-
-def _log(msg: str) -> None:
-    print(msg, flush=True)
 
 
 def _espeak_clip(path: Path, text: str, voice: str, speed: int, seconds: float, peak: float) -> None:

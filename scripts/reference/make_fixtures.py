@@ -111,6 +111,7 @@ from official import (
     verify_config_roundtrip,
     write_codec_dir,
     write_json,
+    log as _log,
 )
 from qwen2_vocab import load_qwen2_bpe, standard_qwen2_tokenizer, verify_vocab, write_tokenizer_files
 from speak_refs import (
@@ -245,9 +246,6 @@ def _import_stack():
     for module in (fixture_audio, tiny_codec, speak_refs, stage_refs):
         module.bind_stack(s)
 
-
-def _log(msg: str) -> None:
-    print(msg, flush=True)
 
 
 def verify_loaded_weights(tts, saved: dict) -> None:

@@ -42,6 +42,11 @@ STACK_NAMES = (
 )
 
 
+def log(msg: str) -> None:
+    """A progress line of the fixture generators (stdout, flushed so it interleaves with torch's)."""
+    print(msg, flush=True)
+
+
 def import_stack(threads: int = 1, deterministic: bool = True) -> dict:
     """Imports the official stack into this module and returns it as {name: object}; torch runs
     on `threads` intra-op threads, with deterministic algorithms unless a benchmark asks otherwise.

@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 from official import ADDED_TOKENS, FIXTURES, TEXT_VOCAB_SIZE, tokenizer_config_dict, write_json
+from official import log as _log
 
 GGUF_SDIST = "llama-cpp-python==0.3.36"
 GGUF_MEMBER = "vendor/llama.cpp/models/ggml-vocab-qwen2.gguf"
@@ -29,9 +30,6 @@ QWEN2_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
-
-def _log(msg: str) -> None:
-    print(msg, flush=True)
 
 
 def _fetch_gguf_from_pypi(cache: Path) -> Path:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from fixture_audio import AUDIO_WAV
 from official import FIXTURES, NUM_CODE_GROUPS, write_json
+from official import log as _log
 
 REFS = FIXTURES / "refs"
 
@@ -100,9 +101,6 @@ def bind_stack(s: dict) -> None:
     global np, torch, safetensors_save
     np, torch, safetensors_save = s["np"], s["torch"], s["safetensors_save"]
 
-
-def _log(msg: str) -> None:
-    print(msg, flush=True)
 
 
 # --------------------------------------------------------------------------------------------
