@@ -5,7 +5,7 @@
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::{Device, Tensor};
 
-pub use super::precision::Precision;
+use super::precision::Precision;
 use super::prompt::{self, Embed, IclBranch, IclReference, PromptSpec, SpeakerSlot, SpecialEmbeds};
 use super::sampling::{Code0Processors, RowRng, Sampling};
 use super::talker_loop::{self, Generated, LoopOptions};
