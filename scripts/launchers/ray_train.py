@@ -119,6 +119,12 @@ def attempt(a, pg, attempt_no):
     if a.cpu and "--cpu-ranks" not in args:
         args += ["--cpu-ranks", str(a.workers)]
     refs = []
+    # Ranks per node, when the placement put the ranks on nodes in blocks of one size, as
+    # torchrun numbers them (LOCAL_WORLD_SIZE, which `train.shard_group = "node"` reads).
+    per_node = {n: sum(1 for r in range(a.workers) if bundles_nodes[r] == n) for n in set(bundles_nodes.values())}
+    sizes = set(per_node.values())
+    blocks = len(sizes) == 1 and all(
+        bundles_nodes[r] == bundles_nodes[r - r % next(iter(sizes))] for r in range(a.workers))
     for rank in range(a.workers):
         node = bundles_nodes[rank]
         # The rank's index among the ranks on its node; with one GPU per rank, Ray makes only
@@ -131,6 +137,8 @@ def attempt(a, pg, attempt_no):
             "MASTER_ADDR": ip, "MASTER_PORT": str(port),
             "VOICECLONE_RESTART_COUNT": str(attempt_no),
         })
+        if blocks:
+            env["LOCAL_WORLD_SIZE"] = str(next(iter(sizes)))
         if a.cpu and "RAYON_NUM_THREADS" not in env:
             env["RAYON_NUM_THREADS"] = str(a.cpus_per_worker)
         refs.append(rank_task.options(

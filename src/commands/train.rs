@@ -50,7 +50,7 @@ pub fn run(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<()> {
         let tag = format!("{:x}", std::process::id());
         let mut trainer = train::sharded::ShardedTrainer::new(
             opts,
-            coll,
+            vc_dist::Mesh::flat(coll),
             vc_core::config::Shard::Full,
             tag,
             false,

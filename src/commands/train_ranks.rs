@@ -10,11 +10,13 @@ use candle_core::Device;
 use super::train_setup::{finish, move_aside_if_fresh, prepare, print_resumed, print_start};
 use crate::cli::TrainArgs;
 use vc_core::config::Config;
+use vc_core::config::ShardGroup;
 use vc_core::workspace::Workspace;
 use vc_dist::env::Launcher;
 use vc_dist::launch::{self, LaunchSpec};
 use vc_dist::tcp::{Endpoint, TcpCollective};
-use vc_dist::{Collective, RankEnv, ReduceOp};
+use vc_dist::topology::{Emulation, Groups, Nodes, EMULATE_NETWORK};
+use vc_dist::{Collective, Mesh, RankEnv, ReduceOp};
 use vc_train::driver::{Engine, NonFinite};
 use vc_train::sharded::ShardedTrainer;
 use vc_train::{self as train, Backend};
@@ -78,18 +80,49 @@ fn rank_device(config: &Config, env: &RankEnv) -> Result<Device> {
     }
 }
 
-fn connect(ep: &Endpoint, device: &Device) -> Result<Arc<dyn Collective>> {
+/// Where this run's ranks are and how they group (docs/distributed.md §4.7, §8.3): the nodes
+/// (from the emulated network, else the launcher's ranks per node), the emulated network, and
+/// the shard groups of `train.shard_group`.
+fn topology(config: &Config, env: &RankEnv) -> Result<(Nodes, Option<Emulation>, Groups)> {
+    let emulation = Emulation::from_env()?;
+    let per_node = emulation.map(|e| e.ranks_per_node).or(env.local_world);
+    let nodes = per_node.map_or(Nodes::single(env.world), |n| Nodes { ranks_per_node: n });
+    let size = match config.train.shard_group {
+        ShardGroup::World => env.world,
+        ShardGroup::Ranks(n) => n,
+        ShardGroup::Node => per_node.with_context(|| {
+            "train.shard_group = \"node\" needs the number of ranks per node, and this \
+             launcher does not say it: set LOCAL_WORLD_SIZE (torchrun sets it; under Slurm use \
+             srun --ntasks-per-node), or give the group size as a number"
+        })?,
+    };
+    let groups = Groups::new(env.world, size)?;
+    Ok((nodes, emulation, groups))
+}
+
+/// The communicators of this rank: NCCL on a GPU, TCP rings on the CPU.
+fn connect(ep: &Endpoint, device: &Device, groups: Groups) -> Result<Mesh> {
     if device.is_cuda() {
+        if ep.emulation.is_some() {
+            bail!("{EMULATE_NETWORK} emulates a network between CPU ranks only; unset it for GPUs");
+        }
         #[cfg(feature = "nccl")]
         {
-            return Ok(Arc::new(vc_dist::nccl::NcclCollective::connect(
-                ep, device,
-            )?));
+            return vc_dist::nccl::NcclCollective::connect_mesh(ep, device, groups);
         }
         #[cfg(not(feature = "nccl"))]
         bail!("a GPU rank needs a build with --features cuda,nccl");
     }
-    Ok(Arc::new(TcpCollective::connect(ep, Vec::new())?))
+    let m = TcpCollective::connect_mesh(ep, Vec::new(), groups)?;
+    let world: Arc<dyn Collective> = Arc::new(m.world);
+    Ok(Mesh {
+        shard: match m.shard {
+            Some(s) => Arc::new(s),
+            None => world.clone(),
+        },
+        replicas: m.replicas.map(|r| Arc::new(r) as Arc<dyn Collective>),
+        world,
+    })
 }
 
 /// One rank of a sharded run: joins the others, trains its shards, and (rank 0) reports and
@@ -129,17 +162,22 @@ fn rank_main(ws: &Workspace, config: &Config, args: &TrainArgs, env: &RankEnv) -
         }
         _ => None,
     };
+    let (nodes, emulation, groups) = topology(config, env)?;
     // The endpoint, and with it the rendezvous socket, is dropped once the ranks have met.
-    let coll = connect(
+    let mesh = connect(
         &Endpoint {
             rank: env.rank,
             world: env.world,
             master: env.rendezvous.clone(),
             timeout: Duration::from_secs(config.train.dist_timeout),
             listener,
+            nodes,
+            emulation,
         },
         &device,
+        groups,
     )?;
+    let coll = mesh.world.clone();
     install_failure_handlers(coll.clone(), env.rank);
     // Ranks of our launcher come with its plan's choice (and `--memory manual`); under torchrun
     // or Slurm every rank makes the same plan, after rank 0 prepared the data.
@@ -151,7 +189,7 @@ fn rank_main(ws: &Workspace, config: &Config, args: &TrainArgs, env: &RankEnv) -
     if let (0, Some(line)) = (env.rank, chosen) {
         println!("{line}");
     }
-    let result = train_rank(ws, &config, args, env, &device, coll.clone());
+    let result = train_rank(ws, &config, args, env, &device, mesh, (nodes, emulation));
     match &result {
         Ok(()) => {}
         Err(e) => coll.abort(&format!("rank {}: {e:#}", env.rank)),
@@ -165,9 +203,12 @@ fn train_rank(
     args: &TrainArgs,
     env: &RankEnv,
     device: &Device,
-    coll: Arc<dyn Collective>,
+    mesh: Mesh,
+    (nodes, emulation): (Nodes, Option<Emulation>),
 ) -> Result<()> {
     let rank = env.rank;
+    let coll = mesh.world.clone();
+    let groups_end = mesh.clone();
     // A tag every rank shares, for the names of temporary checkpoint directories.
     let mine = if rank == 0 {
         (std::process::id() as f64) * 1e6
@@ -192,7 +233,7 @@ fn train_rank(
     let backend = Backend::resolve(config.train.backend, device)?;
     let opts = prepared.options(ws, config, device.clone(), backend)?;
     let fresh = super::train_setup::fresh_start(args);
-    let mut trainer = ShardedTrainer::new(opts, coll.clone(), config.train.shard, tag, fresh)?;
+    let mut trainer = ShardedTrainer::new(opts, mesh, config.train.shard, tag, fresh)?;
     let state = trainer.state_bytes().total() as f64;
     let most = coll.all_reduce_host(&[state], ReduceOp::Max)?[0];
     let all = coll.all_reduce_host(&[state], ReduceOp::Sum)?[0];
@@ -238,9 +279,19 @@ fn train_rank(
             all as u64,
             trainer.largest_unit_bytes()
         );
+        println!(
+            "{}",
+            topology_line(&trainer, config, nodes, emulation.as_ref())
+        );
     }
     let outcome = trainer.run()?;
     report_peak_memory(coll.as_ref())?;
+    // The groups' communicators finish their work (a GPU's streams), then the run ends.
+    for c in std::iter::once(&groups_end.shard).chain(groups_end.replicas.iter()) {
+        if !Arc::ptr_eq(c, &groups_end.world) {
+            c.finish()?;
+        }
+    }
     coll.finish()?;
     if rank == 0 {
         finish(ws, config, args, &outcome, trainer.options())
@@ -249,6 +300,54 @@ fn train_rank(
     } else {
         Ok(())
     }
+}
+
+/// How the run's ranks group and what a step sends (docs/distributed.md §4.6, §4.7, §8):
+/// the shard groups, the nodes, the overlap, and the bytes a rank sends per step in its units'
+/// collectives (the text table's rows come on top).
+fn topology_line(
+    trainer: &ShardedTrainer,
+    config: &Config,
+    nodes: Nodes,
+    emulation: Option<&Emulation>,
+) -> String {
+    let (world, size) = (trainer.world(), trainer.group_size());
+    let groups = if size == world {
+        format!(
+            "one shard group of {world} ranks (train.shard_group {})",
+            config.train.shard_group
+        )
+    } else {
+        format!(
+            "{} shard groups of {size} ranks, the state sharded within a group and replicated \
+             across groups (train.shard_group {})",
+            world / size,
+            config.train.shard_group
+        )
+    };
+    let node_count = world.div_ceil(nodes.ranks_per_node);
+    let nodes = match emulation {
+        Some(e) => format!(
+            "{node_count} emulated nodes of {} ranks ({:.3} Gbit/s and {} µs between nodes, \
+             {EMULATE_NETWORK})",
+            e.ranks_per_node,
+            e.bytes_per_second * 8.0 / 1e9,
+            e.latency.as_micros()
+        ),
+        None if node_count == 1 => "one node".to_string(),
+        None => format!("{node_count} nodes of {} ranks", nodes.ranks_per_node),
+    };
+    let overlap = match config.train.prefetch {
+        0 => "communication not overlapped (train.prefetch 0)".to_string(),
+        n => format!("prefetch {n}: gathers run ahead of the computation, reductions behind it"),
+    };
+    let t = trainer.unit_traffic();
+    format!(
+        "{groups}; {nodes}; {overlap}; a step sends {:.1} MB per rank within its group and \
+         {:.1} MB to its replicas (units; metrics.jsonl has what was sent)",
+        t.group as f64 / 1e6,
+        t.replicas as f64 / 1e6
+    )
 }
 
 /// Rank 0 prints every rank's peak resident memory (what sharding saves is visible there).

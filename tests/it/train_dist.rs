@@ -234,17 +234,18 @@ fn checkpoints_resume_at_any_world_size() {
                 let (ws, opts) = (c.path(), &opts);
                 let listener = (rank == 0).then(|| listener.clone());
                 s.spawn(move || {
-                    let ep = Endpoint {
+                    let mut ep = Endpoint::new(
                         rank,
-                        world: 2,
-                        master: format!("127.0.0.1:{port}"),
-                        timeout: std::time::Duration::from_secs(30),
-                        listener,
-                    };
-                    let coll = Arc::new(TcpCollective::connect(&ep, vec![]).unwrap());
+                        2,
+                        format!("127.0.0.1:{port}"),
+                        std::time::Duration::from_secs(30),
+                    );
+                    ep.listener = listener;
+                    let coll: Arc<dyn vc_dist::Collective> =
+                        Arc::new(TcpCollective::connect(&ep, vec![]).unwrap());
                     let t = ShardedTrainer::new(
                         opts(ws),
-                        coll.clone(),
+                        vc_dist::Mesh::flat(coll.clone()),
                         vc_core::config::Shard::Full,
                         "test".into(),
                         false,

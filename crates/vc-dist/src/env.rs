@@ -119,6 +119,9 @@ pub struct RankEnv {
     pub world: usize,
     /// The rank's index on its node (the GPU ordinal).
     pub local_rank: usize,
+    /// Ranks per node when the launcher says (`LOCAL_WORLD_SIZE`, Slurm's
+    /// `SLURM_NTASKS_PER_NODE`; every rank of our launcher is on this machine).
+    pub local_world: Option<usize>,
     /// Rank 0's rendezvous address, `host:port`.
     pub rendezvous: String,
     pub launcher: Launcher,
@@ -156,6 +159,7 @@ impl RankEnv {
                 rank,
                 world,
                 local_rank: num("LOCAL_RANK")?.unwrap_or(rank),
+                local_world: Some(world),
                 rendezvous,
                 launcher: Launcher::Voiceclone,
             }
@@ -168,6 +172,7 @@ impl RankEnv {
                 rank,
                 world,
                 local_rank: num("LOCAL_RANK")?.unwrap_or(0),
+                local_world: num("LOCAL_WORLD_SIZE")?,
                 rendezvous: format!("{addr}:{}", port_after(port)?),
                 launcher: Launcher::Torchrun,
             }
@@ -186,6 +191,9 @@ impl RankEnv {
                 rank,
                 world,
                 local_rank: num("SLURM_LOCALID")?.unwrap_or(0),
+                // Set with --ntasks-per-node: a plain count (SLURM_TASKS_PER_NODE may be
+                // "8(x2)").
+                local_world: var("SLURM_NTASKS_PER_NODE").and_then(|v| v.trim().parse().ok()),
                 rendezvous: format!("{addr}:{}", port_after(port)?),
                 launcher: Launcher::Slurm,
             }
@@ -225,11 +233,13 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!((t.rank, t.world, t.local_rank), (3, 8, 1));
+        assert_eq!(t.local_world, None);
         assert_eq!(t.rendezvous, "node0:29501");
         assert_eq!(t.launcher, Launcher::Torchrun);
         let s = env(&[
             ("SLURM_PROCID", "5"),
             ("SLURM_NTASKS", "16"),
+            ("SLURM_NTASKS_PER_NODE", "8"),
             ("SLURM_LOCALID", "5"),
             ("MASTER_ADDR", "gpu01"),
             ("VOICECLONE_RENDEZVOUS_PORT", "40000"),
@@ -237,8 +247,8 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!(
-            (s.rank, s.world, s.rendezvous.as_str()),
-            (5, 16, "gpu01:40000")
+            (s.rank, s.world, s.rendezvous.as_str(), s.local_world),
+            (5, 16, "gpu01:40000", Some(8))
         );
         assert_eq!(
             env(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "1")]).unwrap(),
@@ -255,6 +265,17 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!(ours.launcher, Launcher::Voiceclone);
+        assert_eq!(ours.local_world, Some(2));
+        let t = env(&[
+            ("RANK", "9"),
+            ("WORLD_SIZE", "16"),
+            ("LOCAL_WORLD_SIZE", "8"),
+            ("MASTER_ADDR", "n0"),
+            ("MASTER_PORT", "29500"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(t.local_world, Some(8));
         assert_eq!(ours.rendezvous, "127.0.0.1:5000");
         assert!(env(&[
             ("RANK", "2"),

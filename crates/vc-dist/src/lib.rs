@@ -1,10 +1,12 @@
 //! Distributed training (docs/distributed.md): ranks are processes, on GPUs and on the CPU alike.
 //! `vc-dist`: this crate knows tensors, ranks and processes, not the model:
 //!
-//! - [`collective`]: the `Collective` trait (all-gather, reduce-scatter, broadcast, host
-//!   all-reduce, barrier, abort);
-//! - [`tcp`]: the CPU backend (ring collectives over TCP, rendezvous; its control plane in
-//!   `tcp::control`, the tensors' bytes on the wire in `tcp::wire`);
+//! - [`collective`]: the `Collective` trait (all-gather, reduce-scatter, all-reduce, each also
+//!   started and waited for later; broadcast, host all-reduce, barrier, abort, bytes sent);
+//! - [`mesh`]: a rank's communicators: the run's, its shard group's and its replicas';
+//! - [`topology`]: nodes, shard groups, and the emulated network of benchmarks;
+//! - [`tcp`]: the CPU backend (rendezvous, ring collectives over TCP on a communication thread
+//!   per ring, the control plane);
 //! - `nccl` (feature `nccl`): the GPU backend over `cudarc::nccl`;
 //! - [`shard`]: how tensors split into row ranges; [`unit_packing`]: one collective per unit;
 //! - [`env`]: whether this process is a rank of a run (ours, torchrun's or Slurm's);
@@ -15,11 +17,14 @@ pub mod collective;
 pub mod env;
 pub mod launch;
 pub mod local;
+pub mod mesh;
 #[cfg(feature = "nccl")]
 pub mod nccl;
 pub mod shard;
 pub mod tcp;
+pub mod topology;
 pub mod unit_packing;
 
-pub use collective::{Collective, ReduceOp};
+pub use collective::{Collective, LinkBytes, Pending, ReduceOp};
 pub use env::RankEnv;
+pub use mesh::Mesh;

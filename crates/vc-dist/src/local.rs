@@ -2,14 +2,16 @@
 //! shared memory with the semantics of [`Collective`] (rank-ordered sums, so the results are
 //! those of the TCP backend at the same world size up to summation order). The unit tests of the
 //! sharded step run on it, and a one-device run that recomputes is a world of one
-//! (docs/training.md §6.7).
+//! (docs/training.md §6.7). Its collectives complete when they are started: nothing to overlap.
 
 use std::sync::{Arc, Barrier, Mutex};
 
 use anyhow::Result;
 use candle_core::Tensor;
 
-use super::collective::{Collective, ReduceOp};
+use super::collective::{Collective, LinkBytes, Pending, ReduceOp};
+use super::mesh::Mesh;
+use super::topology::Groups;
 
 /// One rank of an in-process world.
 pub struct Local {
@@ -41,6 +43,35 @@ impl Local {
             .collect()
     }
 
+    /// The communicators of the `n` ranks of a new world in shard groups of `size`
+    /// (docs/distributed.md §4.7), in rank order.
+    pub fn mesh(n: usize, size: usize) -> Result<Vec<Mesh>> {
+        let groups = Groups::new(n, size)?;
+        let world: Vec<Arc<dyn Collective>> = Self::world(n)
+            .into_iter()
+            .map(|c| Arc::new(c) as Arc<dyn Collective>)
+            .collect();
+        if size == n {
+            return Ok(world.into_iter().map(Mesh::flat).collect());
+        }
+        let mut shards: Vec<Vec<Local>> = (0..groups.count()).map(|_| Self::world(size)).collect();
+        let mut replicas: Vec<Vec<Local>> =
+            (0..size).map(|_| Self::world(groups.count())).collect();
+        let mut out = Vec::with_capacity(n);
+        // Taken from the back: each group's and each replica set's ranks in reverse order.
+        for (r, w) in world.into_iter().enumerate().rev() {
+            let shard = shards[groups.group(r)].pop().expect("a rank of the group");
+            let replica = replicas[groups.index(r)].pop().expect("a replica");
+            out.push(Mesh {
+                world: w,
+                shard: Arc::new(shard),
+                replicas: Some(Arc::new(replica)),
+            });
+        }
+        out.reverse();
+        Ok(out)
+    }
+
     /// Every rank's `t`, in rank order.
     fn everyone(&self, t: &Tensor) -> Vec<Tensor> {
         let s = &self.shared;
@@ -68,17 +99,25 @@ impl Collective for Local {
     fn world(&self) -> usize {
         self.world
     }
-    fn all_gather(&self, shard: &Tensor) -> Result<Tensor> {
-        Ok(Tensor::cat(&self.everyone(shard), 0)?)
+    fn start_all_gather(&self, shard: &Tensor) -> Result<Pending> {
+        Ok(Pending::ready(Tensor::cat(&self.everyone(shard), 0)?))
     }
-    fn reduce_scatter(&self, full: &Tensor) -> Result<Tensor> {
+    fn start_reduce_scatter(&self, full: &Tensor) -> Result<Pending> {
         let all = self.everyone(full);
         let n = full.dim(0)? / self.world;
         let mut sum = all[0].narrow(0, self.rank * n, n)?;
         for t in &all[1..] {
             sum = (sum + t.narrow(0, self.rank * n, n)?)?;
         }
-        Ok(sum)
+        Ok(Pending::ready(sum))
+    }
+    fn start_all_reduce(&self, t: &Tensor) -> Result<Pending> {
+        let all = self.everyone(t);
+        let mut sum = all[0].clone();
+        for t in &all[1..] {
+            sum = (sum + t)?;
+        }
+        Ok(Pending::ready(sum))
     }
     fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor> {
         Ok(self.everyone(t)[root].clone())
@@ -96,6 +135,9 @@ impl Collective for Local {
             }
         }
         Ok(out)
+    }
+    fn sent(&self) -> LinkBytes {
+        LinkBytes::default()
     }
     fn abort(&self, _why: &str) {}
     fn aborted(&self) -> Option<String> {

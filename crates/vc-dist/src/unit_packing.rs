@@ -1,12 +1,13 @@
 //! Moving a unit's sharded tensors through one collective each (docs/distributed.md §4): a
 //! rank's rows of every tensor of a unit are packed, each padded to its tensor's shard size,
 //! into one flat shard, so a unit is gathered with one all-gather and its gradients are reduced
-//! with one reduce-scatter. Also the row-sparse exchange of a large table's rows.
+//! with one reduce-scatter, each of which can be started and waited for later
+//! (docs/distributed.md §4.6). Also the row-sparse exchange of a large table's rows.
 
 use anyhow::{ensure, Result};
 use candle_core::{DType, Device, Tensor};
 
-use super::collective::Collective;
+use super::collective::{Collective, Pending};
 use super::shard::RowSplit;
 
 /// One tensor's place in a flat shard.
@@ -91,8 +92,34 @@ impl FlatLayout {
         Ok(Tensor::cat(&pieces, 0)?)
     }
 
-    /// The full tensors of every entry on `device`, in `dtype`, from every rank's shards
-    /// (`shards[i]`: this rank's rows of entry i; empty where it owns none).
+    /// Starts gathering the full tensors of every entry on `device`, in `dtype`, from every
+    /// rank's shards (`shards[i]`: this rank's rows of entry i; empty where it owns none).
+    pub fn start_gather(
+        &self,
+        coll: &dyn Collective,
+        shards: &[Tensor],
+        dtype: DType,
+        device: &Device,
+    ) -> Result<PendingGather<'_>> {
+        ensure!(
+            shards.len() == self.entries.len(),
+            "flat gather: wrong shard count"
+        );
+        if self.entries.is_empty() || self.shard_len == 0 {
+            return Ok(PendingGather {
+                layout: self,
+                flat: None,
+            });
+        }
+        let flat = self.pack(shards, self.rank, dtype, device)?;
+        let all = coll.start_all_gather(&flat.reshape((1, self.shard_len))?)?; // (world, shard_len)
+        Ok(PendingGather {
+            layout: self,
+            flat: Some(all),
+        })
+    }
+
+    /// [`Self::start_gather`], waited for.
     pub fn gather(
         &self,
         coll: &dyn Collective,
@@ -100,51 +127,25 @@ impl FlatLayout {
         dtype: DType,
         device: &Device,
     ) -> Result<Vec<Tensor>> {
-        ensure!(
-            shards.len() == self.entries.len(),
-            "flat gather: wrong shard count"
-        );
-        if self.entries.is_empty() || self.shard_len == 0 {
-            return Ok(Vec::new());
-        }
-        let flat = self.pack(shards, self.rank, dtype, device)?;
-        let all = coll.all_gather(&flat.reshape((1, self.shard_len))?)?; // (world, shard_len)
-        self.entries
-            .iter()
-            .map(|e| {
-                let parts = (0..self.world)
-                    .filter(|&q| !e.split.owned(q).is_empty())
-                    .map(|q| {
-                        all.get(q)?
-                            .narrow(0, e.offset, e.split.owned(q).len() * e.row_len)
-                    })
-                    .collect::<candle_core::Result<Vec<_>>>()?;
-                ensure!(
-                    !parts.is_empty(),
-                    "flat gather: a {:?} tensor has no rows",
-                    e.shape
-                );
-                Ok(Tensor::cat(&parts, 0)?.reshape(e.shape.as_slice())?)
-            })
-            .collect()
+        self.start_gather(coll, shards, dtype, device)?.wait()
     }
 
-    /// The sum over ranks of every rank's full tensors `fulls` (on `device`), summed in `dtype`
-    /// (f32 or bf16, `train.reduce_dtype`), of which this rank gets its own rows of each entry
-    /// in f32 (an empty CPU tensor where it owns none).
-    pub fn reduce_scatter(
+    /// Starts the sum over ranks of every rank's full tensors `fulls` (on `device`), summed in
+    /// `dtype` (f32 or bf16, `train.reduce_dtype`), of which this rank gets its own flat shard;
+    /// [`Self::owned_parts`] cuts it into its rows of each entry.
+    pub fn start_reduce_scatter(
         &self,
         coll: &dyn Collective,
         fulls: &[Tensor],
         dtype: DType,
         device: &Device,
-    ) -> Result<Vec<Tensor>> {
+    ) -> Result<PendingScatter> {
         ensure!(
             fulls.len() == self.entries.len(),
             "flat reduce-scatter: wrong tensor count"
         );
         if self.entries.is_empty() || self.shard_len == 0 {
-            return Ok(Vec::new());
+            return Ok(PendingScatter { flat: None });
         }
         let mut per_rank = Vec::with_capacity(self.world);
         for q in 0..self.world {
@@ -169,11 +170,22 @@ impl FlatLayout {
             per_rank.push(self.pack(&parts, q, dtype, device)?);
         }
         let full = Tensor::cat(&per_rank, 0)?.reshape((self.world, self.shard_len))?;
-        // Summed in `dtype`, handed on in f32 (the optimizer's).
-        let mine = coll
-            .reduce_scatter(&full)?
-            .flatten_all()?
-            .to_dtype(DType::F32)?; // (shard_len,)
+        Ok(PendingScatter {
+            flat: Some(coll.start_reduce_scatter(&full)?),
+        })
+    }
+
+    /// This rank's rows of each entry, in f32 (the optimizer's), from its flat shard (`None`
+    /// for a layout of nothing); an empty CPU tensor where it owns none.
+    pub fn owned_parts(&self, flat: Option<Tensor>) -> Result<Vec<Tensor>> {
+        let Some(flat) = flat else {
+            ensure!(
+                self.entries.is_empty() || self.shard_len == 0,
+                "flat shard missing"
+            );
+            return Ok(Vec::new());
+        };
+        let mine = flat.flatten_all()?.to_dtype(DType::F32)?; // (shard_len,)
         self.entries
             .iter()
             .enumerate()
@@ -186,6 +198,70 @@ impl FlatLayout {
                 Ok(mine.narrow(0, e.offset, n)?.reshape(shape.as_slice())?)
             })
             .collect()
+    }
+
+    /// The sum over ranks of every rank's full tensors `fulls`: this rank's rows of each entry
+    /// ([`Self::start_reduce_scatter`], waited for and cut by [`Self::owned_parts`]).
+    pub fn reduce_scatter(
+        &self,
+        coll: &dyn Collective,
+        fulls: &[Tensor],
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Vec<Tensor>> {
+        let flat = self
+            .start_reduce_scatter(coll, fulls, dtype, device)?
+            .wait()?;
+        self.owned_parts(flat)
+    }
+}
+
+/// A unit's gather in flight ([`FlatLayout::start_gather`]).
+pub struct PendingGather<'a> {
+    layout: &'a FlatLayout,
+    flat: Option<Pending>,
+}
+
+impl PendingGather<'_> {
+    /// The full tensors of every entry, once every rank's shard arrived.
+    pub fn wait(self) -> Result<Vec<Tensor>> {
+        let Some(flat) = self.flat else {
+            return Ok(Vec::new());
+        };
+        let all = flat.wait()?; // (world, shard_len)
+        let layout = self.layout;
+        layout
+            .entries
+            .iter()
+            .map(|e| {
+                let parts = (0..layout.world)
+                    .filter(|&q| !e.split.owned(q).is_empty())
+                    .map(|q| {
+                        all.get(q)?
+                            .narrow(0, e.offset, e.split.owned(q).len() * e.row_len)
+                    })
+                    .collect::<candle_core::Result<Vec<_>>>()?;
+                ensure!(
+                    !parts.is_empty(),
+                    "flat gather: a {:?} tensor has no rows",
+                    e.shape
+                );
+                Ok(Tensor::cat(&parts, 0)?.reshape(e.shape.as_slice())?)
+            })
+            .collect()
+    }
+}
+
+/// A unit's reduce-scatter in flight ([`FlatLayout::start_reduce_scatter`]).
+pub struct PendingScatter {
+    flat: Option<Pending>,
+}
+
+impl PendingScatter {
+    /// This rank's flat shard of the sum, in the dtype it was summed in (`None` for a layout of
+    /// nothing).
+    pub fn wait(self) -> Result<Option<Tensor>> {
+        self.flat.map(|p| p.wait()).transpose()
     }
 }
 

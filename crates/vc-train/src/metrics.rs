@@ -36,6 +36,12 @@ pub struct StepMetrics {
     /// Wall time of the step.
     #[serde(deserialize_with = "number_or_nan")]
     pub seconds: f64,
+    /// Sharded runs: the most tensor bytes any rank sent in the step to ranks on its own node,
+    /// and to ranks on other nodes (docs/distributed.md §8.1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sent_within_node: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sent_across_nodes: Option<u64>,
 }
 
 /// One evaluation over the held-out set, after optimizer step `step` (docs/training.md §14).
@@ -226,6 +232,8 @@ mod tests {
             lr: 1e-3,
             frames: 10,
             seconds: 0.1,
+            sent_within_node: None,
+            sent_across_nodes: None,
         }
     }
 

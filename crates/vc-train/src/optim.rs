@@ -92,6 +92,25 @@ impl AdamW {
         clip: f64,
         on_host: bool,
     ) -> anyhow::Result<()> {
+        self.step_each(state, params, grads, lr, clip, on_host, &mut |_, _| Ok(()))
+    }
+
+    /// [`Self::step`], calling `updated(i, params)` as soon as parameter `i` has its new value
+    /// (in parameter order, empty shards included), e.g. to start sending it while the next
+    /// ones are updated (docs/distributed.md §4.6). An error of `updated` stops the step with
+    /// the parameters before it updated and the step not counted: for errors that end the run
+    /// (a failed collective), never for a step to be retried.
+    #[allow(clippy::too_many_arguments)]
+    pub fn step_each(
+        &self,
+        state: &mut AdamState,
+        params: &mut [Param],
+        grads: &[Grad],
+        lr: f64,
+        clip: f64,
+        on_host: bool,
+        updated: &mut dyn FnMut(usize, &[Param]) -> anyhow::Result<()>,
+    ) -> anyhow::Result<()> {
         anyhow::ensure!(
             grads.len() == params.len() && state.m.len() == params.len(),
             "optimizer: {} gradients and {} moment pairs for {} parameters",
@@ -158,8 +177,10 @@ impl AdamW {
             });
         }
         let t = state.step + 1;
-        for (i, (p, g)) in params.iter_mut().zip(grads).enumerate() {
+        for (i, g) in grads.iter().enumerate() {
+            let p = &mut params[i];
             if p.elem_count() == 0 {
+                updated(i, params)?;
                 continue;
             }
             let (m, v) = (&state.m[i], &state.v[i]);
@@ -195,6 +216,7 @@ impl AdamW {
                 }
                 (Grad::Dense(_), None) => unreachable!("dense gradients are prepared above"),
             }
+            updated(i, params)?;
         }
         state.step = t;
         Ok(())

@@ -397,6 +397,8 @@ impl Trainer {
             lr,
             frames,
             seconds: t0.elapsed().as_secs_f64(),
+            sent_within_node: None,
+            sent_across_nodes: None,
         })
     }
 

@@ -113,6 +113,11 @@ pub struct TrainConfig {
     pub gpus: usize,
     pub cpu_ranks: usize,
     pub shard: Shard,
+    /// Ranks that shard the state together; the groups replicate it (docs/distributed.md §4.7).
+    pub shard_group: ShardGroup,
+    /// Units gathered ahead of the one computing, 0 = communication not overlapped
+    /// (docs/distributed.md §4.6).
+    pub prefetch: usize,
     pub dist_timeout: u64,
     pub speaker_balance: bool,
     pub backend: TrainBackend,
@@ -150,6 +155,67 @@ pub enum Shard {
 
 impl Shard {
     pub const NAMES: &'static [&'static str] = &["full", "grad-op"];
+}
+
+/// `train.shard_group`: how many consecutive ranks shard the state together
+/// (docs/distributed.md §4.7). Written as `0` (every rank: flat sharding), a number of ranks,
+/// or `"node"` (the ranks of one node).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShardGroup {
+    /// One group of every rank.
+    World,
+    /// Groups of this many ranks.
+    Ranks(usize),
+    /// The ranks of each node.
+    Node,
+}
+
+impl std::fmt::Display for ShardGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ShardGroup::World => f.write_str("0"),
+            ShardGroup::Ranks(n) => write!(f, "{n}"),
+            ShardGroup::Node => f.write_str("node"),
+        }
+    }
+}
+
+impl Serialize for ShardGroup {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        match self {
+            ShardGroup::World => s.serialize_i64(0),
+            ShardGroup::Ranks(n) => s.serialize_i64(*n as i64),
+            ShardGroup::Node => s.serialize_str("node"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for ShardGroup {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Count(i64),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Count(0) => Ok(ShardGroup::World),
+            Raw::Count(n) if n > 0 => Ok(ShardGroup::Ranks(n as usize)),
+            Raw::Text(t) if t == "node" => Ok(ShardGroup::Node),
+            Raw::Text(t) if t.trim().parse::<usize>().is_ok() => {
+                match t.trim().parse::<usize>().unwrap_or(0) {
+                    0 => Ok(ShardGroup::World),
+                    n => Ok(ShardGroup::Ranks(n)),
+                }
+            }
+            Raw::Count(n) => Err(serde::de::Error::custom(format!(
+                "{n} is not 0 (every rank), a number of ranks or \"node\""
+            ))),
+            Raw::Text(t) => Err(serde::de::Error::custom(format!(
+                "{t:?} is not 0 (every rank), a number of ranks or \"node\""
+            ))),
+        }
+    }
 }
 
 /// `train.select`: the checkpoint a run exports and `checkpoints/best` names

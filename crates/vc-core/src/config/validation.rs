@@ -4,7 +4,7 @@
 use anyhow::Result;
 
 use super::layers::{Resolved, Source};
-use super::schema::{adapter_entry, TrainBackend};
+use super::schema::{adapter_entry, ShardGroup, TrainBackend};
 
 impl Resolved {
     /// Semantic checks that the type system cannot express; each error names key and origin.
@@ -119,6 +119,24 @@ impl Resolved {
                     self.source_of("train.gpus")
                 ),
             ));
+        }
+        let ranks = t.gpus.max(t.cpu_ranks);
+        if let ShardGroup::Ranks(n) = t.shard_group {
+            if ranks > 0 && (n > ranks || !ranks.is_multiple_of(n)) {
+                let from = if t.gpus > 0 {
+                    "train.gpus"
+                } else {
+                    "train.cpu_ranks"
+                };
+                return Err(bad(
+                    "train.shard_group",
+                    format!(
+                        "groups of {n} ranks do not divide the run's {ranks} ranks ({from} set in \
+                         {}) into equal groups",
+                        self.source_of(from)
+                    ),
+                ));
+            }
         }
         if t.gpus > 0 && t.backend == TrainBackend::Kernels {
             return Err(bad(

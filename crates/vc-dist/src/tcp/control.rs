@@ -27,6 +27,8 @@ const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
 pub(super) struct Hello {
     pub(super) rank: usize,
     pub(super) world: usize,
+    /// Ranks per shard group (docs/distributed.md §4.7), which every rank must agree on.
+    pub(super) group: usize,
     pub(super) ring_port: u16,
 }
 
@@ -59,7 +61,7 @@ pub(super) struct Control {
     pub(super) rank: usize,
     pub(super) aborted: Mutex<Option<String>>,
     pub(super) finishing: AtomicBool,
-    /// Ring sockets, shut down on abort so that blocked collectives return.
+    /// Every ring's sockets, shut down on abort so that blocked collectives return.
     pub(super) ring: Mutex<Vec<TcpStream>>,
     /// Rank 0: the connection to every other rank (index = rank); others: `[rank 0]`.
     pub(super) links: Vec<Option<TcpStream>>,

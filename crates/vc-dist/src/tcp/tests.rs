@@ -1,6 +1,8 @@
 //! Tests of the TCP collectives: ranks on threads connected over loopback, checked against the
-//! collectives' definitions, an abort reaching every rank, and a rendezvous that times out
-//! naming the missing rank. A file of its own to keep [`super`] to the ring and its collectives.
+//! collectives' definitions (flat and in shard groups), started collectives overlapping the
+//! caller's work, an abort reaching every rank and failing what it had started, the bytes
+//! counted per link, the emulated network's pace, and a rendezvous that times out naming the
+//! missing rank.
 
 use super::*;
 
@@ -12,30 +14,57 @@ fn bound_rendezvous() -> (Arc<TcpListener>, u16) {
     (Arc::new(l), port)
 }
 
-/// Runs `f` on `world` ranks (threads) connected over loopback.
-fn run<T: Send>(world: usize, f: impl Fn(TcpCollective) -> T + Sync) -> Vec<T> {
+/// Runs `f` on `world` ranks (threads) connected over loopback in shard groups of `group`,
+/// on nodes of `per_node` ranks, the network between them emulated as `emulation` says.
+fn run_mesh<T: Send>(
+    world: usize,
+    group: usize,
+    per_node: usize,
+    emulation: Option<&str>,
+    f: impl Fn(TcpMesh) -> T + Sync,
+) -> Vec<T> {
     let (listener, port) = bound_rendezvous();
+    let emulation = emulation.map(|e| Emulation::parse(e).unwrap());
     std::thread::scope(|s| {
         let handles: Vec<_> = (0..world)
             .map(|rank| {
                 let f = &f;
                 let listener = listener.clone();
                 s.spawn(move || {
-                    let ep = Endpoint {
+                    let mut ep = Endpoint::new(
                         rank,
                         world,
-                        master: format!("127.0.0.1:{port}"),
-                        timeout: Duration::from_secs(20),
-                        listener: (rank == 0).then_some(listener),
+                        format!("127.0.0.1:{port}"),
+                        Duration::from_secs(20),
+                    );
+                    ep.listener = (rank == 0).then_some(listener);
+                    ep.nodes = Nodes {
+                        ranks_per_node: per_node,
                     };
-                    let c = TcpCollective::connect(&ep, b"hello".to_vec()).unwrap();
-                    assert_eq!(c.payload(), b"hello");
-                    f(c)
+                    ep.emulation = emulation;
+                    let groups = Groups::new(world, group).unwrap();
+                    let m = TcpCollective::connect_mesh(&ep, b"hello".to_vec(), groups).unwrap();
+                    assert_eq!(m.world.payload(), b"hello");
+                    f(m)
                 })
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     })
+}
+
+/// Runs `f` on `world` ranks (threads) connected over loopback, one group, one node.
+fn run<T: Send>(world: usize, f: impl Fn(TcpCollective) -> T + Sync) -> Vec<T> {
+    run_mesh(world, world, world, None, |m| f(m.world))
+}
+
+fn values(t: &Tensor) -> Vec<f32> {
+    t.to_dtype(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap()
 }
 
 #[test]
@@ -116,12 +145,10 @@ fn an_abort_reaches_every_rank_and_fails_their_collectives() {
 #[test]
 fn a_rendezvous_with_a_missing_rank_times_out_naming_it() {
     let (listener, port) = bound_rendezvous();
-    let ep = |rank| Endpoint {
-        rank,
-        world: 3,
-        master: format!("127.0.0.1:{port}"),
-        timeout: Duration::from_secs(2),
-        listener: (rank == 0).then(|| listener.clone()),
+    let ep = |rank| {
+        let mut ep = Endpoint::new(rank, 3, format!("127.0.0.1:{port}"), Duration::from_secs(2));
+        ep.listener = (rank == 0).then(|| listener.clone());
+        ep
     };
     let (r0, r1) = std::thread::scope(|s| {
         let a = s.spawn(|| TcpCollective::connect(&ep(0), vec![]).err().unwrap());
@@ -138,4 +165,199 @@ fn a_rendezvous_with_a_missing_rank_times_out_naming_it() {
         e1.contains("rank 1") && e1.contains(&format!("127.0.0.1:{port}")),
         "{e1}"
     );
+}
+
+/// Sums over ranks agree with their definitions: all-reduce of any length (not a multiple of
+/// the ranks), in f32 exactly and in bf16 as bf16-rounded partial sums, the same bits on every
+/// rank; and collectives started together and waited for later give what they give waited
+/// for one by one, in the order they were started.
+#[test]
+fn all_reduces_and_started_collectives_agree_with_their_definitions() {
+    for world in [1usize, 2, 3, 4] {
+        let out = run(world, |c| {
+            let r = c.rank() as f32;
+            let t = Tensor::from_vec(
+                (0..7).map(|i| i as f32 + 0.25 * r).collect::<Vec<_>>(),
+                7,
+                &Device::Cpu,
+            )
+            .unwrap();
+            let f32_sum = values(&c.all_reduce(&t).unwrap());
+            let b = c.all_reduce(&t.to_dtype(DType::BF16).unwrap()).unwrap();
+            assert_eq!(b.dtype(), DType::BF16);
+            // Three collectives in flight at once, then waited for in reverse.
+            let shard = Tensor::new(&[[r, -r]], &Device::Cpu).unwrap();
+            let full = Tensor::from_vec(
+                (0..2 * world)
+                    .map(|i| i as f32 * (r + 1.0))
+                    .collect::<Vec<_>>(),
+                (world, 2),
+                &Device::Cpu,
+            )
+            .unwrap();
+            let g = c.start_all_gather(&shard).unwrap();
+            let rs = c.start_reduce_scatter(&full).unwrap();
+            let ar = c.start_all_reduce(&t).unwrap();
+            let host = c.all_reduce_host(&[1.0], ReduceOp::Sum).unwrap();
+            let (ar, rs, g) = (ar.wait().unwrap(), rs.wait().unwrap(), g.wait().unwrap());
+            assert_eq!(values(&ar), f32_sum);
+            assert_eq!(values(&g), values(&c.all_gather(&shard).unwrap()));
+            assert_eq!(values(&rs), values(&c.reduce_scatter(&full).unwrap()));
+            assert_eq!(host, vec![world as f64]);
+            c.finish().unwrap();
+            (f32_sum, values(&b))
+        });
+        let want: Vec<f32> = (0..7)
+            .map(|i| (0..world).map(|q| i as f32 + 0.25 * q as f32).sum())
+            .collect();
+        for (rank, (f, b)) in out.iter().enumerate() {
+            assert_eq!(f, &want, "world {world} rank {rank}");
+            assert_eq!(
+                b, &out[0].1,
+                "world {world}: every rank gets the same bf16 bits"
+            );
+            for (x, y) in b.iter().zip(&want) {
+                assert!((x - y).abs() <= y.abs() / 64.0, "world {world}: {x} vs {y}");
+            }
+        }
+    }
+}
+
+/// Hybrid groups: 6 ranks as 2 groups of 3 and as 3 groups of 2. The group's communicator
+/// gathers within the group, the replicas' sums across groups; the bytes each rank sends are
+/// counted by the node they go to (nodes of 3 ranks) and equal the ring formulas.
+#[test]
+fn shard_groups_gather_within_and_sum_across_and_count_their_bytes() {
+    for group in [3usize, 2] {
+        let count = 6 / group;
+        let out = run_mesh(6, group, 3, None, |m| {
+            let (shard, replicas) = (m.shard.unwrap(), m.replicas.unwrap());
+            assert_eq!((shard.world(), replicas.world()), (group, count));
+            let rank = m.world.rank();
+            let mine = Tensor::new(&[rank as f32; 4], &Device::Cpu).unwrap();
+            let gathered = values(&shard.all_gather(&mine.reshape((1, 4)).unwrap()).unwrap());
+            let summed = values(&replicas.all_reduce(&mine).unwrap());
+            let host = m
+                .world
+                .all_reduce_host(&[rank as f64], ReduceOp::Sum)
+                .unwrap();
+            let sent = shard.sent() + replicas.sent();
+            m.world.finish().unwrap();
+            (gathered, summed, host, sent)
+        });
+        for (rank, (gathered, summed, host, sent)) in out.into_iter().enumerate() {
+            let g = rank / group;
+            let want: Vec<f32> = (g * group..(g + 1) * group)
+                .flat_map(|q| [q as f32; 4])
+                .collect();
+            assert_eq!(gathered, want, "group {group} rank {rank}");
+            let same: f32 = (0..count).map(|k| (k * group + rank % group) as f32).sum();
+            assert_eq!(summed, vec![same; 4], "group {group} rank {rank}");
+            assert_eq!(host, vec![15.0]);
+            // All-gather: group−1 chunks of 16 bytes; all-reduce over `count` ranks of 4
+            // values: 2·(count−1) chunks of ceil(4/count) f32 values.
+            let gather = (group as u64 - 1) * 16;
+            let reduce = 2 * (count as u64 - 1) * 4u64.div_ceil(count as u64) * 4;
+            // The next member of the group ring and of the replicas' ring: on this node?
+            let members = Groups::new(6, group).unwrap();
+            let node = |r: usize| r / 3;
+            let next_in = |ranks: Vec<usize>| {
+                let p = ranks.iter().position(|&r| r == rank).unwrap();
+                ranks[(p + 1) % ranks.len()]
+            };
+            let mut want = LinkBytes::default();
+            for (bytes, next) in [
+                (gather, next_in(members.members(rank))),
+                (reduce, next_in(members.replicas(rank))),
+            ] {
+                if node(next) == node(rank) {
+                    want.within_node += bytes;
+                } else {
+                    want.across_nodes += bytes;
+                }
+            }
+            assert_eq!(sent, want, "group {group} rank {rank}");
+        }
+    }
+}
+
+/// A collective started before the caller computes runs during the computation: over an
+/// emulated link of 80 Mbit/s, gathering 1 MB per rank across two nodes takes about 100 ms,
+/// and starting it before 100 ms of work ends both in about 100 ms, not 200. Without starting
+/// first the same work and gather take their sum.
+#[test]
+fn started_collectives_run_while_the_caller_computes_on_an_emulated_network() {
+    let emulation = "ranks-per-node=1,bandwidth=80mbit,latency=1ms";
+    let work = Duration::from_millis(100);
+    let out = run_mesh(2, 2, 1, Some(emulation), |m| {
+        let c = m.world;
+        let shard = Tensor::zeros((1, 250_000), DType::F32, &Device::Cpu).unwrap();
+        c.barrier().unwrap();
+        let t0 = Instant::now();
+        c.all_gather(&shard).unwrap();
+        let alone = t0.elapsed();
+        c.barrier().unwrap();
+        let t0 = Instant::now();
+        std::thread::sleep(work);
+        c.all_gather(&shard).unwrap();
+        let serial = t0.elapsed();
+        c.barrier().unwrap();
+        let t0 = Instant::now();
+        let p = c.start_all_gather(&shard).unwrap();
+        std::thread::sleep(work);
+        p.wait().unwrap();
+        let overlapped = t0.elapsed();
+        let sent = c.sent();
+        c.finish().unwrap();
+        (alone, serial, overlapped, sent)
+    });
+    for (rank, (alone, serial, overlapped, sent)) in out.into_iter().enumerate() {
+        eprintln!(
+            "rank {rank}: gather {alone:?}, after work {serial:?}, started first {overlapped:?}"
+        );
+        assert!(
+            alone >= Duration::from_millis(95),
+            "rank {rank}: paced {alone:?}"
+        );
+        assert!(
+            serial >= work + Duration::from_millis(95),
+            "rank {rank}: {serial:?}"
+        );
+        assert!(
+            overlapped < work + alone / 2,
+            "rank {rank}: started first {overlapped:?}, work {work:?}, gather {alone:?}"
+        );
+        assert_eq!(sent.across_nodes, 3 * 1_000_000, "rank {rank}");
+        assert_eq!(sent.within_node, 0);
+    }
+}
+
+/// An abort fails every collective a rank had started, the one running and those queued behind
+/// it, promptly.
+#[test]
+fn an_abort_fails_every_started_collective() {
+    let out = run_mesh(4, 2, 4, None, |m| {
+        let c = m.world;
+        let t = Tensor::ones((1, 8), DType::F32, &Device::Cpu).unwrap();
+        if c.rank() == 3 {
+            std::thread::sleep(Duration::from_millis(200));
+            c.abort("rank 3 failed: out of memory");
+            return (true, c.aborted(), Duration::ZERO);
+        }
+        let started = Instant::now();
+        // Rank 3 joins neither: the first blocks until the abort, the second is queued behind.
+        let running = c.start_all_gather(&t).unwrap();
+        let queued = c.start_all_reduce(&t).unwrap();
+        let failed = running.wait().is_err() && queued.wait().is_err();
+        (failed, c.aborted(), started.elapsed())
+    });
+    for (rank, (failed, why, took)) in out.into_iter().enumerate() {
+        assert!(failed, "rank {rank}");
+        assert_eq!(
+            why.as_deref(),
+            Some("rank 3 failed: out of memory"),
+            "rank {rank}"
+        );
+        assert!(took < Duration::from_secs(10), "rank {rank} took {took:?}");
+    }
 }

@@ -1,13 +1,15 @@
 //! The `full` pass (ZeRO-3, docs/distributed.md §4.2): forward unit by unit on gathered
 //! weights, keeping each unit's inputs; then backward in reverse, gathering each unit again and
 //! recomputing it with `Var`s from the saved inputs, its weight gradients summed over the local
-//! micro-batches and reduce-scattered once. The same pass recomputes `grad-op` runs with
-//! `train.recompute = "layers"`, taking each unit from the replicas instead of gathering it
-//! (docs/training.md §6.7).
+//! micro-batches and reduce-scattered once. The gathers run ahead of the computation and the
+//! reductions behind it (docs/distributed.md §4.6, [`super::overlap`]). The same pass
+//! recomputes `grad-op` runs with `train.recompute = "layers"`, taking each unit from the
+//! replicas instead of gathering it (docs/training.md §6.7).
 
 use anyhow::Result;
 use candle_core::{DType, Tensor, Var};
 
+use super::overlap::{Prefetch, Reducer};
 use super::{accumulate_vars, add_into, scalar, Micro, Pass, RankLosses, ShardedTrainer};
 use crate::stages::{sub_loss, Embedded, EmbeddingUnit, HeadUnit, TextRows, SUB_LOSS_WEIGHT};
 use crate::units::Unit;
@@ -63,8 +65,12 @@ impl ShardedTrainer {
         let (emb_u, layer_u, head_u, cp_u) = self.unit_indices()?;
         let layer_name = |l: usize| format!("talker.model.layers.{l}");
         let table = self.text_table(rows)?;
+        let mut order = vec![emb_u];
+        order.extend(&layer_u);
+        order.extend([head_u, cp_u]);
+        let mut units = Prefetch::new(self, order, false);
         let embedded: Vec<Embedded> = {
-            let (src, _) = self.unit_weights(emb_u, false)?;
+            let (src, _) = units.next_unit()?;
             let unit = EmbeddingUnit::load(&src, cfg, numerics)?;
             mine.iter()
                 .map(|m| {
@@ -78,8 +84,8 @@ impl ShardedTrainer {
         };
         let mut inputs: Vec<Vec<Tensor>> = Vec::with_capacity(layer_u.len());
         let mut x: Vec<Tensor> = embedded.iter().map(|e| e.inputs.clone()).collect();
-        for (l, &u) in layer_u.iter().enumerate() {
-            let (src, _) = self.unit_weights(u, false)?;
+        for l in 0..layer_u.len() {
+            let (src, _) = units.next_unit()?;
             let layer = DecoderLayer::load(&src, &layer_name(l), tcfg, numerics)?;
             let next = mine
                 .iter()
@@ -90,7 +96,7 @@ impl ShardedTrainer {
         }
         let head_in = x;
         let (l_talker, frame_hidden): (Vec<Tensor>, Vec<Tensor>) = {
-            let (src, _) = self.unit_weights(head_u, false)?;
+            let (src, _) = units.next_unit()?;
             let head = HeadUnit::load(&src, cfg, numerics)?;
             mine.iter()
                 .zip(&head_in)
@@ -100,7 +106,7 @@ impl ShardedTrainer {
                 .unzip()
         };
         let l_sub: Vec<f64> = {
-            let (src, _) = self.unit_weights(cp_u, false)?;
+            let (src, _) = units.next_unit()?;
             let cp = CodePredictor::load_parts(&src, cfg, numerics, false)?;
             let mut out = Vec::with_capacity(mine.len());
             for ((m, fh), e) in mine.iter().zip(&frame_hidden).zip(&embedded) {
@@ -166,7 +172,19 @@ impl ShardedTrainer {
             frame_hidden,
             local,
         } = self.forward(mine, rows)?;
+        // Nothing to learn below the layers when the embedding unit trains nothing and the text
+        // table is frozen (a LoRA run, docs/training.md §13).
+        let embeddings_learn = !self.units[emb_u].members.is_empty() || rows.is_some();
+        let mut order = vec![cp_u, head_u];
+        order.extend(layer_u.iter().rev());
+        if embeddings_learn {
+            order.push(emb_u);
+        }
+        let mut units = Prefetch::new(self, order, true);
+        // The first units gather while the losses are agreed on.
+        units.prime()?;
         let sums = self.agree_losses(&local, micro, epoch)?;
+        let mut reducer = Reducer::new(self);
 
         // Backward, in reverse, recomputing each unit with `Var`s; gradients of the step's
         // micro-batches are summed, then reduced once per unit.
@@ -180,7 +198,7 @@ impl ShardedTrainer {
         };
         let (mut d_fh, mut d_c0, mut d_sub) = (Vec::new(), Vec::new(), Vec::new());
         {
-            let (src, vars) = self.unit_weights(cp_u, true)?;
+            let (src, vars) = units.next_unit()?;
             let cp = CodePredictor::load_parts(&src, cfg, numerics, false)?;
             let mut acc = vec![None; vars.len()];
             for ((m, fh), e) in mine.iter().zip(&frame_hidden).zip(&embedded) {
@@ -210,11 +228,11 @@ impl ShardedTrainer {
                 d_c0.push(Tensor::cat(&dc0, 0)?);
                 d_sub.push(Tensor::cat(&dsb, 0)?);
             }
-            self.reduce(cp_u, acc, &mut grads)?;
+            reducer.push(cp_u, acc, &mut grads)?;
         }
         let mut d_x: Vec<Tensor> = Vec::with_capacity(mine.len());
         {
-            let (src, vars) = self.unit_weights(head_u, true)?;
+            let (src, vars) = units.next_unit()?;
             let head = HeadUnit::load(&src, cfg, numerics)?;
             let mut acc = vec![None; vars.len()];
             for ((m, x), dfh) in mine.iter().zip(&head_in).zip(&d_fh) {
@@ -227,10 +245,10 @@ impl ShardedTrainer {
                 accumulate_vars(&g, &vars, &mut acc, grad_dtype, in_place)?;
                 d_x.push(grad_or_zero(&g, &xv)?);
             }
-            self.reduce(head_u, acc, &mut grads)?;
+            reducer.push(head_u, acc, &mut grads)?;
         }
         for (l, &u) in layer_u.iter().enumerate().rev() {
-            let (src, vars) = self.unit_weights(u, true)?;
+            let (src, vars) = units.next_unit()?;
             let layer = DecoderLayer::load(&src, &layer_name(l), tcfg, numerics)?;
             let mut acc = vec![None; vars.len()];
             let mut next = Vec::with_capacity(mine.len());
@@ -242,13 +260,11 @@ impl ShardedTrainer {
                 next.push(grad_or_zero(&g, &xv)?);
             }
             d_x = next;
-            self.reduce(u, acc, &mut grads)?;
+            reducer.push(u, acc, &mut grads)?;
         }
         let mut text_grad: Option<Tensor> = None;
-        // Nothing to learn below the layers when the embedding unit trains nothing and the text
-        // table is frozen (a LoRA run, docs/training.md §13).
-        if !self.units[emb_u].members.is_empty() || rows.is_some() {
-            let (src, vars) = self.unit_weights(emb_u, true)?;
+        if embeddings_learn {
+            let (src, vars) = units.next_unit()?;
             let unit = EmbeddingUnit::load(&src, cfg, numerics)?;
             let mut acc = vec![None; vars.len()];
             let rows_var = rows.map(Var::from_tensor).transpose()?;
@@ -276,8 +292,9 @@ impl ShardedTrainer {
                     }
                 }
             }
-            self.reduce(emb_u, acc, &mut grads)?;
+            reducer.push(emb_u, acc, &mut grads)?;
         }
+        reducer.finish(&mut grads)?;
         Ok(Pass {
             sums,
             grads,

@@ -1,13 +1,15 @@
 //! The `grad-op` pass (ZeRO-2, docs/distributed.md §4.3): the weights replicated on every rank
 //! as `Var`s in the storage dtype, each local micro-batch forward and backward in one graph, the
-//! summed gradients reduce-scattered once per unit; after the update the replicas are refreshed
-//! by gathering every unit again.
+//! summed gradients reduce-scattered once per unit (each unit's reduction running while the
+//! next is packed, docs/distributed.md §4.6); after the update the replicas are refreshed by
+//! gathering every unit again.
 
 use std::collections::{BTreeMap, HashMap};
 
 use anyhow::{Context, Result};
 use candle_core::{Tensor, Var};
 
+use super::overlap::Reducer;
 use super::units::UnitSource;
 use super::{add_into, scalar, Micro, Pass, RankLosses, ShardedTrainer};
 use crate::loss;
@@ -16,7 +18,7 @@ use vc_model::talker::Talker;
 
 /// Every trained tensor in full, as a `Var` in the storage dtype.
 pub(super) struct Replica {
-    vars: BTreeMap<String, Var>,
+    pub(super) vars: BTreeMap<String, Var>,
 }
 
 impl ShardedTrainer {
@@ -53,12 +55,13 @@ impl ShardedTrainer {
         Ok(())
     }
 
-    /// Unit `u`'s whole weights for a pass (with `Var`s when `vars`): from the replicas in
-    /// `grad-op` mode, gathered from the shards in `full` mode.
-    pub(super) fn unit_weights(&self, u: usize, vars: bool) -> Result<(UnitSource<'_>, Vec<Var>)> {
-        let Some(replica) = &self.replica else {
-            return self.gather(u, vars);
-        };
+    /// Unit `u`'s weights from the replicas (with `Var`s when `vars`).
+    pub(super) fn replica_weights(
+        &self,
+        u: usize,
+        vars: bool,
+    ) -> Result<(UnitSource<'_>, Vec<Var>)> {
+        let replica = self.replica()?;
         let mut tensors = HashMap::new();
         let mut out = Vec::new();
         for &i in &self.units[u].members {
@@ -88,7 +91,7 @@ impl ShardedTrainer {
     fn gather_text_table(&self, t: usize) -> Result<Tensor> {
         let shard = self.params[t].var.as_tensor().clone();
         let mut full = self.text_layout(t).gather(
-            self.coll.as_ref(),
+            self.mesh.shard.as_ref(),
             std::slice::from_ref(&shard),
             self.storage,
             &self.opts.device,
@@ -166,14 +169,17 @@ impl ShardedTrainer {
         }
         let sums = self.agree_losses(&local, micro, epoch)?;
         let mut grads: Vec<Option<Tensor>> = vec![None; self.params.len()];
+        // Unit by unit: the reduction of one runs while the next is packed.
+        let mut reducer = Reducer::new(self);
         for u in 0..self.units.len() {
             let acc = self.units[u]
                 .members
                 .iter()
                 .map(|&i| full[i].take())
                 .collect();
-            self.reduce(u, acc, &mut grads)?;
+            reducer.push(u, acc, &mut grads)?;
         }
+        reducer.finish(&mut grads)?;
         Ok(Pass {
             sums,
             grads,

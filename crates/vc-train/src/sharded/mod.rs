@@ -20,10 +20,20 @@
 //! the step, and the result equals single-device training up to the order of floating-point
 //! sums. Losses, non-finite values and stop requests are agreed on by every rank before any acts.
 //!
+//! Hybrid sharding (docs/distributed.md §4.7): the ranks form shard groups of
+//! `train.shard_group` consecutive ranks; the state is sharded within a group as above and
+//! replicated across groups, each unit's gradient shard all-reduced across the groups after its
+//! reduce-scatter. With one group (the default) that is the flat sharding above.
+//!
+//! Overlap (docs/distributed.md §4.6): with `train.prefetch` > 0 the passes gather the next
+//! units while one computes and leave each unit's reduce-scatter (and all-reduce) running while
+//! the next computes; the values and their summation order are those of the plain schedule.
+//!
 //! Files, one concern each: [`setup`] (loading this rank's shards, resuming), [`units`]
-//! (gathering a unit's weights and reducing its gradients), [`full`] and [`grad_op`] (the two
-//! passes), [`update`] (clipping and the AdamW step on the owned rows), [`save`] (this rank's part
-//! of a checkpoint). The loop that drives them is the one every trainer shares
+//! (gathering a unit's weights and reducing its gradients), [`overlap`] (what runs ahead of the
+//! computation: the units gathered next, the gradients being reduced), [`full`] and [`grad_op`]
+//! (the two passes), [`update`] (clipping and the AdamW step on the owned rows), [`save`] (this
+//! rank's part of a checkpoint). The loop that drives them is the one every trainer shares
 //! ([`super::driver`]).
 //!
 //! No device work on empty tensors (docs/distributed.md §4.5): a rank that owns no rows of a
@@ -32,17 +42,19 @@
 
 mod full;
 mod grad_op;
+mod overlap;
 mod save;
 mod setup;
 mod units;
 mod update;
 
 #[cfg(test)]
+mod overlap_tests;
+#[cfg(test)]
 mod tests;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
@@ -61,7 +73,7 @@ use super::validation;
 use super::{Backend, Outcome, TrainOptions, TEXT_EMBEDDING};
 use vc_core::config::{Recompute, Shard as ShardMode};
 use vc_dist::shard::RowSplit;
-use vc_dist::{Collective, ReduceOp};
+use vc_dist::{LinkBytes, Mesh, ReduceOp};
 use vc_model::config::Qwen3TtsConfig;
 use vc_model::layers::{AdapterSpec, StepContext};
 use vc_model::ops::Rope;
@@ -71,7 +83,14 @@ use self::grad_op::Replica;
 use self::units::UnitShards;
 
 pub struct ShardedTrainer {
-    coll: Arc<dyn Collective>,
+    /// The run's, the shard group's and the replicas' communicators.
+    mesh: Mesh,
+    /// Units gathered ahead of the one computing (`train.prefetch`; 0 where the group is one
+    /// rank, which gathers nothing).
+    prefetch: usize,
+    /// Whether reductions run behind the computation (`train.prefetch` > 0 and something to
+    /// communicate).
+    overlap: bool,
     pub mode: ShardMode,
     backend: Backend,
     /// The dtype weights are stored and gathered in ([`Backend::storage_dtype`]).
@@ -118,6 +137,13 @@ pub struct ShardedTrainer {
     predictor_chunk: usize,
 }
 
+/// Bytes a rank sends per step in its units' collectives ([`ShardedTrainer::unit_traffic`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UnitTraffic {
+    pub group: u64,
+    pub replicas: u64,
+}
+
 /// One local micro-batch of a step.
 struct Micro {
     /// Its position among the step's micro-batches.
@@ -159,11 +185,33 @@ struct Pass {
 
 impl ShardedTrainer {
     pub fn rank(&self) -> usize {
-        self.coll.rank()
+        self.mesh.world.rank()
     }
 
     pub fn world(&self) -> usize {
-        self.coll.world()
+        self.mesh.world.world()
+    }
+
+    /// The ranks of this rank's shard group (docs/distributed.md §4.7); the run's ranks with
+    /// flat sharding.
+    pub fn group_size(&self) -> usize {
+        self.mesh.shard.world()
+    }
+
+    /// Which shard of each tensor this rank holds: its place in its group.
+    fn shard_index(&self) -> usize {
+        self.mesh.shard.rank()
+    }
+
+    /// Whether this rank's group is the first, whose ranks write the checkpoints' rank files
+    /// and count the gradient norm (the other groups hold the same shards).
+    fn first_group(&self) -> bool {
+        self.rank() < self.group_size()
+    }
+
+    /// Tensor bytes this rank has sent so far, by link (docs/distributed.md §8.1).
+    pub fn sent(&self) -> LinkBytes {
+        self.mesh.sent()
     }
 
     pub fn options(&self) -> &TrainOptions {
@@ -186,6 +234,33 @@ impl ShardedTrainer {
             &self.adam,
             crate::reduce_dtype(self.opts.config.reduce_dtype),
         )
+    }
+
+    /// What a step sends per rank in its units' collectives by the ring algorithms
+    /// (docs/distributed.md §8): to the others of its group (gathers and reduce-scatters) and to
+    /// its replicas (the all-reduces of hybrid sharding). The text table's rows come on top in
+    /// `full` mode (they depend on the step's text); grad-op gathers the whole table.
+    pub fn unit_traffic(&self) -> UnitTraffic {
+        let (s, g) = (
+            self.group_size() as u64,
+            (self.world() / self.group_size()) as u64,
+        );
+        let storage = self.storage.size_in_bytes() as u64;
+        let reduce = crate::reduce_dtype(self.opts.config.reduce_dtype).size_in_bytes() as u64;
+        let gathers = match self.mode {
+            ShardMode::Full => 2,
+            ShardMode::GradOp => 1,
+        };
+        let mut t = UnitTraffic::default();
+        for u in &self.units {
+            let n = u.layout.shard_len as u64;
+            t.group += (s - 1) * n * (gathers * storage + reduce);
+            t.replicas += 2 * (g - 1) * n.div_ceil(g) * reduce;
+        }
+        if let (ShardMode::GradOp, Some(text)) = (self.mode, self.text) {
+            t.group += (s - 1) * self.text_layout(text).shard_len as u64 * storage;
+        }
+        t
     }
 
     /// Trained parameters of the whole run (every rank's rows).
@@ -283,6 +358,7 @@ impl ShardedTrainer {
     /// Nothing changes when it fails.
     pub fn step(&mut self, micro: &[Vec<usize>]) -> Result<StepMetrics> {
         let t0 = Instant::now();
+        let sent_before = self.sent();
         let (rank, world) = (self.rank(), self.world());
         self.opts.hooks.step_start(self.step + 1, rank);
         let epoch = self.sampler.cursor().epoch;
@@ -303,7 +379,17 @@ impl ShardedTrainer {
             }
             _ => self.full_pass(&mine, rows.as_ref(), micro, epoch)?,
         };
-        self.apply(pass, &text_ids, epoch, micro.len(), t0)
+        let mut m = self.apply(pass, &text_ids, epoch, micro.len(), t0)?;
+        let sent = self.sent() - sent_before;
+        let most = self.mesh.world.all_reduce_host(
+            &[sent.within_node as f64, sent.across_nodes as f64],
+            ReduceOp::Max,
+        )?;
+        if world > 1 {
+            m.sent_within_node = Some(most[0] as u64);
+            m.sent_across_nodes = Some(most[1] as u64);
+        }
+        Ok(m)
     }
 
     /// The validation loss over the held-out set (docs/training.md §14): the micro-batches of
@@ -339,7 +425,7 @@ impl ShardedTrainer {
                 sums[3] += 1.0;
             }
         }
-        let all = self.coll.all_reduce_host(&sums, ReduceOp::Sum)?;
+        let all = self.mesh.world.all_reduce_host(&sums, ReduceOp::Sum)?;
         let sums = validation::LossSums {
             total: all[0],
             talker: all[1],
@@ -371,8 +457,8 @@ impl ShardedTrainer {
             sums[2] += l.sub;
             sums[3] += l.frames as f64;
         }
-        let all = self.coll.all_reduce_host(&sums, ReduceOp::Sum)?;
-        let first_bad = self.coll.all_reduce_host(&[bad], ReduceOp::Max)?[0];
+        let all = self.mesh.world.all_reduce_host(&sums, ReduceOp::Sum)?;
+        let first_bad = self.mesh.world.all_reduce_host(&[bad], ReduceOp::Max)?[0];
         if first_bad.is_finite() {
             let index = (-first_bad) as usize;
             let lines: Vec<String> = micro[index]
@@ -445,7 +531,7 @@ impl driver::Engine for ShardedTrainer {
     }
     fn any_rank(&self, flag: bool) -> Result<bool> {
         let v = if flag { 1.0 } else { 0.0 };
-        Ok(self.coll.all_reduce_host(&[v], ReduceOp::Max)?[0] > 0.0)
+        Ok(self.mesh.world.all_reduce_host(&[v], ReduceOp::Max)?[0] > 0.0)
     }
     fn broadcast_from_reporter(&self, values: &[f64]) -> Result<Vec<f64>> {
         // The others add zeros: the sum is rank 0's values, bit for bit.
@@ -454,7 +540,7 @@ impl driver::Engine for ShardedTrainer {
         } else {
             vec![0.0; values.len()]
         };
-        self.coll.all_reduce_host(&mine, ReduceOp::Sum)
+        self.mesh.world.all_reduce_host(&mine, ReduceOp::Sum)
     }
     fn is_reporter(&self) -> bool {
         self.rank() == 0

@@ -1,6 +1,7 @@
 //! This rank's part of a checkpoint (docs/distributed.md §6): rank 0 creates the temporary
-//! directory, every rank writes its rows (fp32 master and both moments) into its own file, and
-//! once every rank reports its file written and synced, rank 0 writes the index and commits.
+//! directory, every rank of the first shard group writes its rows (fp32 master and both
+//! moments) into its own file — the other groups hold the same rows (§4.7) — and once every
+//! rank reports its part done, rank 0 writes the index and commits.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -13,9 +14,9 @@ use crate::run_setup::IndexParts;
 use vc_dist::ReduceOp;
 
 impl ShardedTrainer {
-    /// Every tensor's shards over the ranks, for the index.
+    /// Every tensor's shards over the ranks of a group (the rank files), for the index.
     fn describe_params(&self) -> BTreeMap<String, ParamInfo> {
-        let world = self.world();
+        let world = self.group_size();
         self.params
             .iter()
             .enumerate()
@@ -52,8 +53,9 @@ impl ShardedTrainer {
         )
     }
 
-    /// Saves a checkpoint: every rank writes its rows into the directory rank 0 created, and
-    /// rank 0 commits it once every rank's file is complete. Returns the directory (on rank 0).
+    /// Saves a checkpoint: every rank of the first group writes its rows into the directory
+    /// rank 0 created, and rank 0 commits it once every rank's file is complete. Returns the
+    /// directory (on rank 0).
     pub fn save(&self) -> Result<Option<PathBuf>> {
         let (rank, root) = (self.rank(), &self.opts.checkpoints);
         let pending = if rank == 0 {
@@ -61,14 +63,19 @@ impl ShardedTrainer {
         } else {
             None
         };
-        self.coll.barrier()?;
+        self.mesh.world.barrier()?;
         let dir = PendingCheckpoint::join(root, self.step, &self.tag).dir;
-        let written = self.write_rank_file(&dir.join(checkpoint::rank_file(rank)));
-        if written.is_ok() {
+        let written = if self.first_group() {
+            self.write_rank_file(&dir.join(checkpoint::rank_file(rank)))
+        } else {
+            Ok(())
+        };
+        if written.is_ok() && self.first_group() {
             self.opts.hooks.rank_file_written(self.step, rank);
         }
         let failed = self
-            .coll
+            .mesh
+            .world
             .all_reduce_host(&[if written.is_ok() { 0.0 } else { 1.0 }], ReduceOp::Sum)?[0];
         if failed > 0.0 {
             if let Some(p) = pending {
@@ -93,7 +100,7 @@ impl ShardedTrainer {
                     adam_step: self.adam.step,
                     state: self.opts.config.optimizer_state,
                     loss: self.last_loss,
-                    world_size: self.world(),
+                    world_size: self.group_size(),
                     selection: &self.selection,
                 }
                 .index(self.describe_params());
@@ -101,7 +108,7 @@ impl ShardedTrainer {
             }
             None => None,
         };
-        self.coll.barrier()?;
+        self.mesh.world.barrier()?;
         Ok(out)
     }
 }

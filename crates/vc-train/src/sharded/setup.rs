@@ -1,11 +1,10 @@
 //! Setting up one rank (docs/distributed.md §4, §6): this rank's rows of every trained tensor
-//! from the base model or from the newest checkpoint (written at any world size), the frozen
-//! tensors, the units, and the repair of what an interrupted checkpoint write left — by rank 0
-//! alone, before the others look.
+//! (its shard within its group, §4.7) from the base model or from the newest checkpoint
+//! (written at any world size and grouping), the frozen tensors, the units, and the repair of
+//! what an interrupted checkpoint write left — by rank 0 alone, before the others look.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Range;
-use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor};
@@ -24,21 +23,23 @@ use crate::units::{unit_of, Unit};
 use crate::{Backend, TrainOptions, TEXT_EMBEDDING};
 use vc_core::config::Shard as ShardMode;
 use vc_dist::shard::RowSplit;
-use vc_dist::Collective;
+use vc_dist::Mesh;
 use vc_model::ops::Rope;
 use vc_model::weights::Weights;
 
 impl ShardedTrainer {
     /// Loads this rank's shards (from the base model, or from the newest checkpoint of the run,
-    /// written at any world size) and the frozen tensors.
+    /// written at any world size) and the frozen tensors. `mesh`: the run's communicators;
+    /// this rank's shard is its place in its group.
     pub fn new(
         opts: TrainOptions,
-        coll: Arc<dyn Collective>,
+        mesh: Mesh,
         mode: ShardMode,
         tag: String,
         fresh: bool,
     ) -> Result<Self> {
-        let (rank, world) = (coll.rank(), coll.world());
+        // Tensors split over the ranks of the group; `rank` here is this rank's place in it.
+        let (rank, world) = (mesh.shard.rank(), mesh.shard.world());
         let backend = opts.backend;
         if backend == Backend::CpuKernels && !opts.device.is_cpu() {
             bail!("the CPU training kernels cannot run on {:?}", opts.device);
@@ -99,14 +100,15 @@ impl ShardedTrainer {
         } = setup;
         // One rank repairs the shared checkpoints/ while the others wait: ranks repairing it
         // together would race on the same renames and deletions.
-        let mut warnings = if rank == 0 {
+        let reporter = mesh.world.rank() == 0;
+        let mut warnings = if reporter {
             let mut w = checkpoint::recover(&opts.checkpoints)?.warnings();
             w.extend(notes);
             w
         } else {
             Vec::new()
         };
-        coll.barrier()?;
+        mesh.world.barrier()?;
         let (mut step, mut last_loss) = (0, None);
         let resume = run_setup::find_resume(&opts, &identity, &dataset, fresh)?;
         if let Some(r) = &resume {
@@ -136,7 +138,7 @@ impl ShardedTrainer {
                 adam.m[i] = m;
                 adam.v[i] = v;
             }
-            if rank == 0 {
+            if reporter {
                 warnings.extend(
                     saved_state::Conversion {
                         from: r.index.optimizer.state,
@@ -153,8 +155,12 @@ impl ShardedTrainer {
         let t = &cfg.talker_config;
         let rope = Rope::new(t.head_dim, t.rope_theta, &opts.device)?;
         let total = RunSetup::total_steps(&opts, &sampler);
+        let prefetch = if world > 1 { opts.config.prefetch } else { 0 };
+        let overlap = opts.config.prefetch > 0 && (world > 1 || mesh.replicas.is_some());
         let mut trainer = Self {
-            coll,
+            mesh,
+            prefetch,
+            overlap,
             mode,
             backend,
             storage,

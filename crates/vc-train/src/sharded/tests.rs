@@ -3,7 +3,6 @@
 //! result through the same code.
 
 use std::path::Path;
-use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
 
@@ -14,7 +13,6 @@ use crate::{Backend, Storage};
 use vc_core::config::Shard as ShardMode;
 use vc_dist::local::Local;
 use vc_dist::shard::RowSplit;
-use vc_dist::Collective;
 
 const BACKENDS: [Backend; 2] = [Backend::CpuKernels, Backend::Autograd(Storage::Bf16)];
 
@@ -29,14 +27,14 @@ fn on_ranks<T: Send>(
     f: impl Fn(&mut ShardedTrainer) -> T + Sync,
 ) -> Vec<T> {
     std::thread::scope(|s| {
-        let hs: Vec<_> = Local::world(n)
+        let hs: Vec<_> = Local::mesh(n, n)
+            .unwrap()
             .into_iter()
-            .map(|c| {
+            .map(|mesh| {
                 let f = &f;
                 s.spawn(move || {
-                    let coll: Arc<dyn Collective> = Arc::new(c);
                     let opts = options(ws, model, backend, 3);
-                    let mut t = ShardedTrainer::new(opts, coll, mode, "test".into(), false)
+                    let mut t = ShardedTrainer::new(opts, mesh, mode, "test".into(), false)
                         .expect("a sharded trainer");
                     f(&mut t)
                 })
@@ -46,7 +44,7 @@ fn on_ranks<T: Send>(
     })
 }
 
-fn values(t: &Tensor) -> Vec<f32> {
+pub(super) fn values(t: &Tensor) -> Vec<f32> {
     t.to_dtype(DType::F32)
         .unwrap()
         .flatten_all()
@@ -56,7 +54,7 @@ fn values(t: &Tensor) -> Vec<f32> {
 }
 
 /// max |a − b| / max(max |b|, 1e-12).
-fn rel(a: &[f32], b: &[f32]) -> f64 {
+pub(super) fn rel(a: &[f32], b: &[f32]) -> f64 {
     assert_eq!(a.len(), b.len());
     let d = a
         .iter()

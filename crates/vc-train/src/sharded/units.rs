@@ -1,6 +1,8 @@
 //! Moving a unit's weights and gradients (docs/distributed.md §4.2): the all-gather of a unit's
-//! trained tensors in the storage dtype, the reduce-scatter of its summed f32 gradients into the
-//! owned rows, and the row-sparse gather of the step's text-table rows.
+//! trained tensors in the storage dtype within the shard group, the reduce-scatter of its summed
+//! gradients into the owned rows, and the row-sparse gather of the step's text-table rows. Each
+//! gather and reduction is started here and finished where the pass needs its result
+//! ([`super::overlap`]).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -10,7 +12,7 @@ use candle_core::{DType, Tensor, Var};
 use super::ShardedTrainer;
 use crate::params::at_arith;
 use crate::units::Unit;
-use vc_dist::unit_packing::{gather_rows, FlatLayout};
+use vc_dist::unit_packing::{gather_rows, FlatLayout, PendingGather, PendingScatter};
 use vc_model::layers::{trainable_or_frozen, AdapterSpec, TensorSource};
 
 /// A unit's trained tensors (the text table excepted) and their flat-shard layout.
@@ -79,18 +81,38 @@ pub(super) fn group_units(
     Ok(units)
 }
 
+/// A unit's weights on their way to a pass: its gather in flight, or nothing to wait for (its
+/// replicas, in grad-op mode).
+pub(super) struct PendingUnit<'t> {
+    u: usize,
+    gather: Option<PendingGather<'t>>,
+}
+
 impl ShardedTrainer {
-    /// All-gathers unit `u`: its full tensors in the storage dtype, as `Var`s when `vars`.
-    pub(super) fn gather(&self, u: usize, vars: bool) -> Result<(UnitSource<'_>, Vec<Var>)> {
+    /// Starts all-gathering unit `u` within the shard group, in the storage dtype.
+    pub(super) fn start_gather(&self, u: usize) -> Result<PendingGather<'_>> {
         let unit = &self.units[u];
         let shards: Vec<Tensor> = unit
             .members
             .iter()
             .map(|&i| self.params[i].var.as_tensor().clone())
             .collect();
-        let fulls =
-            unit.layout
-                .gather(self.coll.as_ref(), &shards, self.storage, &self.opts.device)?;
+        unit.layout.start_gather(
+            self.mesh.shard.as_ref(),
+            &shards,
+            self.storage,
+            &self.opts.device,
+        )
+    }
+
+    /// Unit `u`'s gathered tensors `fulls` as a model source, as `Var`s when `vars`.
+    fn gathered(
+        &self,
+        u: usize,
+        fulls: Vec<Tensor>,
+        vars: bool,
+    ) -> Result<(UnitSource<'_>, Vec<Var>)> {
+        let unit = &self.units[u];
         let mut tensors = HashMap::new();
         let mut out = Vec::new();
         for (&i, full) in unit.members.iter().zip(fulls) {
@@ -109,6 +131,33 @@ impl ShardedTrainer {
         Ok((self.unit_source(tensors), out))
     }
 
+    /// All-gathers unit `u`: its full tensors in the storage dtype, as `Var`s when `vars`.
+    pub(super) fn gather(&self, u: usize, vars: bool) -> Result<(UnitSource<'_>, Vec<Var>)> {
+        let fulls = self.start_gather(u)?.wait()?;
+        self.gathered(u, fulls, vars)
+    }
+
+    /// Starts unit `u`'s weights for a pass: its gather in `full` mode, nothing with replicas.
+    pub(super) fn start_unit(&self, u: usize) -> Result<PendingUnit<'_>> {
+        let gather = match self.replica {
+            Some(_) => None,
+            None => Some(self.start_gather(u)?),
+        };
+        Ok(PendingUnit { u, gather })
+    }
+
+    /// A started unit's whole weights for a pass (with `Var`s when `vars`), once gathered.
+    pub(super) fn finish_unit<'t>(
+        &'t self,
+        p: PendingUnit<'t>,
+        vars: bool,
+    ) -> Result<(UnitSource<'t>, Vec<Var>)> {
+        match p.gather {
+            Some(g) => self.gathered(p.u, g.wait()?, vars),
+            None => self.replica_weights(p.u, vars),
+        }
+    }
+
     /// A model source of a unit's whole `tensors` and the frozen ones, read in the arithmetic
     /// dtype.
     pub(super) fn unit_source(&self, tensors: HashMap<String, Tensor>) -> UnitSource<'_> {
@@ -120,14 +169,13 @@ impl ShardedTrainer {
         }
     }
 
-    /// Sums `acc` (unit `u`'s full f32 gradients from this rank's micro-batches; `None` = zero)
-    /// over the ranks into this rank's rows, stored at the parameters' indices in `out`.
-    pub(super) fn reduce(
+    /// Starts summing `acc` (unit `u`'s full gradients from this rank's micro-batches; `None` =
+    /// zero) over the shard group into this rank's rows, in `train.reduce_dtype`.
+    pub(super) fn start_reduce(
         &self,
         u: usize,
         acc: Vec<Option<Tensor>>,
-        out: &mut [Option<Tensor>],
-    ) -> Result<()> {
+    ) -> Result<PendingScatter> {
         let unit = &self.units[u];
         let dtype = crate::reduce_dtype(self.opts.config.reduce_dtype);
         let fulls = unit
@@ -143,10 +191,20 @@ impl ShardedTrainer {
                 )?),
             })
             .collect::<Result<Vec<_>>>()?;
-        let shards =
-            unit.layout
-                .reduce_scatter(self.coll.as_ref(), &fulls, dtype, &self.opts.device)?;
-        for (&i, g) in unit.members.iter().zip(shards) {
+        unit.layout
+            .start_reduce_scatter(self.mesh.shard.as_ref(), &fulls, dtype, &self.opts.device)
+    }
+
+    /// Stores unit `u`'s summed gradient (this rank's flat shard of it, `None` for a unit that
+    /// trains nothing) at the parameters' indices in `out`, as the optimizer's f32 rows.
+    pub(super) fn store_reduced(
+        &self,
+        u: usize,
+        flat: Option<Tensor>,
+        out: &mut [Option<Tensor>],
+    ) -> Result<()> {
+        let unit = &self.units[u];
+        for (&i, g) in unit.members.iter().zip(unit.layout.owned_parts(flat)?) {
             out[i] = Some(g);
         }
         Ok(())
@@ -160,10 +218,10 @@ impl ShardedTrainer {
     }
 
     /// The rows `ids` (the step's, sorted and distinct) of the trained text table, from their
-    /// owners, in the storage dtype.
+    /// owners in the shard group, in the storage dtype.
     pub(super) fn gather_text_rows(&self, t: usize, ids: &[u32]) -> Result<Tensor> {
         gather_rows(
-            self.coll.as_ref(),
+            self.mesh.shard.as_ref(),
             &self.splits[t],
             self.params[t].var.as_tensor(),
             ids,
@@ -171,12 +229,13 @@ impl ShardedTrainer {
         )
     }
 
-    /// The text table as a one-tensor flat layout (grad-op gathers it whole).
+    /// The text table as a one-tensor flat layout over the shard group (grad-op gathers it
+    /// whole).
     pub(super) fn text_layout(&self, t: usize) -> FlatLayout {
         FlatLayout::new(
             std::slice::from_ref(&self.shapes[t]),
-            self.world(),
-            self.rank(),
+            self.group_size(),
+            self.shard_index(),
         )
     }
 }

@@ -1,12 +1,14 @@
 //! The update of a sharded step (docs/distributed.md §4.4): the text rows' gradients reduced to
-//! their owners, the global gradient norm from every rank's squared shard norms, clipping, and
-//! the AdamW step on this rank's rows (then, in grad-op mode, the replicas refreshed).
+//! their owners (and across the groups, §4.7), the global gradient norm from the squared shard
+//! norms of one group, clipping, and the AdamW step on this rank's rows (then, in grad-op mode,
+//! the replicas refreshed — unit by unit during the update when communication overlaps, §4.6).
 
 use std::time::Instant;
 
 use anyhow::{bail, Result};
 use candle_core::{DType, Tensor};
 
+use super::overlap::Refresh;
 use super::{Pass, ShardedTrainer};
 use crate::driver::NonFinite;
 use crate::metrics::StepMetrics;
@@ -41,15 +43,24 @@ impl ShardedTrainer {
                 Some(g) => g,
                 None => Tensor::zeros((text_ids.len(), width), DType::F32, &dev)?,
             };
+            let reduce_dtype = crate::reduce_dtype(self.opts.config.reduce_dtype);
             let (local, summed) = reduce_scatter_rows(
-                self.coll.as_ref(),
+                self.mesh.shard.as_ref(),
                 &self.splits[t],
                 &g,
                 text_ids,
-                crate::reduce_dtype(self.opts.config.reduce_dtype),
+                reduce_dtype,
                 &dev,
             )?;
-            let owned = self.splits[t].owned(self.rank()).len();
+            // Across the groups: the same rows are this rank's on every replica (the step's ids
+            // are the same everywhere), or none of them are.
+            let summed = match &self.mesh.replicas {
+                Some(r) if !local.is_empty() => r
+                    .all_reduce(&summed.to_dtype(reduce_dtype)?)?
+                    .to_dtype(DType::F32)?,
+                _ => summed,
+            };
+            let owned = self.splits[t].owned(self.shard_index()).len();
             if in_place {
                 let mut rg = RowGrad::new(owned, width);
                 if !local.is_empty() {
@@ -75,7 +86,9 @@ impl ShardedTrainer {
                 (None, _) => 0.0,
             };
         }
-        let grad_norm = self.coll.all_reduce_host(&[sum_sq], ReduceOp::Sum)?[0].sqrt();
+        // The other groups hold the same shards: one group's count.
+        let mine = if self.first_group() { sum_sq } else { 0.0 };
+        let grad_norm = self.mesh.world.all_reduce_host(&[mine], ReduceOp::Sum)?[0].sqrt();
         if !grad_norm.is_finite() {
             bail!(NonFinite(format!(
                 "the gradient norm became {grad_norm} at step {}; this step was not applied and \
@@ -97,10 +110,37 @@ impl ShardedTrainer {
             })
             .collect::<Result<_>>()?;
         let on_host = self.backend.optimizer_on_host(&self.opts.config);
-        self.adamw
-            .step(&mut self.adam, &mut self.params, &grads, lr, clip, on_host)?;
-        if self.mode == ShardMode::GradOp {
-            self.refresh_replica()?;
+        match (&self.replica, self.mode) {
+            (Some(replica), ShardMode::GradOp) if self.overlap => {
+                let text_layout = self.text.map(|t| (t, self.text_layout(t)));
+                let mut refresh = Refresh {
+                    units: &self.units,
+                    shard: self.mesh.shard.as_ref(),
+                    replica,
+                    text: text_layout.as_ref().map(|(t, l)| (*t, l)),
+                    storage: self.storage,
+                    device: &self.opts.device,
+                    left: self.units.iter().map(|u| u.members.len()).collect(),
+                    gathering: None,
+                };
+                self.adamw.step_each(
+                    &mut self.adam,
+                    &mut self.params,
+                    &grads,
+                    lr,
+                    clip,
+                    on_host,
+                    &mut |i, params| refresh.updated(i, params),
+                )?;
+                refresh.finish()?;
+            }
+            _ => {
+                self.adamw
+                    .step(&mut self.adam, &mut self.params, &grads, lr, clip, on_host)?;
+                if self.mode == ShardMode::GradOp {
+                    self.refresh_replica()?;
+                }
+            }
         }
         self.step += 1;
         let n = n as f64;
@@ -116,6 +156,8 @@ impl ShardedTrainer {
             lr,
             frames: sums.frames as usize,
             seconds: t0.elapsed().as_secs_f64(),
+            sent_within_node: None,
+            sent_across_nodes: None,
         })
     }
 }
