@@ -24,7 +24,9 @@ use super::overrides::Overrides;
     existing checkpoints/ is renamed to checkpoints.N/ (never deleted).\n\n\
     At the end the model is exported to model/ (see voiceclone export).\n\n\
     --gpus N trains on N GPUs and --cpu-ranks N on N CPU processes, sharded (FSDP; train.shard \
-    full or grad-op), with the same results as one device; --max-restarts K starts every rank \
+    full or grad-op), with the same results as one device; --shard-group shards within groups \
+    of ranks and replicates across them (hybrid sharding, for several nodes); --prefetch N \
+    overlaps communication with computation (default 1); --max-restarts K starts every rank \
     again from the last checkpoint when one fails. A process started by torchrun (with \
     --no-python; RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), by scripts/launchers/ray_train.py \
     or as one of several Slurm tasks (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, MASTER_ADDR) is \
@@ -127,6 +129,17 @@ pub struct TrainArgs {
     /// What a sharded run shards: full or grad-op [train.shard].
     #[arg(long, value_name = "MODE")]
     pub shard: Option<String>,
+
+    /// Shard the state within groups of N consecutive ranks and replicate it across groups:
+    /// 0 = one group of every rank, node = the ranks of one node (for runs over several nodes)
+    /// [train.shard_group, default 0].
+    #[arg(long, value_name = "N|node")]
+    pub shard_group: Option<String>,
+
+    /// Units gathered ahead of the one computing, so that communication overlaps computation;
+    /// 0 = none [train.prefetch, default 1].
+    #[arg(long, value_name = "N")]
+    pub prefetch: Option<usize>,
 
     /// How the trainer computes: auto, kernels, autograd (the GPU code path, bf16 weights) or
     /// autograd-f32; a verification setting [train.backend].
@@ -259,6 +272,17 @@ impl TrainArgs {
             .count("train.gpus", "--gpus", self.gpus)
             .count("train.cpu_ranks", "--cpu-ranks", self.cpu_ranks)
             .set("train.shard", "--shard", self.shard.clone())
+            .set(
+                "train.shard_group",
+                "--shard-group",
+                self.shard_group
+                    .as_deref()
+                    .map(|v| match v.trim().parse::<i64>() {
+                        Ok(n) => Value::Integer(n),
+                        Err(_) => Value::String(v.to_string()),
+                    }),
+            )
+            .count("train.prefetch", "--prefetch", self.prefetch)
             .set("train.backend", "--backend", self.backend.clone())
             .set("train.select", "--select", self.select.clone())
             .set(

@@ -36,6 +36,13 @@ pub fn run(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<()> {
     if let Some(line) = chosen {
         println!("{line}");
     }
+    if c.shard_group != vc_core::config::ShardGroup::World {
+        eprintln!(
+            "note: train.shard_group ({}) applies to sharded runs (--gpus, --cpu-ranks, torchrun, \
+             Slurm); this run trains on one device",
+            c.shard_group
+        );
+    }
     let run = prepare(ws, config, args)?;
     move_aside_if_fresh(ws, args)?;
     let device = train_device()?;

@@ -35,6 +35,7 @@ mod speakers_prep_embed;
 mod train_cli;
 mod train_dist;
 mod train_dist_failures;
+mod train_hybrid;
 mod train_launchers;
 mod train_lora;
 mod train_memory;

@@ -123,7 +123,10 @@ pub fn command(workdir: &Path, args: &[&str]) -> Command {
         "SLURM_PROCID",
         "SLURM_NTASKS",
         "SLURM_LOCALID",
+        "SLURM_NTASKS_PER_NODE",
+        "LOCAL_WORLD_SIZE",
         "VOICECLONE_LAUNCHED",
+        "VOICECLONE_EMULATE_NETWORK",
     ] {
         c.env_remove(v);
     }

@@ -34,6 +34,8 @@ pub(super) const CHOICES: &[(&str, &[&str])] = &[
 
 /// Keys that take "auto" (their default), true or false.
 const AUTO_OR_BOOL: &[&str] = &["train.samples"];
+/// Keys whose default is a number and whose other values include a word.
+const COUNT_OR_WORD: &[&str] = &["train.shard_group"];
 
 /// Where a configuration value came from, for error messages and `voiceclone config`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -245,7 +247,10 @@ fn check_against_schema(
         // Keys whose default is "auto" and whose other values are true and false.
         let auto_or_bool = AUTO_OR_BOOL.contains(&key.as_str())
             && matches!((expected, v), (Value::String(_), Value::Boolean(_)));
+        let count_or_word = COUNT_OR_WORD.contains(&key.as_str())
+            && matches!((expected, v), (Value::Integer(_), Value::String(_)));
         let compatible = auto_or_bool
+            || count_or_word
             || matches!(
                 (expected, v),
                 (Value::Table(_), Value::Table(_))

@@ -157,6 +157,45 @@ mod tests {
     }
 
     #[test]
+    fn shard_groups_take_a_count_or_node_and_must_divide_the_ranks() {
+        let group = |text: &str| {
+            resolve_layers(vec![layer(text, "g.toml")]).map(|r| r.config.train.shard_group)
+        };
+        assert_eq!(group("").unwrap(), ShardGroup::World);
+        assert_eq!(
+            group("[train]\nshard_group = 8").unwrap(),
+            ShardGroup::Ranks(8)
+        );
+        assert_eq!(
+            group("[train]\nshard_group = \"node\"").unwrap(),
+            ShardGroup::Node
+        );
+        for wrong in ["\"nodes\"", "-2", "true"] {
+            let err = group(&format!("[train]\nshard_group = {wrong}"))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("`train.shard_group`") && err.contains("g.toml"),
+                "{wrong}: {err}"
+            );
+        }
+        let err = group("[train]\ncpu_ranks = 6\nshard_group = 4")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("train.shard_group") && err.contains("train.cpu_ranks"),
+            "{err}"
+        );
+        assert!(group("[train]\ncpu_ranks = 6\nshard_group = 3").is_ok());
+        // As `voiceclone config` prints it, read back the same.
+        for v in [ShardGroup::World, ShardGroup::Ranks(4), ShardGroup::Node] {
+            let t = dotted_table("train.shard_group", toml::Value::try_from(v).unwrap());
+            let r = resolve_layers(vec![(t, Source::Default)]).unwrap();
+            assert_eq!(r.config.train.shard_group, v);
+        }
+    }
+
+    #[test]
     fn samples_take_auto_true_or_false_and_sample_texts_words() {
         let samples = |text: &str| {
             resolve_layers(vec![layer(text, "s.toml")]).map(|r| r.config.train.samples)
