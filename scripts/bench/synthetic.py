@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
 """Synthetic inputs of the scripts that train without real data (scripts/gpu-check.sh,
-scripts/bench/memory.sh); no network, standard library (and numpy for the model).
+scripts/bench/memory.sh, scripts/bench/overlap.sh); no network, standard library (and numpy or
+torch, whichever is there, for the random weights).
 
   synthetic.py workspace DIR MODEL FRAMES   a workspace: 16 utterances of FRAMES frames with
                                             synthetic codes, an x-vector, voiceclone.toml
   synthetic.py model-0.6b SRC DST           a 0.6B-shaped random checkpoint (bf16) in DST, with
                                             the tokenizer and speaker encoder of fixture SRC
+  synthetic.py model-medium SRC DST         the 61 M "medium" shape of scripts/reference/
+                                            bench_train.py (real vocabularies, hidden 256, 4 + 2
+                                            layers), the same way
 """
 import json
 import os
@@ -33,20 +37,49 @@ def workspace(argv):
     open(f"{ws}/voiceclone.toml", "w").write(f'[model]\nbase = "{model}"\n')
 
 
-def model_06b(argv):
-    import numpy as np
+def random_bf16(n, seed):
+    """`n` bf16 values of N(0, 0.02), as little-endian bytes: numpy where it is installed,
+    else torch (a GPU machine's Python may have only torch)."""
+    try:
+        import numpy as np
+    except ImportError:
+        import ctypes
+        try:
+            import torch
+        except ImportError:
+            sys.exit("synthetic.py: random weights need numpy or torch (pip install numpy)")
+        g = torch.Generator().manual_seed(seed)
+        t = (torch.randn(n, generator=g) * 0.02).to(torch.bfloat16).contiguous()
+        return ctypes.string_at(t.data_ptr(), n * 2)
+    v = np.random.default_rng(seed).standard_normal(n, dtype=np.float32) * 0.02
+    return (v.view(np.uint32) >> 16).astype(np.uint16).tobytes()  # bf16 by truncation
 
+
+# Talker and code-predictor sizes of the generated models.
+SHAPES = {
+    "model-0.6b": (dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                        head_dim=128, intermediate_size=3072, text_hidden_size=2048), [24, 20, 20],
+                   dict(hidden_size=1024, num_hidden_layers=5, num_attention_heads=16, num_key_value_heads=8,
+                        head_dim=128, intermediate_size=3072)),
+    # scripts/reference/bench_train.py's MEDIUM_SPEC.
+    "model-medium": (dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                          head_dim=64, intermediate_size=768, text_hidden_size=256), [12, 10, 10],
+                     dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                          head_dim=64, intermediate_size=768)),
+}
+
+
+def model(kind, argv):
     src, dst = argv[0], argv[1]
     os.makedirs(dst)
     c = json.load(open(f"{src}/config.json"))
     t = c["talker_config"]; cp = t["code_predictor_config"]
-    t.update(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
-             head_dim=128, intermediate_size=3072, text_hidden_size=2048)
-    t["rope_scaling"]["mrope_section"] = [24, 20, 20]
-    cp.update(hidden_size=1024, num_hidden_layers=5, num_attention_heads=16, num_key_value_heads=8,
-              head_dim=128, intermediate_size=3072)
+    talker, mrope, predictor = SHAPES[kind]
+    t.update(talker)
+    t["rope_scaling"]["mrope_section"] = mrope
+    cp.update(predictor)
     # The fixture's small speaker encoder, its last layer widened to the talker's hidden size.
-    c["speaker_encoder_config"]["enc_dim"] = 1024
+    c["speaker_encoder_config"]["enc_dim"] = t["hidden_size"]
     json.dump(c, open(f"{dst}/config.json", "w"), indent=1)
     for f in ["generation_config.json", "tokenizer_config.json", "vocab.json", "merges.txt"]:
         shutil.copy(f"{src}/{f}", dst)
@@ -79,13 +112,14 @@ def model_06b(argv):
     kept = {k: v for k, v in tiny_header.items()
             if k.startswith("speaker_encoder.") and not k.startswith("speaker_encoder.fc.")}
     fc_in = tiny_header["speaker_encoder.fc.weight"]["shape"][1]
-    shapes["speaker_encoder.fc.weight"] = [1024, fc_in, 1]
-    shapes["speaker_encoder.fc.bias"] = [1024]
-    rng = np.random.default_rng(0)
+    shapes["speaker_encoder.fc.weight"] = [t["hidden_size"], fc_in, 1]
+    shapes["speaker_encoder.fc.bias"] = [t["hidden_size"]]
     header, off, blobs = {}, 0, []
-    for name, shape in shapes.items():
-        v = (rng.standard_normal(int(np.prod(shape)), dtype=np.float32) * 0.02)
-        b = (v.view(np.uint32) >> 16).astype(np.uint16).tobytes()  # bf16 by truncation
+    for seed, (name, shape) in enumerate(shapes.items()):
+        count = 1
+        for d in shape:
+            count *= d
+        b = random_bf16(count, seed)
         header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [off, off + len(b)]}
         off += len(b); blobs.append(b)
     for name, info in kept.items():
@@ -100,7 +134,9 @@ def model_06b(argv):
 
 
 if __name__ == "__main__":
-    commands = {"workspace": workspace, "model-0.6b": model_06b}
-    if len(sys.argv) < 2 or sys.argv[1] not in commands:
+    if len(sys.argv) < 2 or sys.argv[1] not in ["workspace", *SHAPES]:
         sys.exit(__doc__)
-    commands[sys.argv[1]](sys.argv[2:])
+    if sys.argv[1] == "workspace":
+        workspace(sys.argv[2:])
+    else:
+        model(sys.argv[1], sys.argv[2:])

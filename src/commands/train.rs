@@ -47,11 +47,13 @@ pub fn run(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<()> {
     move_aside_if_fresh(ws, args)?;
     let device = train_device()?;
     let backend = train::Backend::resolve(c.backend, &device)?;
-    let opts = run.options(ws, config, device.clone(), backend)?;
+    let mut opts = run.options(ws, config, device.clone(), backend)?;
     let where_ = placement(backend, &device, c);
     if c.recompute == vc_core::config::Recompute::Layers {
         // Recomputing on one device is the `full` pass of a world of one rank: each unit's
         // input is kept, the unit recomputed for the backward pass (docs/training.md §6.7).
+        // Nothing is communicated, so nothing to overlap.
+        opts.config.prefetch = 0;
         let coll: Arc<dyn vc_dist::Collective> =
             Arc::new(vc_dist::local::Local::world(1).remove(0));
         let tag = format!("{:x}", std::process::id());

@@ -7,7 +7,7 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 
 use crate::cli::TrainArgs;
-use vc_core::config::{Config, MemoryPolicy, TrainBackend};
+use vc_core::config::{Config, MemoryPolicy, ShardGroup, TrainBackend};
 use vc_core::workspace::Workspace;
 use vc_model::config::Qwen3TtsConfig;
 use vc_train::lora::Lora;
@@ -29,28 +29,37 @@ const TOKENS_PER_SECOND: f64 = 5.0;
 pub struct PlanTarget {
     pub cuda: bool,
     pub world: usize,
+    /// Ranks that shard the state among them (docs/distributed.md §4.7).
+    pub group: usize,
 }
 
 impl PlanTarget {
     /// `train.gpus` (or `--gpus`) GPUs; else CPU ranks; else one device: the first GPU when
-    /// this build has CUDA and sees one, otherwise the CPU.
+    /// this build has CUDA and sees one, otherwise the CPU. The ranks our launcher starts are
+    /// on this machine: a group of a node is every rank, unless an emulated network says
+    /// otherwise.
     pub fn of(config: &Config) -> Self {
         let c = &config.train;
-        if c.gpus > 0 {
+        let (cuda, world) = if c.gpus > 0 {
+            (true, c.gpus)
+        } else if c.cpu_ranks > 0 {
+            (false, c.cpu_ranks)
+        } else {
+            let cuda = super::train_setup::train_device().is_ok_and(|d| d.is_cuda());
             return PlanTarget {
-                cuda: true,
-                world: c.gpus,
+                cuda,
+                world: 1,
+                group: 1,
             };
-        }
-        if c.cpu_ranks > 0 {
-            return PlanTarget {
-                cuda: false,
-                world: c.cpu_ranks,
-            };
-        }
+        };
+        let per_node = vc_dist::topology::Emulation::from_env()
+            .ok()
+            .flatten()
+            .map_or(world, |e| e.ranks_per_node);
         PlanTarget {
-            cuda: super::train_setup::train_device().is_ok_and(|d| d.is_cuda()),
-            world: 1,
+            cuda,
+            world,
+            group: group_size(c.shard_group, world, Some(per_node)).unwrap_or(world),
         }
     }
 
@@ -61,6 +70,20 @@ impl PlanTarget {
             "CPU process"
         }
     }
+}
+
+/// The ranks of a shard group (docs/distributed.md §4.7) of a run of `world` ranks, nodes of
+/// `per_node` ranks where that is known.
+pub fn group_size(group: ShardGroup, world: usize, per_node: Option<usize>) -> Result<usize> {
+    Ok(match group {
+        ShardGroup::World => world,
+        ShardGroup::Ranks(n) => n,
+        ShardGroup::Node => per_node.context(
+            "train.shard_group = \"node\" needs the number of ranks per node, and this launcher \
+             does not say it: set LOCAL_WORLD_SIZE (torchrun sets it; under Slurm use srun \
+             --ntasks-per-node), or give the group size as a number",
+        )?,
+    })
 }
 
 /// The plan's view of the run: the model's shapes from its `config.json` (nothing else of the
@@ -120,6 +143,8 @@ pub fn setup(ws: &Workspace, config: &Config, target: PlanTarget) -> Result<Setu
         backend,
         cuda: target.cuda,
         world: target.world,
+        group: target.group,
+        prefetch: c.prefetch,
         shard: c.shard,
         batch_size: c.batch_size,
         grad_accum: c.grad_accum,
@@ -282,6 +307,8 @@ fn json(setup: &Setup, all: &[Estimate], chosen: Option<usize>, capacity: Option
     serde_json::json!({
         "device": if setup.cuda { "cuda" } else { "cpu" },
         "world": setup.world,
+        "shard_group": setup.group,
+        "prefetch": setup.prefetch,
         "backend": setup.backend.name(),
         "batch_size": setup.batch_size,
         "grad_accum": setup.grad_accum,

@@ -10,7 +10,6 @@ use candle_core::Device;
 use super::train_setup::{finish, move_aside_if_fresh, prepare, print_resumed, print_start};
 use crate::cli::TrainArgs;
 use vc_core::config::Config;
-use vc_core::config::ShardGroup;
 use vc_core::workspace::Workspace;
 use vc_dist::env::Launcher;
 use vc_dist::launch::{self, LaunchSpec};
@@ -87,15 +86,7 @@ fn topology(config: &Config, env: &RankEnv) -> Result<(Nodes, Option<Emulation>,
     let emulation = Emulation::from_env()?;
     let per_node = emulation.map(|e| e.ranks_per_node).or(env.local_world);
     let nodes = per_node.map_or(Nodes::single(env.world), |n| Nodes { ranks_per_node: n });
-    let size = match config.train.shard_group {
-        ShardGroup::World => env.world,
-        ShardGroup::Ranks(n) => n,
-        ShardGroup::Node => per_node.with_context(|| {
-            "train.shard_group = \"node\" needs the number of ranks per node, and this \
-             launcher does not say it: set LOCAL_WORLD_SIZE (torchrun sets it; under Slurm use \
-             srun --ntasks-per-node), or give the group size as a number"
-        })?,
-    };
+    let size = super::train_plan::group_size(config.train.shard_group, env.world, per_node)?;
     let groups = Groups::new(env.world, size)?;
     Ok((nodes, emulation, groups))
 }
@@ -184,6 +175,7 @@ fn rank_main(ws: &Workspace, config: &Config, args: &TrainArgs, env: &RankEnv) -
     let target = super::train_plan::PlanTarget {
         cuda: device.is_cuda(),
         world: env.world,
+        group: groups.size,
     };
     let (config, chosen) = super::train_plan::choose(ws, config, target)?;
     if let (0, Some(line)) = (env.rank, chosen) {

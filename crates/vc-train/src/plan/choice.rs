@@ -91,11 +91,14 @@ pub fn refusal(setup: &Setup, pinned: Pinned, capacity: usize, device: &str) -> 
             ways.push(format!("the memory settings {}", describe(free)));
         }
     }
-    // More ranks: GPUs, or CPU processes (each with `capacity`, as train.gpu_memory gives it).
+    // More ranks: GPUs, or CPU processes (each with `capacity`, as train.gpu_memory gives it);
+    // in shard groups more ranks add groups, which shard nothing further.
     let flag = if setup.cuda { "--gpus" } else { "--cpu-ranks" };
-    for world in (setup.world.max(1) + 1)..=64 {
+    let flat = setup.group >= setup.world;
+    for world in (setup.world.max(1) + 1..=64).filter(|_| flat) {
         let s = Setup {
             world,
+            group: world,
             ..setup.clone()
         };
         if plan(&s, pinned, capacity).1.is_some() {

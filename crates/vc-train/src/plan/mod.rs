@@ -43,6 +43,11 @@ pub struct Setup {
     pub cuda: bool,
     /// Ranks (1 = one device).
     pub world: usize,
+    /// Ranks that shard the state among them (docs/distributed.md §4.7): `world` with flat
+    /// sharding, fewer in shard groups.
+    pub group: usize,
+    /// Units gathered ahead of the one computing (`train.prefetch`).
+    pub prefetch: usize,
     pub shard: Shard,
     pub batch_size: usize,
     pub grad_accum: usize,
@@ -81,19 +86,23 @@ pub struct Bytes {
     pub update: usize,
     /// The CUDA context on a device; the process itself on the host.
     pub fixed: usize,
+    /// Whether the passes' transients are gone before the update's arrive ([`Self::total`]).
+    pub phased: bool,
 }
 
 impl Bytes {
+    /// The peak of a step. Where the passes' transients (gathered units, reductions in flight,
+    /// activations) are freed before the update begins (`phased`: the `full` pass of several
+    /// ranks), what stays for the whole step plus the larger of the two phases' transients;
+    /// elsewhere every category added.
     pub fn total(&self) -> usize {
-        self.weights
-            + self.masters
-            + self.moments
-            + self.gradients
-            + self.gathered
-            + self.reduce_scatter
-            + self.activations
-            + self.update
-            + self.fixed
+        let pass = self.gathered + self.reduce_scatter + self.activations;
+        let transients = if self.phased {
+            pass.max(self.update)
+        } else {
+            pass + self.update
+        };
+        self.weights + self.masters + self.moments + self.gradients + transients + self.fixed
     }
 
     /// The categories by name, in the order of the fields (the plan's JSON keys).
@@ -152,9 +161,15 @@ pub fn estimate(setup: &Setup, modes: Modes) -> Estimate {
     let arith = if setup.cuda { storage } else { 4 };
     let grad = crate::reduce_dtype(setup.reduce).size_in_bytes();
     let world = setup.world.max(1);
+    // The state is sharded over the group; the groups replicate it (docs/distributed.md §4.7).
+    let group = setup.group.clamp(1, world);
     // The one-device trainer unless something makes it the sharded one (a world of one rank
     // recomputing, docs/training.md §6.7).
     let sharded = world > 1 || modes.recompute == Recompute::Layers;
+    // Units gathered ahead, and reductions left running behind the computation
+    // (docs/distributed.md §4.6): only where there is something to send.
+    let ahead = if group > 1 { setup.prefetch } else { 0 };
+    let overlap = setup.prefetch > 0 && world > 1;
     let full = sharded && (world == 1 || setup.shard == Shard::Full);
     let offload = modes.offload == Offload::Optimizer && backend != Backend::CpuKernels;
     // Where the optimizer's copies live: the host when offloaded, and always on a CPU run.
@@ -165,7 +180,7 @@ pub fn estimate(setup: &Setup, modes: Modes) -> Estimate {
     let state = if on_host_state { &mut host } else { &mut dev };
     let own_rows = |rows: usize| {
         if sharded {
-            RowSplit::new(rows, world).shard_rows().min(rows)
+            RowSplit::new(rows, group).shard_rows().min(rows)
         } else {
             rows
         }
@@ -217,6 +232,14 @@ pub fn estimate(setup: &Setup, modes: Modes) -> Estimate {
         largest_tensor = largest_tensor.max(n);
     }
     let largest_unit = unit_values.values().copied().max().unwrap_or(0);
+    // The most values `1 + ahead` units in a row hold: the unit computing and those gathered
+    // ahead of it (the units in forward order; the backward pass takes them in reverse).
+    let sizes: Vec<usize> = unit_values.values().copied().collect();
+    let window = sizes
+        .windows((1 + ahead).min(sizes.len()).max(1))
+        .map(|w| w.iter().sum::<usize>())
+        .max()
+        .unwrap_or(0);
     let graph = match backend {
         Backend::CpuKernels => Graph::Kernels,
         Backend::Autograd(_) => Graph::Autograd { bytes: arith },
@@ -231,26 +254,40 @@ pub fn estimate(setup: &Setup, modes: Modes) -> Estimate {
             activations::micro_batch_bytes(&setup.cfg, graph, setup.batch_size, setup.longest);
         compute.gradients += grad * dense_trained + storage * dense_trained;
         if sharded {
-            // grad-op: the whole sum is reduce-scattered once per step.
-            compute.reduce_scatter += grad * largest_unit;
+            // grad-op: the whole sum is reduce-scattered once per step, a unit at a time; with
+            // overlap the next unit is packed while one is on its way.
+            compute.reduce_scatter += grad * largest_unit * if overlap { 2 } else { 1 };
         }
     } else {
         // `full`: every unit's input of every local micro-batch is kept, one unit's graph is
         // rebuilt at a time; the gathered unit (storage dtype, and its compute copy on the
         // CPU's autograd path); the owned gradient sums and one unit's backward gradients.
         compute.activations += parts.kept_inputs() * local_micro + parts.largest_unit();
-        compute.gathered += storage * largest_unit
+        // The unit computing and those gathered ahead, in the storage dtype; the compute
+        // copy of the one computing; on CPU ranks also the bytes the TCP ring receives before
+        // they are a tensor.
+        compute.gathered += storage * window
             + if storage != arith {
                 arith * largest_unit
+            } else {
+                0
+            }
+            + if !setup.cuda && group > 1 {
+                storage * largest_unit
             } else {
                 0
             };
         compute.gradients += grad * own_dense + storage * largest_unit;
         // The unit's gradient flattened for the reduce-scatter and the result (a world of one
-        // rank copies too).
-        compute.reduce_scatter += 2 * grad * largest_unit;
+        // rank copies too); with overlap the unit before it is still on its way, as the f32
+        // values the CPU ranks' rings sum or the flat buffer a GPU's stream reads.
+        let in_flight = if setup.cuda { grad } else { 4 };
+        compute.reduce_scatter +=
+            2 * grad * largest_unit + if overlap { in_flight * largest_unit } else { 0 };
+        // Every unit's buffers go as the pass ends, before the update.
+        compute.phased = world > 1;
     }
-    let largest_own = largest_tensor.div_ceil(world);
+    let largest_own = largest_tensor.div_ceil(group);
     if offload || backend == Backend::CpuKernels {
         // The CPU kernels update in place; offloaded, one tensor's gradient comes to the host
         // as f32 at a time.
