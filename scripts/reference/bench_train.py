@@ -45,6 +45,12 @@ Benchmark arguments
 --dtype              float32 (default; fp32 weights, grads and AdamW state) or bfloat16 (pure bf16 like the
                      official recipe; logits are upcast to fp32 for the cross-entropy).
 --device             cpu (default) or cuda.
+--fsdp2              shard the talker with PyTorch's FSDP2 (`fully_shard`): every decoder layer of
+                     the talker and of the code predictor a unit, each module the objective calls
+                     outside them (embeddings, text projection, the predictor's decoder and heads)
+                     one, the talker the root; a process group of this process alone (nccl on
+                     cuda, gloo on the cpu), unless torchrun's RANK / WORLD_SIZE say otherwise.
+                     The anchor of `voiceclone train --gpus 1` (scripts/gpu-check.sh).
 --out-json FILE      also write the result JSON there (it is always printed on stdout as one line).
 
 Per step: zero grads; build the batch tensors (not tokenization); forward; backward;
@@ -197,6 +203,41 @@ def rss_mb() -> float:
     return float("nan")
 
 
+def shard_with_fsdp2(torch, talker, device: str):
+    """FSDP2 over the talker (see --fsdp2): every module the objective calls is a unit of its own
+    or inside one, so that FSDP's hooks gather each before it runs, and the root is a module whose
+    forward is the whole objective (FSDP2 runs its root first). Returns (the objective, the
+    backend)."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    class Objective(torch.nn.Module):
+        def __init__(self, talker):
+            super().__init__()
+            self.talker = talker
+
+        def forward(self, batch, xvec):
+            return sft.corrected_objective(self.talker, batch, xvec)
+
+    backend = "nccl" if device.startswith("cuda") else "gloo"
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29517")
+        dist.init_process_group(backend, rank=int(os.environ.get("RANK", "0")),
+                                world_size=int(os.environ.get("WORLD_SIZE", "1")))
+    cp = talker.code_predictor
+    units = [*talker.model.layers, *cp.model.layers, *cp.get_input_embeddings(), *cp.lm_head,
+             talker.model.text_embedding, talker.model.codec_embedding, talker.text_projection]
+    if any(True for _ in cp.small_to_mtp_projection.parameters()):
+        units.append(cp.small_to_mtp_projection)
+    for m in units:
+        fully_shard(m)
+    fully_shard(cp.model)
+    root = Objective(talker)
+    fully_shard(root)
+    return root, backend
+
+
 def bench(args) -> dict:
     torch = sft.import_stack(threads=args.threads, deterministic=False)["torch"]
     from safetensors.torch import load_file, save_file
@@ -210,6 +251,10 @@ def bench(args) -> dict:
     cfg = tts.model.config
     talker = tts.model.talker
     talker.train()
+    objective = lambda batch, xvec: sft.corrected_objective(talker, batch, xvec)  # noqa: E731
+    fsdp = None
+    if args.fsdp2:
+        objective, fsdp = shard_with_fsdp2(torch, talker, dev)
     params = [p for _, p in sft.trained_parameters(tts)]
     n_trained = sum(p.numel() for p in params)
 
@@ -252,9 +297,11 @@ def bench(args) -> dict:
         t = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         batch = sft.build_batch(cfg, [text_ids[i] for i in idx], [codes[i] for i in idx])
-        res = sft.corrected_objective(talker, batch, xvec)
+        res = objective(batch, xvec)
         res["loss"].backward()
         gn = torch.nn.utils.clip_grad_norm_(params, 1.0)
+        if hasattr(gn, "full_tensor"):  # FSDP2: a DTensor
+            gn = gn.full_tensor()
         opt.step()
         loss = res["loss"].item()
         sync()
@@ -271,7 +318,7 @@ def bench(args) -> dict:
     timed_t = times[args.warmup:]
     timed_f = frames[args.warmup:]
     out = dict(
-        impl="official qwen-tts 0.1.1 modules (PyTorch)",
+        impl="official qwen-tts 0.1.1 modules (PyTorch" + (f", FSDP2 over {fsdp})" if fsdp else ")"),
         model=str(args.model),
         data=str(args.data),
         rows=n,
@@ -326,6 +373,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=2e-5)
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--fsdp2", action="store_true", help="shard the talker with PyTorch's FSDP2 (see the docstring)")
     ap.add_argument("--out-json", metavar="FILE")
     args = ap.parse_args()
     if args.make_model:
