@@ -10,6 +10,7 @@
 //! behind them on the same communicator (docs/distributed.md §3.5).
 
 use std::ops::{Add, Sub};
+use std::sync::Arc;
 
 use anyhow::Result;
 use candle_core::Tensor;
@@ -110,6 +111,23 @@ pub trait Collective: Send + Sync {
     /// Starts the element-wise sum over ranks of `t` (any shape; f32 or bf16, summed as
     /// [`Self::start_reduce_scatter`] sums), the same bits on every rank.
     fn start_all_reduce(&self, t: &Tensor) -> Result<Pending>;
+
+    /// Starts [`Self::start_reduce_scatter`] of `full` and then the all-reduce of this rank's
+    /// part over `across` (hybrid sharding, docs/distributed.md §4.7: the group's sum, then the
+    /// sum over the groups), the second starting as soon as the first is done, without the
+    /// caller. This default starts the all-reduce when the result is waited for; the backends
+    /// chain them where they run (a ring's thread, a stream).
+    fn start_reduce_scatter_across(
+        &self,
+        full: &Tensor,
+        across: Arc<dyn Collective>,
+    ) -> Result<Pending> {
+        if self.world() == 1 {
+            return across.start_all_reduce(full);
+        }
+        let scatter = self.start_reduce_scatter(full)?;
+        Ok(Pending::later(move || across.all_reduce(&scatter.wait()?)))
+    }
 
     /// [`Self::start_all_gather`], waited for.
     fn all_gather(&self, shard: &Tensor) -> Result<Tensor> {

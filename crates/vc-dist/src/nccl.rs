@@ -272,6 +272,37 @@ impl NcclCollective {
         c.fetch_add(bytes as u64, Ordering::Relaxed);
     }
 
+    /// `ncclReduceScatter` of `full` enqueued: the (contiguous) input, kept until the wait, and
+    /// the output.
+    fn reduce_scatter_parts(&self, full: &Tensor) -> Result<(Tensor, Tensor)> {
+        let full = full.contiguous()?;
+        let world = self.world;
+        let mut shape = full.dims().to_vec();
+        anyhow::ensure!(
+            !shape.is_empty() && shape[0].is_multiple_of(world) && full.elem_count() > 0,
+            "reduce-scatter: dimension 0 must split into {world} equal, non-empty chunks"
+        );
+        shape[0] /= world;
+        let (storage, start, end) = cuda_parts(&full)?;
+        let n = (end - start) / world;
+        self.count((world - 1) * n * full.dtype().size_in_bytes());
+        let out = match full.dtype() {
+            DType::F32 => with_slice!(storage, f32, start, end, |view| {
+                let mut out = self.device.alloc_zeros::<f32>(n)?;
+                self.reduce_scatter_into(&view, &mut out)?;
+                self.wrap(out, &shape)
+            }),
+            DType::BF16 => with_slice!(storage, bf16, start, end, |view| {
+                let mut out = self.device.alloc_zeros::<bf16>(n)?;
+                self.reduce_scatter_into(&view, &mut out)?;
+                self.wrap(out, &shape)
+            }),
+            other => bail!("NCCL reduce-scatter of {other:?} tensors is not supported"),
+        };
+        drop(storage);
+        Ok((full, out))
+    }
+
     /// `ncclAllGather` of `send` (n values) into `recv` (world × n values) on the stream.
     fn all_gather_into<T: NcclType>(
         &self,
@@ -384,6 +415,17 @@ impl NcclCollective {
     }
 }
 
+/// A collective enqueued on its stream, `out` its result. The output is ordered by its buffer's
+/// events and ready for the compute stream as it is; the input is kept until the wait, since
+/// freeing it makes the compute stream wait for the collective to have read it (cudarc's
+/// events): dropped any earlier, it would stall the computation the collective should overlap.
+fn in_flight(input: Tensor, out: Tensor) -> Pending {
+    Pending::later(move || {
+        drop(input);
+        Ok(out)
+    })
+}
+
 /// The contiguous CUDA storage of `t` and its element range.
 fn cuda_parts(t: &Tensor) -> Result<(StorageRef<'_>, usize, usize)> {
     let (storage, layout) = t.storage_and_layout();
@@ -433,7 +475,7 @@ impl Collective for NcclCollective {
         let (storage, start, end) = cuda_parts(&shard)?;
         let n = end - start;
         self.count((world - 1) * n * shard.dtype().size_in_bytes());
-        let out = match shard.dtype() {
+        let out: Tensor = match shard.dtype() {
             DType::F32 => with_slice!(storage, f32, start, end, |view| {
                 let mut out = self.device.alloc_zeros::<f32>(n * world)?;
                 self.all_gather_into(&view, &mut out)?;
@@ -446,36 +488,29 @@ impl Collective for NcclCollective {
             }),
             other => bail!("NCCL all-gather of {other:?} tensors is not supported"),
         };
-        // Ordered by the buffers' events: ready for the compute stream as it is.
-        Ok(Pending::ready(out))
+        drop(storage);
+        Ok(in_flight(shard, out))
     }
 
     fn start_reduce_scatter(&self, full: &Tensor) -> Result<Pending> {
-        let full = full.contiguous()?;
-        let world = self.world;
-        let mut shape = full.dims().to_vec();
-        anyhow::ensure!(
-            !shape.is_empty() && shape[0].is_multiple_of(world) && full.elem_count() > 0,
-            "reduce-scatter: dimension 0 must split into {world} equal, non-empty chunks"
-        );
-        shape[0] /= world;
-        let (storage, start, end) = cuda_parts(&full)?;
-        let n = (end - start) / world;
-        self.count((world - 1) * n * full.dtype().size_in_bytes());
-        let out = match full.dtype() {
-            DType::F32 => with_slice!(storage, f32, start, end, |view| {
-                let mut out = self.device.alloc_zeros::<f32>(n)?;
-                self.reduce_scatter_into(&view, &mut out)?;
-                self.wrap(out, &shape)
-            }),
-            DType::BF16 => with_slice!(storage, bf16, start, end, |view| {
-                let mut out = self.device.alloc_zeros::<bf16>(n)?;
-                self.reduce_scatter_into(&view, &mut out)?;
-                self.wrap(out, &shape)
-            }),
-            other => bail!("NCCL reduce-scatter of {other:?} tensors is not supported"),
-        };
-        Ok(Pending::ready(out))
+        let (input, out) = self.reduce_scatter_parts(full)?;
+        Ok(in_flight(input, out))
+    }
+
+    fn start_reduce_scatter_across(
+        &self,
+        full: &Tensor,
+        across: Arc<dyn Collective>,
+    ) -> Result<Pending> {
+        // Both enqueued now: the all-reduce, on the replicas' stream, waits for the
+        // reduce-scatter's output by its buffer's event.
+        let (input, out) = self.reduce_scatter_parts(full)?;
+        let summed = across.start_all_reduce(&out)?;
+        Ok(Pending::later(move || {
+            drop(input);
+            drop(out);
+            summed.wait()
+        }))
     }
 
     fn start_all_reduce(&self, t: &Tensor) -> Result<Pending> {
@@ -498,7 +533,8 @@ impl Collective for NcclCollective {
             }),
             other => bail!("NCCL all-reduce of {other:?} tensors is not supported"),
         };
-        Ok(Pending::ready(out))
+        drop(storage);
+        Ok(in_flight(t, out))
     }
 
     fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor> {

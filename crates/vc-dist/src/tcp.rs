@@ -86,6 +86,9 @@ pub struct TcpCollective {
     world: usize,
     /// The ring's communication thread; `None` in a communicator of one rank.
     worker: Option<Arc<Worker>>,
+    /// A shard group's: the thread of this rank's replicas' ring, which its reduce-scatters
+    /// hand their results to for the all-reduce across groups.
+    across: Option<Arc<Worker>>,
     counters: Arc<Counters>,
     control: Arc<Control>,
     timeout: Duration,
@@ -127,6 +130,7 @@ impl TcpCollective {
                 rank,
                 world,
                 worker,
+                across: None,
                 counters,
                 control: control.clone(),
                 timeout: ep.timeout,
@@ -154,8 +158,10 @@ impl TcpCollective {
             // Groups of one rank shard nothing; every other rank holds a replica.
             (Some(handle(0, 1, None)), Some(handle(rank, n, world_ring)))
         } else {
+            let mut shard = handle(groups.index(rank), groups.size, shard_ring);
+            shard.across = replica_ring.as_ref().map(|(w, _)| w.clone());
             (
-                Some(handle(groups.index(rank), groups.size, shard_ring)),
+                Some(shard),
                 Some(handle(groups.group(rank), groups.count(), replica_ring)),
             )
         };
@@ -302,6 +308,42 @@ impl Collective for TcpCollective {
         let (dtype, device) = (full.dtype(), full.device().clone());
         Ok(Pending::later(move || {
             summed(values_out(reply.wait()?)?, &shape, dtype, &device)
+        }))
+    }
+
+    fn start_reduce_scatter_across(
+        &self,
+        full: &Tensor,
+        across: Arc<dyn Collective>,
+    ) -> Result<Pending> {
+        // Chained on the rings' threads when this is the group whose replicas `across` are.
+        let (Some(then), true) = (&self.across, self.world > 1 && across.world() > 1) else {
+            if self.world == 1 {
+                return across.start_all_reduce(full);
+            }
+            let scatter = self.start_reduce_scatter(full)?;
+            return Ok(Pending::later(move || across.all_reduce(&scatter.wait()?)));
+        };
+        let bf16 = sums_in_bf16(full, "reduce-scatter")?;
+        let mut shape = full.dims().to_vec();
+        anyhow::ensure!(
+            !shape.is_empty() && shape[0].is_multiple_of(self.world),
+            "reduce-scatter: dimension 0 ({:?}) must split into {} equal chunks",
+            shape.first(),
+            self.world
+        );
+        shape[0] /= self.world;
+        let reply = self.start(Op::ReduceScatterThen {
+            values: f32_values(full)?,
+            bf16,
+            then: then.clone(),
+        })?;
+        let (dtype, device) = (full.dtype(), full.device().clone());
+        Ok(Pending::later(move || {
+            let Out::Chained(summed) = reply.wait()? else {
+                bail!("a chained reduce-scatter gave no all-reduce");
+            };
+            self::summed(values_out(summed.wait()?)?, &shape, dtype, &device)
         }))
     }
 

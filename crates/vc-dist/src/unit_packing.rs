@@ -4,6 +4,8 @@
 //! with one reduce-scatter, each of which can be started and waited for later
 //! (docs/distributed.md §4.6). Also the row-sparse exchange of a large table's rows.
 
+use std::sync::Arc;
+
 use anyhow::{ensure, Result};
 use candle_core::{DType, Device, Tensor};
 
@@ -132,6 +134,7 @@ impl FlatLayout {
 
     /// Starts the sum over ranks of every rank's full tensors `fulls` (on `device`), summed in
     /// `dtype` (f32 or bf16, `train.reduce_dtype`), of which this rank gets its own flat shard;
+    /// with `across` (hybrid sharding) that shard then summed over `across`'s ranks too.
     /// [`Self::owned_parts`] cuts it into its rows of each entry.
     pub fn start_reduce_scatter(
         &self,
@@ -139,6 +142,7 @@ impl FlatLayout {
         fulls: &[Tensor],
         dtype: DType,
         device: &Device,
+        across: Option<Arc<dyn Collective>>,
     ) -> Result<PendingScatter> {
         ensure!(
             fulls.len() == self.entries.len(),
@@ -170,9 +174,11 @@ impl FlatLayout {
             per_rank.push(self.pack(&parts, q, dtype, device)?);
         }
         let full = Tensor::cat(&per_rank, 0)?.reshape((self.world, self.shard_len))?;
-        Ok(PendingScatter {
-            flat: Some(coll.start_reduce_scatter(&full)?),
-        })
+        let flat = match across {
+            Some(across) => coll.start_reduce_scatter_across(&full, across)?,
+            None => coll.start_reduce_scatter(&full)?,
+        };
+        Ok(PendingScatter { flat: Some(flat) })
     }
 
     /// This rank's rows of each entry, in f32 (the optimizer's), from its flat shard (`None`
@@ -210,7 +216,7 @@ impl FlatLayout {
         device: &Device,
     ) -> Result<Vec<Tensor>> {
         let flat = self
-            .start_reduce_scatter(coll, fulls, dtype, device)?
+            .start_reduce_scatter(coll, fulls, dtype, device, None)?
             .wait()?;
         self.owned_parts(flat)
     }

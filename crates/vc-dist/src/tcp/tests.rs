@@ -231,7 +231,7 @@ fn shard_groups_gather_within_and_sum_across_and_count_their_bytes() {
     for group in [3usize, 2] {
         let count = 6 / group;
         let out = run_mesh(6, group, 3, None, |m| {
-            let (shard, replicas) = (m.shard.unwrap(), m.replicas.unwrap());
+            let (shard, replicas) = (m.shard.unwrap(), Arc::new(m.replicas.unwrap()));
             assert_eq!((shard.world(), replicas.world()), (group, count));
             let rank = m.world.rank();
             let mine = Tensor::new(&[rank as f32; 4], &Device::Cpu).unwrap();
@@ -242,6 +242,26 @@ fn shard_groups_gather_within_and_sum_across_and_count_their_bytes() {
                 .all_reduce_host(&[rank as f64], ReduceOp::Sum)
                 .unwrap();
             let sent = shard.sent() + replicas.sent();
+            // The group's reduce-scatter chained to the replicas' all-reduce on the rings'
+            // threads gives the two one after the other, in f32 and bf16.
+            let full = Tensor::from_vec(
+                (0..group * 3)
+                    .map(|i| (i + 7 * rank) as f32 * 0.37)
+                    .collect::<Vec<_>>(),
+                (group, 3),
+                &Device::Cpu,
+            )
+            .unwrap();
+            for t in [full.clone(), full.to_dtype(DType::BF16).unwrap()] {
+                let across: Arc<dyn Collective> = replicas.clone();
+                let chained = shard.start_reduce_scatter_across(&t, across).unwrap();
+                let stepwise = replicas
+                    .all_reduce(&shard.reduce_scatter(&t).unwrap())
+                    .unwrap();
+                let chained = chained.wait().unwrap();
+                assert_eq!(chained.dtype(), t.dtype());
+                assert_eq!(values(&chained), values(&stepwise), "rank {rank}");
+            }
             m.world.finish().unwrap();
             (gathered, summed, host, sent)
         });

@@ -3,7 +3,9 @@
 //! the rank computes. Every rank of the ring starts the same collectives in the same order, so
 //! the rings' threads meet step for step. A collective that fails (a peer gone, the run aborted)
 //! fails its caller's wait; the ones queued behind it fail at their first step, the run being
-//! aborted by then. The thread ends when the last handle to it is dropped.
+//! aborted by then. The thread ends when the last handle to it is dropped. A reduce-scatter can
+//! hand its result on to another ring's thread (hybrid sharding's all-reduce across groups), in
+//! the order of this ring's collectives.
 
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
 use std::sync::{Arc, Mutex};
@@ -17,10 +19,28 @@ use crate::collective::ReduceOp;
 /// A collective for the ring's thread.
 pub(super) enum Op {
     AllGather(Vec<u8>),
-    ReduceScatter { values: Vec<f32>, bf16: bool },
-    AllReduce { values: Vec<f32>, bf16: bool },
-    Broadcast { bytes: Vec<u8>, root: usize },
-    Host { values: Vec<f64>, op: ReduceOp },
+    ReduceScatter {
+        values: Vec<f32>,
+        bf16: bool,
+    },
+    /// A reduce-scatter whose part is then all-reduced on another ring (its thread's queue).
+    ReduceScatterThen {
+        values: Vec<f32>,
+        bf16: bool,
+        then: Arc<Worker>,
+    },
+    AllReduce {
+        values: Vec<f32>,
+        bf16: bool,
+    },
+    Broadcast {
+        bytes: Vec<u8>,
+        root: usize,
+    },
+    Host {
+        values: Vec<f64>,
+        op: ReduceOp,
+    },
 }
 
 /// What a collective gives back.
@@ -28,6 +48,8 @@ pub(super) enum Out {
     Bytes(Vec<u8>),
     Values(Vec<f32>),
     Host(Vec<f64>),
+    /// The answer of the collective a chained one started on another ring.
+    Chained(Reply),
 }
 
 struct Job {
@@ -108,6 +130,11 @@ fn run(ring: &Ring, op: Op) -> Result<Out> {
     Ok(match op {
         Op::AllGather(bytes) => Out::Bytes(ring.all_gather(&bytes, "all-gather", true)?),
         Op::ReduceScatter { values, bf16 } => Out::Values(ring.reduce_scatter(values, bf16)?),
+        Op::ReduceScatterThen { values, bf16, then } => {
+            let mine = ring.reduce_scatter(values, bf16)?;
+            // Queued in the order of this ring's reduce-scatters, the same on every rank.
+            Out::Chained(then.start(Op::AllReduce { values: mine, bf16 })?)
+        }
         Op::AllReduce { values, bf16 } => Out::Values(ring.all_reduce(values, bf16)?),
         Op::Broadcast { bytes, root } => Out::Bytes(ring.broadcast(bytes, root)?),
         Op::Host { values, op } => Out::Host(ring.host(&values, op)?),

@@ -149,6 +149,25 @@ fn moment_bytes(shape: &[usize], rows: usize, eight_bit: bool) -> usize {
     }
 }
 
+/// What the reductions in flight add to the backward pass's peak (docs/distributed.md §4.6):
+/// `units` are (values, graph bytes) in forward order; the backward pass takes them in reverse,
+/// each unit's graph alive while it computes, and its gradient (`bytes` per value) on its way
+/// from its end until the reductions after it hold more than `budget` values. The most the
+/// graph and the reductions in flight hold together, beyond the largest graph alone.
+fn reductions_over_graphs(units: &[(usize, usize)], budget: usize, bytes: usize) -> usize {
+    let mut in_flight: std::collections::VecDeque<usize> = std::collections::VecDeque::new();
+    let (mut peak, mut largest) = (0usize, 0usize);
+    for &(values, graph) in units.iter().rev() {
+        peak = peak.max(graph + bytes * in_flight.iter().sum::<usize>());
+        largest = largest.max(graph);
+        in_flight.push_back(values);
+        while in_flight.iter().rev().skip(1).sum::<usize>() > budget {
+            in_flight.pop_front();
+        }
+    }
+    peak - largest
+}
+
 /// Predicts what `setup` keeps with `modes`.
 pub fn estimate(setup: &Setup, modes: Modes) -> Estimate {
     let mut dev = Bytes::default();
@@ -279,11 +298,27 @@ pub fn estimate(setup: &Setup, modes: Modes) -> Estimate {
             };
         compute.gradients += grad * own_dense + storage * largest_unit;
         // The unit's gradient flattened for the reduce-scatter and the result (a world of one
-        // rank copies too); with overlap the unit before it is still on its way, as the f32
-        // values the CPU ranks' rings sum or the flat buffer a GPU's stream reads.
-        let in_flight = if setup.cuda { grad } else { 4 };
-        compute.reduce_scatter +=
-            2 * grad * largest_unit + if overlap { in_flight * largest_unit } else { 0 };
+        // rank copies too); with overlap the reductions still on their way, up to `1 + prefetch`
+        // largest units (as the f32 values the CPU ranks' rings sum, the flat buffers a GPU's
+        // stream reads; the all-reduces across groups that follow them hold a group's share).
+        if overlap {
+            let bytes = if setup.cuda { grad } else { 4 };
+            let graphs: Vec<(usize, usize)> = unit_values
+                .iter()
+                .map(|(u, &n)| {
+                    let graph = match u {
+                        Unit::Embeddings => parts.embeddings,
+                        Unit::Layer(_) => parts.talker_layer,
+                        Unit::Head => parts.head,
+                        Unit::CodePredictor => parts.predictor_chunk,
+                    };
+                    (n, graph)
+                })
+                .collect();
+            compute.reduce_scatter +=
+                reductions_over_graphs(&graphs, (1 + setup.prefetch) * largest_unit, bytes);
+        }
+        compute.reduce_scatter += 2 * grad * largest_unit;
         // Every unit's buffers go as the pass ends, before the update.
         compute.phased = world > 1;
     }
@@ -316,5 +351,29 @@ pub fn estimate(setup: &Setup, modes: Modes) -> Estimate {
         modes,
         device: setup.cuda.then_some(dev),
         host,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reductions_over_graphs;
+
+    /// The backward pass takes the units in reverse: the first (here the largest, with the
+    /// largest graph) computes with nothing in flight; the ones after it compute while its
+    /// reduction is on its way, until the reductions after it hold more than the budget.
+    #[test]
+    fn reductions_in_flight_add_to_the_graphs_they_meet() {
+        // (values, graph bytes), forward order: embeddings, two layers, a large last unit.
+        let units = [(6, 10), (1, 40), (1, 40), (10, 100)];
+        // Budget of 10 values: the last unit's 10 stay in flight while both layers compute
+        // (40 + 4·10 = 80 < 100), then the layers' push it over and it is waited for.
+        assert_eq!(reductions_over_graphs(&units, 10, 4), 0);
+        // A graph large enough to meet the reductions on their way (the last unit's and the
+        // layer's before it): 90 + 4·11 = 134.
+        let units = [(6, 10), (1, 90), (1, 40), (10, 100)];
+        assert_eq!(reductions_over_graphs(&units, 10, 4), 34);
+        // With room for everything, the embeddings compute beside every reduction: 10 + 4·12.
+        let units = [(6, 90), (1, 40), (1, 40), (10, 100)];
+        assert_eq!(reductions_over_graphs(&units, 100, 4), 38);
     }
 }

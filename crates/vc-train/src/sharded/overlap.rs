@@ -4,8 +4,9 @@
 //!   forward gathers unit k+1 while unit k computes, the backward unit k−1 while unit k
 //!   back-propagates;
 //! - [`Reducer`]: each unit's gradient reduce-scattered within the group as soon as its backward
-//!   is done and, under hybrid sharding, then all-reduced across the groups, each waited for
-//!   one unit later, so that it runs while the next unit computes;
+//!   is done, and under hybrid sharding all-reduced across the groups as soon as that is done
+//!   (chained where the collectives run); waited for once the reductions after it hold more
+//!   than `1 + prefetch` times the largest unit: they run while the next units compute;
 //! - [`Refresh`]: grad-op's replicas gathered unit by unit as the update finishes each unit.
 //!
 //! With `train.prefetch = 0` each of them waits for every collective where it is issued: the
@@ -22,7 +23,7 @@ use super::units::{PendingUnit, UnitShards, UnitSource};
 use super::ShardedTrainer;
 use crate::params::Param;
 use vc_dist::unit_packing::{FlatLayout, PendingGather, PendingScatter};
-use vc_dist::{Collective, Pending};
+use vc_dist::Collective;
 
 /// The units of one pass, in the order it computes them, each started `prefetch` units ahead.
 pub(super) struct Prefetch<'t> {
@@ -80,24 +81,33 @@ impl<'t> Prefetch<'t> {
 /// The units' gradients on their way to their owners.
 pub(super) struct Reducer<'t> {
     trainer: &'t ShardedTrainer,
-    /// The reduce-scatter in flight: its unit, waited for when the next one starts.
-    scattering: Option<(usize, PendingScatter)>,
-    /// The replicas' all-reduce in flight (hybrid sharding): its unit, waited for when the next
-    /// one starts.
-    replicating: Option<(usize, Pending)>,
+    /// The reductions in flight, oldest first: unit, collective, the unit's values.
+    in_flight: VecDeque<(usize, PendingScatter, usize)>,
+    /// Values the reductions in flight may hold besides the newest one: `1 + prefetch` times
+    /// the largest unit's.
+    budget: usize,
 }
 
 impl<'t> Reducer<'t> {
     pub(super) fn new(trainer: &'t ShardedTrainer) -> Self {
+        let largest = trainer
+            .units
+            .iter()
+            .map(|u| u.layout.shard_len * u.layout.world)
+            .max()
+            .unwrap_or(0);
         Self {
             trainer,
-            scattering: None,
-            replicating: None,
+            in_flight: VecDeque::new(),
+            budget: (1 + trainer.prefetch) * largest,
         }
     }
 
-    /// Starts reducing unit `u`'s summed gradients `acc` (`None` = zero); the unit before it is
-    /// then taken on to its next stage. Results land in `out` at the parameters' indices.
+    /// Starts reducing unit `u`'s summed gradients `acc` (`None` = zero): the reduce-scatter
+    /// within the group and, under hybrid sharding, the all-reduce across groups that follows it
+    /// where the collectives run. The oldest reductions in flight are waited for while those
+    /// besides this one hold more than the budget: a large unit's reduction runs on while the
+    /// smaller ones after it compute. Results land in `out` at the parameters' indices.
     pub(super) fn push(
         &mut self,
         u: usize,
@@ -106,42 +116,25 @@ impl<'t> Reducer<'t> {
     ) -> Result<()> {
         let started = self.trainer.start_reduce(u, acc)?;
         if !self.trainer.overlap {
-            return self.replicate(u, started.wait()?, out);
+            return self.trainer.store_reduced(u, started.wait()?, out);
         }
-        if let Some((v, before)) = self.scattering.replace((u, started)) {
-            self.replicate(v, before.wait()?, out)?;
+        let layout = &self.trainer.units[u].layout;
+        self.in_flight
+            .push_back((u, started, layout.shard_len * layout.world));
+        loop {
+            let older: usize = self.in_flight.iter().rev().skip(1).map(|s| s.2).sum();
+            if older <= self.budget {
+                return Ok(());
+            }
+            let (v, oldest, _) = self.in_flight.pop_front().context("a reduction")?;
+            self.trainer.store_reduced(v, oldest.wait()?, out)?;
         }
-        Ok(())
     }
 
-    /// Unit `u`'s flat gradient shard of the group: all-reduced across the groups (hybrid
-    /// sharding), or stored.
-    fn replicate(
-        &mut self,
-        u: usize,
-        flat: Option<Tensor>,
-        out: &mut [Option<Tensor>],
-    ) -> Result<()> {
-        let (Some(replicas), Some(flat)) = (&self.trainer.mesh.replicas, &flat) else {
-            return self.trainer.store_reduced(u, flat, out);
-        };
-        let started = replicas.start_all_reduce(flat)?;
-        if !self.trainer.overlap {
-            return self.trainer.store_reduced(u, Some(started.wait()?), out);
-        }
-        if let Some((v, before)) = self.replicating.replace((u, started)) {
-            self.trainer.store_reduced(v, Some(before.wait()?), out)?;
-        }
-        Ok(())
-    }
-
-    /// Waits for what is still in flight.
+    /// Waits for what is still in flight, in the order it was started.
     pub(super) fn finish(mut self, out: &mut [Option<Tensor>]) -> Result<()> {
-        if let Some((v, last)) = self.scattering.take() {
-            self.replicate(v, last.wait()?, out)?;
-        }
-        if let Some((v, last)) = self.replicating.take() {
-            self.trainer.store_reduced(v, Some(last.wait()?), out)?;
+        while let Some((v, p, _)) = self.in_flight.pop_front() {
+            self.trainer.store_reduced(v, p.wait()?, out)?;
         }
         Ok(())
     }

@@ -170,7 +170,8 @@ impl ShardedTrainer {
     }
 
     /// Starts summing `acc` (unit `u`'s full gradients from this rank's micro-batches; `None` =
-    /// zero) over the shard group into this rank's rows, in `train.reduce_dtype`.
+    /// zero) over the shard group into this rank's rows, and under hybrid sharding over the
+    /// groups, in `train.reduce_dtype`.
     pub(super) fn start_reduce(
         &self,
         u: usize,
@@ -191,8 +192,13 @@ impl ShardedTrainer {
                 )?),
             })
             .collect::<Result<Vec<_>>>()?;
-        unit.layout
-            .start_reduce_scatter(self.mesh.shard.as_ref(), &fulls, dtype, &self.opts.device)
+        unit.layout.start_reduce_scatter(
+            self.mesh.shard.as_ref(),
+            &fulls,
+            dtype,
+            &self.opts.device,
+            self.mesh.replicas.clone(),
+        )
     }
 
     /// Stores unit `u`'s summed gradient (this rank's flat shard of it, `None` for a unit that
