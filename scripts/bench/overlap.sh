@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Overlapped communication and hybrid sharding on an emulated network (docs/distributed.md
-# §8.3, docs/performance.md §9.1): 4 CPU ranks on 2 emulated nodes of 2, the 61 M "medium"
+# Overlapped communication and hybrid sharding on an emulated network
+# (docs/distributed.md §8.3, docs/performance.md §9.1): 4 CPU ranks on 2 emulated nodes of 2, the 61 M "medium"
 # model, step time of one shard group of 4 ("flat") and of 2 groups of 2 ("hybrid", the groups
 # being the nodes), each with `--prefetch 0` and `--prefetch 1`, against the ideal
 # max(compute, communication).

@@ -7,7 +7,7 @@ measurement):
   backward, recompute); an utterance of 175 talker positions and 125 frames, each frame 16
   positions of the code predictor; the text table is a lookup (no FLOPs, row-sparse traffic);
 - 350 GB/s of NCCL bus bandwidth within an NVLink node, 45 GB/s per GPU across nodes (one
-  400 Gb/s NIC per GPU); the ring algorithms' bytes (§8.1): per rank and step two gathers of the
+  400 Gb/s NIC per GPU); the ring algorithms' bytes (docs/distributed.md §8.1): per rank and step two gathers of the
   non-text weights in bf16 and one reduce-scatter of their gradients in f32 within the shard
   group, `(2 + 2 + 4) · Ψ' · (S−1)/S`, and with G groups an all-reduce of the f32 gradient shard
   across them, `2 · 4 · (Ψ'/S) · (G−1)/G`;

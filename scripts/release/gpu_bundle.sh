@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Prepares what a GPU machine needs to run scripts/gpu-check.sh in one call (docs/distributed.md
-# §10): the CUDA release build (xz-compressed) and the Python wheels the FSDP2 anchor needs that
+# Prepares what a GPU machine needs to run scripts/gpu-check.sh in one call
+# (docs/distributed.md §10): the CUDA release build (xz-compressed) and the Python wheels the FSDP2 anchor needs that
 # such a machine lacks, in a git-ignored folder, with run.sh, the one command to run there.
 #
 #   bash scripts/release/gpu_bundle.sh [DIR]      # default .gpu-bundle (under 40 MB)
@@ -42,7 +42,8 @@ cat >"$DIR/run.sh" <<'EOF'
 # it). Call from the repository root: OUT=DIR bash .gpu-bundle/run.sh
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-xz -dc "$here/voiceclone.xz" >/tmp/voiceclone
+python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+  "$here/voiceclone.xz" /tmp/voiceclone
 chmod +x /tmp/voiceclone
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/vc-site "$here"/wheels/*.whl

@@ -1,5 +1,5 @@
 //! Hybrid sharding and overlapped communication end to end (docs/distributed.md §4.6, §4.7,
-//! §8): `voiceclone train --cpu-ranks N --shard-group S` trains like one device, its
+//! docs/distributed.md §8): `voiceclone train --cpu-ranks N --shard-group S` trains like one device, its
 //! checkpoints continue in any layout, `--prefetch 0` and the default give the same bits, and
 //! every step's metrics say what crossed which link.
 

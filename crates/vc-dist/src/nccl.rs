@@ -1,7 +1,7 @@
 //! The GPU collective backend (docs/distributed.md §3): NCCL through `cudarc::nccl`, one NCCL
 //! communicator per communicator of the rank (the run's, or under hybrid sharding its shard
-//! group's and its replicas', §4.7), each running its collectives on a CUDA stream of its own
-//! beside the compute stream (§3.5). cudarc's per-buffer events order them with the kernels
+//! group's and its replicas', docs/distributed.md §4.7), each running its collectives on a CUDA
+//! stream of its own beside the compute stream (docs/distributed.md §3.5). cudarc's per-buffer events order them with the kernels
 //! that write and read their buffers: a collective waits for the kernels that wrote its input,
 //! the kernels that read its output wait for it, and a buffer is freed only after both — so a
 //! started collective needs no host wait, and it overlaps whatever the compute stream does
@@ -272,37 +272,6 @@ impl NcclCollective {
         c.fetch_add(bytes as u64, Ordering::Relaxed);
     }
 
-    /// `ncclReduceScatter` of `full` enqueued: the (contiguous) input, kept until the wait, and
-    /// the output.
-    fn reduce_scatter_parts(&self, full: &Tensor) -> Result<(Tensor, Tensor)> {
-        let full = full.contiguous()?;
-        let world = self.world;
-        let mut shape = full.dims().to_vec();
-        anyhow::ensure!(
-            !shape.is_empty() && shape[0].is_multiple_of(world) && full.elem_count() > 0,
-            "reduce-scatter: dimension 0 must split into {world} equal, non-empty chunks"
-        );
-        shape[0] /= world;
-        let (storage, start, end) = cuda_parts(&full)?;
-        let n = (end - start) / world;
-        self.count((world - 1) * n * full.dtype().size_in_bytes());
-        let out = match full.dtype() {
-            DType::F32 => with_slice!(storage, f32, start, end, |view| {
-                let mut out = self.device.alloc_zeros::<f32>(n)?;
-                self.reduce_scatter_into(&view, &mut out)?;
-                self.wrap(out, &shape)
-            }),
-            DType::BF16 => with_slice!(storage, bf16, start, end, |view| {
-                let mut out = self.device.alloc_zeros::<bf16>(n)?;
-                self.reduce_scatter_into(&view, &mut out)?;
-                self.wrap(out, &shape)
-            }),
-            other => bail!("NCCL reduce-scatter of {other:?} tensors is not supported"),
-        };
-        drop(storage);
-        Ok((full, out))
-    }
-
     /// `ncclAllGather` of `send` (n values) into `recv` (world × n values) on the stream.
     fn all_gather_into<T: NcclType>(
         &self,
@@ -451,6 +420,39 @@ macro_rules! with_slice {
         let $view = slice.slice($start..$end);
         $body
     }};
+}
+
+impl NcclCollective {
+    /// `ncclReduceScatter` of `full` enqueued: the (contiguous) input, kept until the wait, and
+    /// the output.
+    fn reduce_scatter_parts(&self, full: &Tensor) -> Result<(Tensor, Tensor)> {
+        let full = full.contiguous()?;
+        let world = self.world;
+        let mut shape = full.dims().to_vec();
+        anyhow::ensure!(
+            !shape.is_empty() && shape[0].is_multiple_of(world) && full.elem_count() > 0,
+            "reduce-scatter: dimension 0 must split into {world} equal, non-empty chunks"
+        );
+        shape[0] /= world;
+        let (storage, start, end) = cuda_parts(&full)?;
+        let n = (end - start) / world;
+        self.count((world - 1) * n * full.dtype().size_in_bytes());
+        let out = match full.dtype() {
+            DType::F32 => with_slice!(storage, f32, start, end, |view| {
+                let mut out = self.device.alloc_zeros::<f32>(n)?;
+                self.reduce_scatter_into(&view, &mut out)?;
+                self.wrap(out, &shape)
+            }),
+            DType::BF16 => with_slice!(storage, bf16, start, end, |view| {
+                let mut out = self.device.alloc_zeros::<bf16>(n)?;
+                self.reduce_scatter_into(&view, &mut out)?;
+                self.wrap(out, &shape)
+            }),
+            other => bail!("NCCL reduce-scatter of {other:?} tensors is not supported"),
+        };
+        drop(storage);
+        Ok((full, out))
+    }
 }
 
 impl Collective for NcclCollective {

@@ -1,7 +1,7 @@
 //! The CPU collective backend (docs/distributed.md §3), like PyTorch's gloo: the rank processes
 //! form rings of TCP connections (each rank sends to the next member and receives from the
 //! previous one) — one of every rank, and under hybrid sharding one per shard group and one per
-//! set of replicas (§4.7) — and rank 0 keeps one more connection to every rank as the control
+//! set of replicas (docs/distributed.md §4.7) — and rank 0 keeps one more connection to every rank as the control
 //! plane, which carries the rendezvous and aborts.
 //!
 //! Each ring has a communication thread of its own (`worker`), which runs the collectives started

@@ -3,7 +3,7 @@
 //! who it is, how it groups the ranks and where its ring listener is; rank 0 answers everyone
 //! with the address table and an optional payload (the NCCL unique ids), and keeps the
 //! connections as the control plane. Then every rank connects the rings it is a member of — the
-//! whole world's, and under hybrid sharding its shard group's and its replicas' (§4.7) — to the
+//! whole world's, and under hybrid sharding its shard group's and its replicas' (docs/distributed.md §4.7) — to the
 //! next member's listener and accepts the previous member of each.
 
 use std::io::{Read, Write};

@@ -295,8 +295,8 @@ fn shard_groups_train_like_one_group() {
     }
 }
 
-/// The bytes the ring collectives of one step send, by link, for one rank (docs/distributed.md
-/// §8.1): per unit two gathers (`full`; one with grad-op, whose replicas are refreshed) and a
+/// The bytes the ring collectives of one step send, by link, for one rank
+/// (docs/distributed.md §8.1): per unit two gathers (`full`; one with grad-op, whose replicas are refreshed) and a
 /// reduce-scatter within the group of S, and with G groups an all-reduce of the unit's flat
 /// shard across them; the text rows' gather and reduction within the group (the largest
 /// number any rank of the group owns, padded) and the all-reduce of this rank's rows across

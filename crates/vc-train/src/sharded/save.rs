@@ -1,6 +1,6 @@
 //! This rank's part of a checkpoint (docs/distributed.md §6): rank 0 creates the temporary
 //! directory, every rank of the first shard group writes its rows (fp32 master and both
-//! moments) into its own file — the other groups hold the same rows (§4.7) — and once every
+//! moments) into its own file — the other groups hold the same rows (docs/distributed.md §4.7) — and once every
 //! rank reports its part done, rank 0 writes the index and commits.
 
 use std::collections::BTreeMap;

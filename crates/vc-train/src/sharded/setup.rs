@@ -1,5 +1,5 @@
 //! Setting up one rank (docs/distributed.md §4, §6): this rank's rows of every trained tensor
-//! (its shard within its group, §4.7) from the base model or from the newest checkpoint
+//! (its shard within its group, docs/distributed.md §4.7) from the base model or from the newest checkpoint
 //! (written at any world size and grouping), the frozen tensors, the units, and the repair of
 //! what an interrupted checkpoint write left — by rank 0 alone, before the others look.
 

@@ -1,7 +1,7 @@
 //! The update of a sharded step (docs/distributed.md §4.4): the text rows' gradients reduced to
-//! their owners (and across the groups, §4.7), the global gradient norm from the squared shard
+//! their owners (and across the groups, docs/distributed.md §4.7), the global gradient norm from the squared shard
 //! norms of one group, clipping, and the AdamW step on this rank's rows (then, in grad-op mode,
-//! the replicas refreshed — unit by unit during the update when communication overlaps, §4.6).
+//! the replicas refreshed — unit by unit during the update when communication overlaps, docs/distributed.md §4.6).
 
 use std::time::Instant;
 
