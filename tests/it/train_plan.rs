@@ -368,10 +368,10 @@ fn the_plan_predicts_what_runs_allocate() {
 }
 
 /// The plan of a sharded run (docs/distributed.md §7) held to what its ranks allocate: the
-/// state of one rank's rows within its group, the units gathered ahead (`train.prefetch`) and
-/// the reductions in flight behind the computation, flat and in shard groups, both modes, on
-/// CPU ranks of both backends. Every rank process reports its own peak; the plan is for the
-/// largest rank.
+/// state of one rank's rows within its group, the units gathered ahead (`train.prefetch` 0, the
+/// default 1, and 2) and the reductions in flight behind the computation, flat and in shard
+/// groups, both modes, on CPU ranks of both backends. Every rank process reports its own peak;
+/// the plan is for the largest rank.
 #[test]
 #[cfg_attr(not(feature = "test-hooks"), ignore = "needs --features test-hooks")]
 fn the_plan_predicts_what_sharded_ranks_allocate() {
@@ -380,14 +380,16 @@ fn the_plan_predicts_what_sharded_ranks_allocate() {
     write_model(&model, &mid_config());
     let base = ["--batch-size", "2", "--grad-accum", "4", "--no-shuffle"];
     let mut report = Vec::new();
-    for backend in ["kernels", "autograd"] {
-        for extra in [
-            &["--cpu-ranks", "2", "--prefetch", "0"][..],
-            &["--cpu-ranks", "2"],
-            &["--cpu-ranks", "2", "--prefetch", "2"],
-            &["--cpu-ranks", "2", "--shard", "grad-op"],
-            &["--cpu-ranks", "4", "--shard-group", "2"],
-        ] {
+    let cases: [(&str, &[&str]); 6] = [
+        ("kernels", &["--cpu-ranks", "2", "--prefetch", "0"]),
+        ("kernels", &["--cpu-ranks", "2", "--prefetch", "2"]),
+        ("kernels", &["--cpu-ranks", "4", "--shard-group", "2"]),
+        ("autograd", &["--cpu-ranks", "2"]),
+        ("autograd", &["--cpu-ranks", "2", "--shard", "grad-op"]),
+        ("autograd", &["--cpu-ranks", "4", "--shard-group", "2"]),
+    ];
+    {
+        for (backend, extra) in cases {
             let ws = tmp.path().join("ws");
             let _ = std::fs::remove_dir_all(&ws);
             workspace_for(&ws, &model, &rows_of(8, 40), 512);
@@ -404,13 +406,19 @@ fn the_plan_predicts_what_sharded_ranks_allocate() {
                 .unwrap();
             assert!(out.status.success(), "{}", text(&out));
             let err = String::from_utf8_lossy(&out.stderr).to_string();
-            // Every rank's peak (the launcher's own, far smaller, is among them).
-            let peak = err
-                .lines()
-                .filter_map(|l| l.split("peak allocated bytes: ").nth(1))
-                .map(|v| v.trim().parse::<f64>().unwrap())
-                .fold(0f64, f64::max);
-            assert!(peak > 0.0, "no peak reported: {err}");
+            // Every rank's peak (the launcher's own, far smaller, is among them). The ranks
+            // write to one stderr at once: a report may share a line with another's.
+            let peaks: Vec<f64> = err
+                .split("peak allocated bytes: ")
+                .skip(1)
+                .filter_map(|v| v.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok())
+                .collect();
+            let ranks: usize = extra[1].parse().unwrap();
+            assert!(
+                peaks.len() > ranks,
+                "not every rank reported its peak: {err}"
+            );
+            let peak = peaks.iter().copied().fold(0f64, f64::max);
             let ratio = predicted / peak;
             report.push(format!(
                 "{backend} {extra:?}: plan {:.1} MB, largest rank allocated {:.1} MB, ratio {ratio:.3}",
