@@ -7,8 +7,8 @@ use std::sync::Arc;
 use anyhow::Result;
 
 use super::train_setup::{
-    finish, move_aside_if_fresh, placement, prepare, print_resumed, print_start, require_manifest,
-    train_device,
+    finish, fresh_start, move_aside_if_fresh, placement, prepare, print_resumed, print_start,
+    require_manifest, train_device,
 };
 use crate::cli::TrainArgs;
 use vc_core::config::Config;
@@ -36,6 +36,14 @@ pub fn run(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<()> {
     if let Some(line) = chosen {
         println!("{line}");
     }
+    if c.max_restarts > 0 {
+        eprintln!(
+            "note: train.max_restarts ({}) applies to sharded runs (--gpus, --cpu-ranks, which our \
+             launcher restarts); a run on one device is not restarted: run `voiceclone train` \
+             again and it resumes from the last checkpoint",
+            c.max_restarts
+        );
+    }
     if c.shard_group != vc_core::config::ShardGroup::World {
         eprintln!(
             "note: train.shard_group ({}) applies to sharded runs (--gpus, --cpu-ranks, torchrun, \
@@ -44,7 +52,6 @@ pub fn run(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<()> {
         );
     }
     let run = prepare(ws, config, args)?;
-    move_aside_if_fresh(ws, args)?;
     let device = train_device()?;
     let backend = train::Backend::resolve(c.backend, &device)?;
     let mut opts = run.options(ws, config, device.clone(), backend)?;
@@ -62,25 +69,27 @@ pub fn run(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<()> {
             vc_dist::Mesh::flat(coll),
             vc_core::config::Shard::Full,
             tag,
-            false,
+            fresh_start(args),
         )?;
         let sizes = (trainer.params.len(), trainer.full_parameters());
         let state = trainer.state_bytes();
-        let outcome = announce_and_run(ws, config, &mut trainer, sizes, state, &where_)?;
+        let outcome = announce_and_run(ws, args, config, &mut trainer, sizes, state, &where_)?;
         return finish(ws, config, args, &outcome, trainer.options());
     }
-    let mut trainer = Trainer::new(opts, false)?;
+    let mut trainer = Trainer::new(opts, fresh_start(args))?;
     let sizes = (trainer.params.params.len(), trainer.params.elem_count());
     let state = trainer.state_bytes();
-    let outcome = announce_and_run(ws, config, &mut trainer, sizes, state, &where_)?;
+    let outcome = announce_and_run(ws, args, config, &mut trainer, sizes, state, &where_)?;
     finish(ws, config, args, &outcome, trainer.options())
 }
 
 /// Says what a one-device run starts from (its warnings, then a fresh start or the checkpoint
-/// it resumes, then what its optimizer state takes) and runs it to the end. `sizes`: trained
-/// tensors and values.
+/// it resumes, then what its optimizer state takes) and runs it to the end; `--fresh` moves the
+/// previous checkpoints aside once the run's checks have passed. `sizes`: trained tensors and
+/// values.
 fn announce_and_run(
     ws: &Workspace,
+    args: &TrainArgs,
     config: &Config,
     trainer: &mut dyn train::driver::Engine,
     (tensors, values): (usize, usize),
@@ -112,5 +121,5 @@ fn announce_and_run(
         ),
     }
     println!("optimizer state: {state}");
-    train::driver::run(trainer)
+    train::driver::run_with(trainer, || move_aside_if_fresh(ws, args))
 }

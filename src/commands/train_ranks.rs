@@ -12,7 +12,7 @@ use crate::cli::TrainArgs;
 use vc_core::config::Config;
 use vc_core::workspace::Workspace;
 use vc_dist::env::Launcher;
-use vc_dist::launch::{self, LaunchSpec};
+use vc_dist::launch::{self, LaunchSpec, RankReport};
 use vc_dist::tcp::{Endpoint, TcpCollective};
 use vc_dist::topology::{Emulation, Groups, Nodes, EMULATE_NETWORK};
 use vc_dist::{Collective, Mesh, RankEnv, ReduceOp};
@@ -21,8 +21,8 @@ use vc_train::sharded::ShardedTrainer;
 use vc_train::{self as train, Backend};
 
 /// Starts the rank processes of a run on this machine and waits for them. The data steps
-/// (codes, speaker embedding) and `--fresh` happen here, once, before any rank starts; the
-/// workspace stays locked until the last rank has exited.
+/// (codes, speaker embedding) happen here, once, before any rank starts (`--fresh` in rank 0,
+/// once the run is set up); the workspace stays locked until the last rank has exited.
 pub fn launch(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<()> {
     let c = &config.train;
     let world = c.gpus.max(c.cpu_ranks);
@@ -43,7 +43,6 @@ pub fn launch(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<()> {
         println!("{line}");
     }
     prepare(ws, config, args)?;
-    move_aside_if_fresh(ws, args)?;
     let env = match config.train.memory {
         vc_core::config::MemoryPolicy::Auto => vec![super::train_plan::chosen_env(config)],
         vc_core::config::MemoryPolicy::Manual => Vec::new(),
@@ -122,8 +121,16 @@ pub fn run_rank(ws: &Workspace, config: &Config, args: &TrainArgs, env: RankEnv)
     let rank = env.rank;
     let result = rank_main(ws, config, args, &env);
     if let Err(e) = &result {
-        let restartable = e.downcast_ref::<NonFinite>().is_none();
-        launch::write_report(rank, &format!("{e:#}"), restartable);
+        let non_finite = e.downcast_ref::<NonFinite>().is_some();
+        launch::write_report(
+            rank,
+            &RankReport {
+                message: format!("{e:#}"),
+                kind: launch::failure_kind(e, if non_finite { "non-finite" } else { "error" }),
+                step: launch::last_step(),
+                restartable: !non_finite,
+            },
+        );
     }
     result.map_err(|e| e.context(format!("rank {rank}")))
 }
@@ -136,7 +143,6 @@ fn rank_main(ws: &Workspace, config: &Config, args: &TrainArgs, env: &RankEnv) -
         super::train_setup::require_manifest(ws)?;
         let lock = train::lock::RunLock::acquire(&ws.train_lock())?;
         prepare(ws, config, args)?;
-        move_aside_if_fresh(ws, args)?;
         Some(lock)
     } else {
         None
@@ -276,7 +282,9 @@ fn train_rank(
             topology_line(&trainer, config, nodes, emulation.as_ref())
         );
     }
-    let outcome = trainer.run()?;
+    // `--fresh`: rank 0 moves the previous checkpoints aside once every rank is set up and the
+    // run's checks have passed (the ranks skip them already: `fresh` above).
+    let outcome = train::driver::run_with(&mut trainer, || move_aside_if_fresh(ws, args))?;
     report_peak_memory(coll.as_ref())?;
     // The groups' communicators finish their work (a GPU's streams), then the run ends.
     for c in std::iter::once(&groups_end.shard).chain(groups_end.replicas.iter()) {
@@ -402,6 +410,16 @@ fn check_shared_filesystem(ws: &Workspace, coll: &dyn Collective, tag: &str) -> 
     Ok(())
 }
 
+/// A restartable report of a failure of `kind` at this rank's last step.
+fn report(message: String, kind: &str) -> RankReport {
+    RankReport {
+        message,
+        kind: kind.into(),
+        step: launch::last_step(),
+        restartable: true,
+    }
+}
+
 /// A panic anywhere in this rank stops the whole run at once (the message reaches every rank),
 /// and once the run is aborted this process ends within 20 s even if it is stuck in a
 /// computation or a GPU collective.
@@ -410,7 +428,7 @@ fn install_failure_handlers(coll: Arc<dyn Collective>, rank: usize) {
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
         let msg = format!("rank {rank} panicked: {info}");
-        launch::write_report(rank, &msg, true);
+        launch::write_report(rank, &report(msg.clone(), "panic"));
         for_panic.abort(&msg);
         default(info);
     }));
@@ -421,7 +439,7 @@ fn install_failure_handlers(coll: Arc<dyn Collective>, rank: usize) {
                 std::thread::sleep(Duration::from_millis(100));
             }
             let msg = format!("the run was aborted: {why} (rank {rank} did not stop by itself)");
-            launch::write_report(rank, &msg, true);
+            launch::write_report(rank, &report(msg.clone(), "stuck after an abort"));
             eprintln!("error: rank {rank}: {msg}");
             std::process::exit(1);
         }

@@ -307,6 +307,50 @@ fn max_restarts_restarts_a_killed_rank_and_finishes_like_an_uninterrupted_run() 
     assert!(!err.contains("restarting every rank"), "{err}");
 }
 
+/// A failure that repeats without progress is restarted once, not until the restarts run out:
+/// the launcher compares what failed and where (the rank, the kind of error, the step), not the
+/// message, which names each attempt's own temporary checkpoint directory
+/// (docs/distributed.md §5.1). Here rank 0's disk is full whenever it writes checkpoint 2.
+#[test]
+#[cfg_attr(not(feature = "test-hooks"), ignore = "needs --features test-hooks")]
+fn a_checkpoint_write_that_fails_every_time_is_restarted_once() {
+    let ws = workspace("tiny-0b6");
+    let mut a = vec!["train"];
+    a.extend_from_slice(BASE);
+    a.extend([
+        "--max-steps",
+        "3",
+        "--save-every",
+        "1",
+        "--cpu-ranks",
+        "2",
+        "--max-restarts",
+        "3",
+    ]);
+    let o = command(ws.path(), &a)
+        .env("VOICECLONE_TEST_DISK_FULL_AT_CHECKPOINT", "2:0")
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("No space left on device") && err.contains(".tmp-step-0000002-"),
+        "{err}"
+    );
+    assert!(
+        err.contains("restart 1 of 3") && !err.contains("restart 2 of 3"),
+        "{err}"
+    );
+    assert!(
+        err.contains("failed the same way again (the same rank, kind of error and step)"),
+        "{err}"
+    );
+    // Step 1's checkpoint is whole and named by `latest`.
+    let latest = std::fs::read_to_string(ws.path().join("checkpoints/latest")).unwrap();
+    assert_eq!(latest.trim(), "step-0000001");
+    no_orphans(ws.path());
+}
+
 #[test]
 #[cfg_attr(not(feature = "test-hooks"), ignore = "needs --features test-hooks")]
 fn a_stopped_rank_ends_the_run_within_the_timeout_naming_it() {

@@ -16,9 +16,11 @@ use std::net::TcpListener;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
 
 use super::env::{LAUNCHED, RENDEZVOUS, RENDEZVOUS_FD, REPORT_DIR, RESTART_COUNT};
 
@@ -49,21 +51,62 @@ pub fn report_file(dir: &Path, rank: usize) -> PathBuf {
     dir.join(format!("rank-{rank}.txt"))
 }
 
-/// The first line of a report that a restart cannot help (the same data and weights give the
-/// same failure, e.g. a non-finite loss).
-const FINAL: &str = "final\n";
+/// What a rank leaves for the launcher when it fails (docs/distributed.md §5.1): the message the
+/// user reads, and what the launcher compares between attempts — which failure (`kind`) and where
+/// (`step`), never the message's wording, which may name a temporary file of its attempt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RankReport {
+    pub message: String,
+    /// What failed, in words stable across attempts: the kind of an I/O error in the chain
+    /// (`"I/O: StorageFull"`), or a class the rank names (`"non-finite loss"`, `"panic"`).
+    pub kind: String,
+    /// The last optimizer step this rank had completed ([`note_step`]).
+    pub step: Option<usize>,
+    /// Whether starting the run again could succeed (not a non-finite loss: the same data and
+    /// weights give it again).
+    pub restartable: bool,
+}
 
-/// Leaves this rank's error message where the launcher looks for it (no-op outside a launch).
-/// `restartable`: whether starting the run again could succeed.
-pub fn write_report(rank: usize, message: &str, restartable: bool) {
+/// The last optimizer step this process completed, `usize::MAX` before the first.
+static LAST_STEP: AtomicUsize = AtomicUsize::new(usize::MAX);
+
+/// Records that this process completed optimizer step `step` (or resumed at it), for the
+/// failure report ([`RankReport::step`]).
+pub fn note_step(step: usize) {
+    LAST_STEP.store(step, Ordering::Relaxed);
+}
+
+/// The step [`note_step`] last recorded.
+pub fn last_step() -> Option<usize> {
+    Some(LAST_STEP.load(Ordering::Relaxed)).filter(|&s| s != usize::MAX)
+}
+
+/// The kind of `e` for [`RankReport::kind`]: the kind of the first I/O error in its chain
+/// (a full disk is a full disk whatever file it met), else `otherwise`.
+pub fn failure_kind(e: &anyhow::Error, otherwise: &str) -> String {
+    e.chain()
+        .find_map(|c| c.downcast_ref::<std::io::Error>())
+        .map_or_else(
+            || otherwise.to_string(),
+            |io| format!("I/O: {:?}", io.kind()),
+        )
+}
+
+/// Leaves this rank's report where the launcher looks for it (no-op outside a launch).
+pub fn write_report(rank: usize, report: &RankReport) {
     if let Some(dir) = std::env::var_os(REPORT_DIR) {
-        let text = if restartable {
-            message.to_string()
-        } else {
-            format!("{FINAL}{message}")
-        };
-        let _ = std::fs::write(report_file(Path::new(&dir), rank), text);
+        if let Ok(json) = serde_json::to_string(report) {
+            let _ = std::fs::write(report_file(Path::new(&dir), rank), json);
+        }
     }
+}
+
+/// The report `rank` left under `dir`, if it left one.
+fn read_report(dir: &Path, rank: usize) -> Option<RankReport> {
+    let text = std::fs::read_to_string(report_file(dir, rank)).ok()?;
+    serde_json::from_str::<RankReport>(&text)
+        .ok()
+        .filter(|r| !r.message.trim().is_empty())
 }
 
 /// A private directory for the ranks' reports, removed when the launch ends.
@@ -203,11 +246,17 @@ struct Failure {
     message: String,
     /// Whether starting again could help (not a stop request, not a final error).
     restartable: bool,
+    /// Which failure it was and where: the rank that caused it, the kind, the step
+    /// ([`RankReport`]). Two attempts with the same identity and no checkpoint between them
+    /// failed the same way.
+    identity: (usize, String, Option<usize>),
 }
 
 /// Starts the ranks, waits for them and returns `Ok` when every rank succeeded; otherwise,
 /// after at most `spec.max_restarts` restarts, the error of the rank that failed first (or was
-/// killed), then a line per other failed rank.
+/// killed), then a line per other failed rank. An attempt that fails as the one before it did
+/// (the same rank, kind of error and step) without a new checkpoint between them is not
+/// restarted again: it would only fail once more (docs/distributed.md §5.1).
 pub fn launch(spec: &LaunchSpec) -> Result<()> {
     anyhow::ensure!(spec.world >= 1, "a run needs at least one rank");
     let progress = || {
@@ -216,7 +265,8 @@ pub fn launch(spec: &LaunchSpec) -> Result<()> {
             .and_then(|p| std::fs::read_to_string(p).ok())
     };
     // The previous attempt's failure and the progress it had reached.
-    let mut previous: Option<(String, Option<String>)> = None;
+    type Seen = ((usize, String, Option<usize>), Option<String>);
+    let mut previous: Option<Seen> = None;
     for attempt in 0..=spec.max_restarts {
         let Some(failure) = launch_once(spec, attempt)? else {
             return Ok(());
@@ -224,15 +274,15 @@ pub fn launch(spec: &LaunchSpec) -> Result<()> {
         let reached = progress();
         let repeated = previous
             .as_ref()
-            .is_some_and(|(m, p)| *m == failure.message && *p == reached);
+            .is_some_and(|(id, p)| *id == failure.identity && *p == reached);
         if !failure.restartable || attempt == spec.max_restarts || repeated {
             let mut msg = failure.message;
             if attempt > 0 {
                 msg.push_str(&format!(
                     "\n(the run was restarted {attempt} time(s); {})",
                     if repeated {
-                        "it failed the same way again without progress, so it was not restarted \
-                         further"
+                        "it failed the same way again (the same rank, kind of error and step) \
+                         without a new checkpoint, so it was not restarted further"
                     } else if failure.restartable {
                         "no restart is left (train.max_restarts)"
                     } else {
@@ -248,7 +298,7 @@ pub fn launch(spec: &LaunchSpec) -> Result<()> {
             attempt + 1,
             spec.max_restarts
         );
-        previous = Some((failure.message, reached));
+        previous = Some((failure.identity, reached));
     }
     unreachable!("the last attempt returns")
 }
@@ -329,48 +379,35 @@ fn launch_once(spec: &LaunchSpec, attempt: usize) -> Result<Option<Failure>> {
     let Some((first, _)) = first_failure else {
         return Ok(None);
     };
-    let raw = |rank: usize| {
-        std::fs::read_to_string(report_file(reports.path(), rank))
-            .ok()
-            .filter(|s| !s.trim().is_empty())
-    };
-    let report =
-        |rank: usize| raw(rank).map(|s| s.strip_prefix(FINAL).unwrap_or(&s).trim().to_string());
+    let left: Vec<Option<RankReport>> = (0..spec.world)
+        .map(|r| read_report(reports.path(), r))
+        .collect();
+    let message = |rank: usize| left[rank].as_ref().map(|r| r.message.trim().to_string());
     let failed = |r: usize| statuses[r].is_some_and(|s| !s.success());
     // The cause: a rank that died without a report (killed from outside), else a rank whose
     // error is its own rather than an abort passed on from another rank, else the reason the
     // run was aborted (a rank that stopped responding), else the first to fail.
-    let killed = (0..spec.world).find(|&r| failed(r) && !killed_here[r] && report(r).is_none());
+    let killed = (0..spec.world).find(|&r| failed(r) && !killed_here[r] && left[r].is_none());
     let own =
-        (0..spec.world).find(|&r| report(r).is_some_and(|m| !m.contains("the run was aborted")));
+        (0..spec.world).find(|&r| message(r).is_some_and(|m| !m.contains("the run was aborted")));
     if forwarded && killed.is_none() {
         // Stopped on request: rank 0 says where the run stands (e.g. which checkpoint it saved).
         return Ok(Some(Failure {
-            message: report(0).unwrap_or_else(|| "training was stopped".into()),
+            message: message(0).unwrap_or_else(|| "training was stopped".into()),
             restartable: false,
+            identity: (0, "stopped".into(), None),
         }));
     }
+    let exit = |r: usize| statuses[r].as_ref().map(describe).unwrap_or_default();
     let (cause, mut msg) = match (killed, own) {
-        (Some(r), _) => (
-            r,
-            format!(
-                "rank {r} {}",
-                statuses[r].as_ref().map(describe).unwrap_or_default()
-            ),
-        ),
+        (Some(r), _) => (r, format!("rank {r} {}", exit(r))),
         (None, Some(r)) => (
             r,
-            format!("rank {r} failed: {}", report(r).unwrap_or_default()),
+            format!("rank {r} failed: {}", message(r).unwrap_or_default()),
         ),
-        (None, None) => match (0..spec.world).find_map(|r| report(r).map(|m| (r, m))) {
+        (None, None) => match (0..spec.world).find_map(|r| message(r).map(|m| (r, m))) {
             Some((r, m)) => (r, m),
-            None => (
-                first,
-                format!(
-                    "rank {first} {}",
-                    statuses[first].as_ref().map(describe).unwrap_or_default()
-                ),
-            ),
+            None => (first, format!("rank {first} {}", exit(first))),
         },
     };
     for r in (0..spec.world).filter(|&r| r != cause) {
@@ -382,9 +419,14 @@ fn launch_once(spec: &LaunchSpec, attempt: usize) -> Result<Option<Failure>> {
             msg.push_str(&format!("\n  rank {r} {}", describe(&s)));
         }
     }
-    let restartable = !raw(cause).is_some_and(|s| s.starts_with(FINAL));
+    // A rank without a report is known by how it ended.
+    let identity = match &left[cause] {
+        Some(r) => (cause, r.kind.clone(), r.step),
+        None => (cause, exit(cause), None),
+    };
     Ok(Some(Failure {
         message: msg,
-        restartable,
+        restartable: left[cause].as_ref().is_none_or(|r| r.restartable),
+        identity,
     }))
 }

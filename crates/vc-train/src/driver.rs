@@ -10,7 +10,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 
 use super::data::Dataset;
 use super::metrics::{EvalMetrics, MetricsLog, StepMetrics};
@@ -82,6 +82,17 @@ impl std::error::Error for NonFinite {}
 /// but a stop's) and at the end, and points `checkpoints/best` at the chosen checkpoint
 /// (docs/training.md §14.3).
 pub fn run(engine: &mut dyn Engine) -> Result<Outcome> {
+    run_with(engine, || Ok(()))
+}
+
+/// [`run`], with `before_first_write` called on the reporting rank once the run's own checks
+/// have passed (the samples' plan, `train.select`), just before it writes anything under
+/// `checkpoints/`: where `--fresh` moves the previous run's checkpoints aside, so that a run
+/// its checks refuse leaves them where they were (docs/training.md §7).
+pub fn run_with(
+    engine: &mut dyn Engine,
+    before_first_write: impl FnOnce() -> Result<()>,
+) -> Result<Outcome> {
     let total = engine.total_steps();
     let start_step = engine.step_count();
     let mut outcome = Outcome {
@@ -121,7 +132,16 @@ pub fn run(engine: &mut dyn Engine) -> Result<Outcome> {
         let (train, _, _) = engine.data(c.grad_accum);
         SampleSetup::new(engine.options(), engine.heldout(), train, engine.world())?
     };
+    if c.early_stop > 0 && engine.heldout().is_none() {
+        bail!(
+            "train.early_stop = {} stops after evaluations without progress, but nothing is held \
+             out to evaluate on (train.val_fraction = 0, no train.val_manifest, or too few \
+             utterances to hold any out): hold some out, or set train.early_stop = 0",
+            c.early_stop
+        );
+    }
     let log = if reporter {
+        before_first_write()?;
         for note in &samples.notes {
             println!("{note}");
         }
@@ -142,6 +162,8 @@ pub fn run(engine: &mut dyn Engine) -> Result<Outcome> {
     signal::install();
     // The newest saved step, which the report names when nothing better is chosen.
     let mut last_saved = engine.resumed_from().map(|_| start_step);
+    // Where a failure happens, for the launcher's restart rule (docs/distributed.md §5.1).
+    vc_dist::launch::note_step(start_step);
     let result = (|| -> Result<()> {
         let (mut frames, mut seconds) = (0usize, 0f64);
         let mut val: Option<f64> = None;
@@ -157,6 +179,7 @@ pub fn run(engine: &mut dyn Engine) -> Result<Outcome> {
             outcome.first_loss.get_or_insert(m.loss);
             outcome.last_loss = Some(m.loss);
             outcome.step = m.step;
+            vc_dist::launch::note_step(m.step);
             let fps = frames as f64 / seconds.max(1e-9);
             outcome.frames_per_second = Some(fps);
             progress.set_position(m.step as u64);

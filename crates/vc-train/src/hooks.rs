@@ -55,6 +55,11 @@ pub trait TrainHooks: Send + Sync {
     /// Sharded runs: `rank`'s own file of checkpoint `step` is written and synced; the ranks
     /// have not yet agreed that every file is.
     fn rank_file_written(&self, _step: usize, _rank: usize) {}
+    /// Sharded runs: before `rank` writes its own file of checkpoint `step`; an error fails
+    /// that write as the filesystem would.
+    fn rank_file_write(&self, _step: usize, _rank: usize) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// A named point outside the training loop where a `test-hooks` build can pause (for a test
@@ -96,6 +101,8 @@ mod env {
     ///   the checkpoint of step N, at PHASE (default `rank-files`; see [`CheckpointPhase::name`]);
     /// - `VOICECLONE_TEST_PAUSE_AFTER_RANK_FILE=N:RANK`: RANK sleeps (10 minutes) once its own
     ///   file of checkpoint N is written;
+    /// - `VOICECLONE_TEST_DISK_FULL_AT_CHECKPOINT=N:RANK`: RANK's write of its file of
+    ///   checkpoint N fails with "No space left on device", in every attempt;
     /// - `VOICECLONE_TEST_FIRST_ATTEMPT_ONLY=1`: every hook above acts only in the first attempt
     ///   of a run (not after a restart by voiceclone's launcher, torchrun or the Ray launcher).
     ///
@@ -108,6 +115,7 @@ mod env {
         pause_at: Option<(usize, usize)>,
         pause_in_checkpoint: Option<(usize, String)>,
         pause_after_rank_file: Option<(usize, usize)>,
+        disk_full_at: Option<(usize, usize)>,
     }
 
     fn var(name: &str) -> Option<String> {
@@ -122,12 +130,20 @@ mod env {
 
     impl EnvHooks {
         pub fn from_env() -> Self {
+            let rank_of = |v: Option<&str>| v.and_then(|r| r.parse::<usize>().ok());
+            let disk_full_at = var("VOICECLONE_TEST_DISK_FULL_AT_CHECKPOINT")
+                .as_deref()
+                .and_then(step_and)
+                .and_then(|(s, r)| Some((s, rank_of(r)?)));
             let restarted = vc_dist::env::restart_count() > 0;
             if restarted && var("VOICECLONE_TEST_FIRST_ATTEMPT_ONLY").as_deref() == Some("1") {
-                return Self::default();
+                return Self {
+                    disk_full_at,
+                    ..Self::default()
+                };
             }
-            let rank_of = |v: Option<&str>| v.and_then(|r| r.parse::<usize>().ok());
             Self {
+                disk_full_at,
                 pause_after: var("VOICECLONE_TEST_PAUSE_AFTER_STEP")
                     .and_then(|v| v.trim().parse().ok()),
                 nan_at: var("VOICECLONE_TEST_NAN_AT_STEP")
@@ -206,6 +222,14 @@ mod env {
                 );
                 std::thread::sleep(Duration::from_secs(600));
             }
+        }
+
+        fn rank_file_write(&self, step: usize, rank: usize) -> std::io::Result<()> {
+            if self.disk_full_at == Some((step, rank)) {
+                // ENOSPC: what a full filesystem answers a write.
+                return Err(std::io::Error::from_raw_os_error(28));
+            }
+            Ok(())
         }
     }
 }

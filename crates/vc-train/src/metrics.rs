@@ -92,10 +92,11 @@ impl MetricsLog {
     /// Opens `dir/metrics.jsonl`, dropping lines of steps after `resumed_step` (they are about
     /// to be recomputed) and unreadable tails of a killed run.
     pub fn open(dir: &Path, resumed_step: usize) -> Result<Self> {
-        fs::create_dir_all(dir)?;
+        fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         let path = dir.join(METRICS_FILE);
         if path.is_file() {
-            let text = fs::read_to_string(&path)?;
+            let text = fs::read_to_string(&path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
             let kept: String = text
                 .lines()
                 .filter(|l| line_step(l).is_some_and(|step| step <= resumed_step))

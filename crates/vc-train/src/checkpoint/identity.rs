@@ -307,7 +307,7 @@ impl ModelIdentity {
 
 fn sample_file(path: &Path, h: &mut Sha256) -> Result<()> {
     use std::io::{Read, Seek, SeekFrom};
-    let mut f = fs::File::open(path)?;
+    let mut f = fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
     let size = f.metadata()?.len();
     h.update(size.to_le_bytes());
     let mut len = [0u8; 8];

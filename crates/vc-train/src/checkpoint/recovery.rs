@@ -100,19 +100,22 @@ pub fn recover(root: &Path) -> Result<Recovery> {
         if !e.path().is_dir() {
             continue;
         }
+        let remove = |p: &Path| {
+            fs::remove_dir_all(p).with_context(|| format!("cannot delete {}", p.display()))
+        };
         if name.starts_with(".tmp-step-") {
-            fs::remove_dir_all(e.path())?;
+            remove(&e.path())?;
             out.removed.push(e.path());
         } else if let Some(rest) = name.strip_prefix(".old-") {
             // `.old-step-NNNNNNN-PID`
             let step_name = rest.rsplit_once('-').map_or(rest, |(s, _)| s);
             let dest = root.join(step_name);
             if dest.join(INDEX).is_file() {
-                fs::remove_dir_all(e.path())?;
+                remove(&e.path())?;
                 out.removed.push(e.path());
             } else {
                 if dest.exists() {
-                    fs::remove_dir_all(&dest)?;
+                    remove(&dest)?;
                 }
                 fs::rename(e.path(), &dest).with_context(|| {
                     format!(
@@ -125,7 +128,8 @@ pub fn recover(root: &Path) -> Result<Recovery> {
         }
     }
     // A step directory is only ever renamed into place complete: one without an index is damage.
-    let mut steps: Vec<PathBuf> = fs::read_dir(root)?
+    let mut steps: Vec<PathBuf> = fs::read_dir(root)
+        .with_context(|| format!("cannot read {}", root.display()))?
         .flatten()
         .filter(|e| e.path().is_dir())
         .filter(|e| {

@@ -38,7 +38,7 @@ impl PendingCheckpoint {
         fs::create_dir_all(root).with_context(|| format!("cannot create {}", root.display()))?;
         let dir = root.join(format!(".tmp-{}-{tag}", step_dir_name(step)));
         if dir.exists() {
-            fs::remove_dir_all(&dir)?;
+            fs::remove_dir_all(&dir).with_context(|| format!("cannot delete {}", dir.display()))?;
         }
         fs::create_dir(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
         Ok(Self {

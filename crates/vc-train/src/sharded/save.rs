@@ -66,7 +66,12 @@ impl ShardedTrainer {
         self.mesh.world.barrier()?;
         let dir = PendingCheckpoint::join(root, self.step, &self.tag).dir;
         let written = if self.first_group() {
-            self.write_rank_file(&dir.join(checkpoint::rank_file(rank)))
+            let file = dir.join(checkpoint::rank_file(rank));
+            self.opts
+                .hooks
+                .rank_file_write(self.step, rank)
+                .with_context(|| format!("cannot write {}", file.display()))
+                .and_then(|()| self.write_rank_file(&file))
         } else {
             Ok(())
         };
