@@ -26,9 +26,17 @@ fn main() -> ExitCode {
         .init();
     let result = voiceclone::commands::run(cli);
     #[cfg(feature = "test-hooks")]
-    if std::env::var_os("VOICECLONE_TEST_REPORT_PEAK").is_some() {
+    if let Some(to) = std::env::var_os("VOICECLONE_TEST_REPORT_PEAK") {
+        // To a directory: a file per process, which the processes of a sharded run cannot
+        // interleave as they do on a shared standard error.
         let (_, peak) = vc_kernels::alloc::Counting::live_and_peak();
-        eprintln!("peak allocated bytes: {peak}");
+        let dir = std::path::Path::new(&to);
+        if dir.is_dir() {
+            let file = dir.join(format!("peak-{}.txt", std::process::id()));
+            let _ = std::fs::write(file, peak.to_string());
+        } else {
+            eprintln!("peak allocated bytes: {peak}");
+        }
     }
     match result {
         Ok(()) => ExitCode::SUCCESS,

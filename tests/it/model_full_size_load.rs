@@ -177,20 +177,30 @@ fn write_random_checkpoint(dir: &Path) {
     .unwrap();
     let cfg = Qwen3TtsConfig::from_file(&dir.join("config.json")).unwrap();
     let shapes = talker_shapes(&cfg);
+    // One random block, laid end to end through every tensor: the load's memory does not
+    // depend on the values, and drawing 0.9 G of them would take most of the test's time.
     let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let block: Vec<u8> = (0..1 << 20)
+        .flat_map(|_| {
+            // xorshift64*: cheap, deterministic values in [-0.05, 0.05).
+            state ^= state >> 12;
+            state ^= state << 25;
+            state ^= state >> 27;
+            let u = (state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 40) as f32 / (1u64 << 24) as f32;
+            half::bf16::from_f32((u - 0.5) * 0.1).to_le_bytes()
+        })
+        .collect();
+    let mut at = 0usize;
     let data: Vec<Vec<u8>> = shapes
         .iter()
         .map(|(_, shape)| {
-            let n: usize = shape.iter().product();
-            let mut bytes = Vec::with_capacity(n * 2);
-            for _ in 0..n {
-                // xorshift64*: cheap, deterministic values in [-0.05, 0.05).
-                state ^= state >> 12;
-                state ^= state << 25;
-                state ^= state >> 27;
-                let u =
-                    (state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 40) as f32 / (1u64 << 24) as f32;
-                bytes.extend_from_slice(&half::bf16::from_f32((u - 0.5) * 0.1).to_le_bytes());
+            let want = 2 * shape.iter().product::<usize>();
+            let mut bytes = Vec::with_capacity(want);
+            while bytes.len() < want {
+                let from = at % block.len();
+                let take = (want - bytes.len()).min(block.len() - from);
+                bytes.extend_from_slice(&block[from..from + take]);
+                at += take;
             }
             bytes
         })

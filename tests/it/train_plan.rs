@@ -367,6 +367,78 @@ fn the_plan_predicts_what_runs_allocate() {
     }
 }
 
+/// What a LoRA rank costs (docs/training.md §13): the factors, their gradients and optimizer
+/// state, and the rank-wide activations of every adapted projection, held to what a run
+/// allocates at a small and at the largest useful rank on both backends; a rank above the
+/// adapted matrices' smaller side is refused before anything is loaded, naming the largest
+/// useful one.
+#[test]
+#[cfg_attr(not(feature = "test-hooks"), ignore = "needs --features test-hooks")]
+fn the_plan_counts_what_a_lora_rank_costs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("mid");
+    write_model(&model, &mid_config());
+    let ws = tmp.path().join("ws");
+    workspace_for(&ws, &model, &rows_of(8, 40), 512);
+    // The k and v projections are 256 × 512: no rank above 256 can be used.
+    let out = voiceclone(
+        &ws,
+        &["train", "--lora-rank", "1000000", "--max-steps", "1"],
+    );
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        err.contains("the largest useful rank for these targets is 256"),
+        "{err}"
+    );
+    let mut report = Vec::new();
+    for backend in ["kernels", "autograd"] {
+        for rank in ["8", "256"] {
+            let _ = std::fs::remove_dir_all(ws.join("checkpoints"));
+            let mut args = vec![
+                "train",
+                "--backend",
+                backend,
+                "--lora-rank",
+                rank,
+                "--batch-size",
+                "2",
+                "--grad-accum",
+                "2",
+                "--no-shuffle",
+            ];
+            let plan = plan_json(&ws, &args[1..]);
+            let host = &plan["modes"][0]["host"];
+            let predicted = host["total"].as_f64().unwrap() - host["fixed"].as_f64().unwrap();
+            args.extend_from_slice(&["--max-steps", "2", "--save-every", "0", "--no-export"]);
+            let out = command(&ws, &args)
+                .env("VOICECLONE_TEST_REPORT_PEAK", "1")
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{}", text(&out));
+            let err = String::from_utf8_lossy(&out.stderr).to_string();
+            let peak: f64 = err
+                .lines()
+                .find_map(|l| l.strip_prefix("peak allocated bytes: "))
+                .unwrap_or_else(|| panic!("no peak reported: {err}"))
+                .parse()
+                .unwrap();
+            let ratio = predicted / peak;
+            report.push(format!(
+                "{backend} rank {rank}: plan {:.1} MB, allocated {:.1} MB, ratio {ratio:.3}",
+                predicted / 1e6,
+                peak / 1e6
+            ));
+        }
+    }
+    let text = report.join("\n");
+    println!("{text}");
+    for line in &report {
+        let ratio: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+        assert!((0.9..=1.1).contains(&ratio), "{text}");
+    }
+}
+
 /// The plan of a sharded run (docs/distributed.md §7) held to what its ranks allocate: the
 /// state of one rank's rows within its group, the units gathered ahead (`train.prefetch` 0, the
 /// default 1, and 2) and the reductions in flight behind the computation, flat and in shard
@@ -400,24 +472,23 @@ fn the_plan_predicts_what_sharded_ranks_allocate() {
             let host = &plan["modes"][0]["host"];
             let predicted = host["total"].as_f64().unwrap() - host["fixed"].as_f64().unwrap();
             args.extend_from_slice(&["--max-steps", "2", "--save-every", "0", "--no-export"]);
+            // Every process reports its peak in a file of its own (the launcher's, far
+            // smaller, among them).
+            let peaks_dir = tempfile::tempdir().unwrap();
             let out = command(&ws, &args)
-                .env("VOICECLONE_TEST_REPORT_PEAK", "1")
+                .env("VOICECLONE_TEST_REPORT_PEAK", peaks_dir.path())
                 .output()
                 .unwrap();
             assert!(out.status.success(), "{}", text(&out));
-            let err = String::from_utf8_lossy(&out.stderr).to_string();
-            // Every rank's peak (the launcher's own, far smaller, is among them). The ranks
-            // write to one stderr at once: a report may share a line with another's.
-            let peaks: Vec<f64> = err
-                .split("peak allocated bytes: ")
-                .skip(1)
-                .filter_map(|v| v.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok())
+            let peaks: Vec<f64> = std::fs::read_dir(peaks_dir.path())
+                .unwrap()
+                .map(|f| {
+                    let f = f.unwrap().path();
+                    std::fs::read_to_string(&f).unwrap().trim().parse().unwrap()
+                })
                 .collect();
             let ranks: usize = extra[1].parse().unwrap();
-            assert!(
-                peaks.len() > ranks,
-                "not every rank reported its peak: {err}"
-            );
+            assert_eq!(peaks.len(), ranks + 1, "not every rank reported its peak");
             let peak = peaks.iter().copied().fold(0f64, f64::max);
             let ratio = predicted / peak;
             report.push(format!(

@@ -133,6 +133,19 @@ impl Lora {
                 targets.insert(n.to_string(), [out, inp]);
             }
         }
+        // A rank above a matrix's smaller side adds parameters, state and rank-wide
+        // activations but nothing the product B·A can express (its rank is at most that side).
+        if let Some((name, [out, inp])) = targets.iter().min_by_key(|(_, [o, i])| *o.min(i)) {
+            let useful = *out.min(inp);
+            if rank > useful {
+                bail!(
+                    "train.lora_rank = {rank} is larger than {name} ({out}×{inp}) can use: an \
+                     adapter's product has rank at most its matrix's smaller side, so a rank \
+                     above {useful} only costs memory; the largest useful rank for these \
+                     targets is {useful} (train.lora_targets picks the matrices)"
+                );
+            }
+        }
         let mut full = Vec::new();
         for pattern in &c.lora_full {
             let g = Glob::new(pattern);
@@ -341,5 +354,24 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("both adapted"), "{e}");
+    }
+
+    /// The smallest adapted side bounds the rank: here the predictor's down projection (4×6)
+    /// when every projection is adapted, the talker's q projection (8×4) alone otherwise.
+    #[test]
+    fn a_rank_above_the_smaller_side_is_refused_naming_the_largest_useful_one() {
+        let all = ["talker.*_proj.weight"];
+        assert!(Lora::from_config(&config(4, &all, &[]), &TENSORS).is_ok());
+        let e = Lora::from_config(&config(5, &all, &[]), &TENSORS).unwrap_err();
+        let e = e.to_string();
+        assert!(
+            e.contains("largest useful rank for these targets is 4")
+                && e.contains("talker.code_predictor.model.layers.1.mlp.down_proj.weight (4×6)"),
+            "{e}"
+        );
+        let q = ["talker.model.layers.0.self_attn.q_proj.weight"];
+        assert!(Lora::from_config(&config(4, &q, &[]), &TENSORS).is_ok());
+        let e = Lora::from_config(&config(1_000_000, &q, &[]), &TENSORS).unwrap_err();
+        assert!(e.to_string().contains("is 4"), "{e}");
     }
 }

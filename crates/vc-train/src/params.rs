@@ -337,14 +337,18 @@ impl ParamStore {
         self.params.iter().map(Param::elem_count).sum()
     }
 
-    /// Adds every talker tensor of `frozen` (in the compute dtype, on the training device) to
-    /// the frozen set; a name already trained or frozen is an error.
-    pub fn add_frozen(&mut self, frozen: &Weights) -> Result<()> {
+    /// Adds every talker tensor of `frozen` (in the storage dtype, on the training device) to
+    /// the frozen set, each as the model computes with it in `arith` ([`at_arith`]): on the
+    /// CPU's autograd path the f32 of its bf16 values, which the model would otherwise cast
+    /// anew at every step and hold beside the bf16 copy (docs/training.md §13); the text table
+    /// stays as stored. A name already trained or frozen is an error.
+    pub fn add_frozen(&mut self, frozen: &Weights, arith: DType) -> Result<()> {
         for name in frozen.names_with_prefix(TRAINABLE_PREFIX) {
             if self.index.contains_key(&name) || self.frozen.contains_key(&name) {
                 bail!("{name} is already part of the model");
             }
-            self.frozen.insert(name.clone(), frozen.get_any(&name)?);
+            let t = at_arith(&name, frozen.get_any(&name)?, arith)?;
+            self.frozen.insert(name.clone(), t);
         }
         Ok(())
     }

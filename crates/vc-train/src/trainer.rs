@@ -73,7 +73,8 @@ impl Trainer {
         let cfg = setup.cfg.clone();
         let place = backend.placement(&opts);
         // The trained tensors in f32 (the masters), the frozen ones straight in the storage
-        // dtype: a LoRA run never holds its frozen base in f32 (docs/training.md §13).
+        // dtype and then as the model computes with them: a LoRA run holds its frozen base in
+        // f32 only where it computes in f32 (docs/training.md §13).
         let trained: std::collections::BTreeSet<&str> =
             setup.trained.iter().map(String::as_str).collect();
         let weights = opts
@@ -96,9 +97,9 @@ impl Trainer {
                 n.starts_with(trainable::TRAINABLE_PREFIX) && !trained.contains(n)
             })
             .context("cannot load the base model")?;
-        params.add_frozen(&frozen)?;
-        drop(frozen);
         let arith = backend.arith_dtype(&opts.device);
+        params.add_frozen(&frozen, arith)?;
+        drop(frozen);
         let talker =
             Talker::from_source(&ArithSource::new(&params, arith), &cfg, backend.numerics())?;
         let mode = opts.config.optimizer_state;

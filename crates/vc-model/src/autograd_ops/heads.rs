@@ -2,7 +2,7 @@
 
 use candle_core::{bail, CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 
-use super::{cpu_f32, new_tensor, with_values};
+use super::{cpu_f32, needs_grad, new_tensor, with_values};
 use vc_kernels::gemm::{gemm, matmuls_new, Acc, Par};
 use vc_kernels::mat::{MatMut, MatRef};
 
@@ -55,7 +55,8 @@ impl CustomOp2 for ShiftedHeads {
         Ok((CpuStorage::F32(y), Shape::from((g - 1, n, v))))
     }
 
-    /// `dx[:, j+1] = dy_j · w_j` (position 0 gets none), `dw_j = dy_jᵀ · x[:, j+1]`.
+    /// `dx[:, j+1] = dy_j · w_j` (position 0 gets none), `dw_j = dy_jᵀ · x[:, j+1]`; each only
+    /// for an operand in the graph ([`needs_grad`]: not for frozen heads).
     fn bwd(
         &self,
         x: &Tensor,
@@ -68,27 +69,35 @@ impl CustomOp2 for ShiftedHeads {
         let (dx, dw) = with_values(x, what, |xv| {
             with_values(w, what, |wv| {
                 with_values(dy, what, |gv| {
-                    let mut dx = vec![0f32; xv.len()];
-                    for j in 0..g - 1 {
-                        let gj = &gv[j * n * v..(j + 1) * n * v];
-                        let wj = &wv[j * v * h..(j + 1) * v * h];
-                        gemm(
-                            MatMut::strided(&mut dx[(j + 1) * h..], n, h, g * h),
-                            MatRef::new(gj, n, v),
-                            MatRef::new(wj, v, h),
-                            Acc::Set,
-                            1.0,
-                            Par::Rayon,
-                        );
-                    }
-                    let dw = matmuls_new(g - 1, v, h, Par::Rayon, |j| {
-                        let gj = &gv[j * n * v..(j + 1) * n * v];
-                        (MatRef::new(gj, n, v).t(), Self::position(xv, n, g, h, j))
+                    let dx = needs_grad(x).then(|| {
+                        let mut dx = vec![0f32; xv.len()];
+                        for j in 0..g - 1 {
+                            let gj = &gv[j * n * v..(j + 1) * n * v];
+                            let wj = &wv[j * v * h..(j + 1) * v * h];
+                            gemm(
+                                MatMut::strided(&mut dx[(j + 1) * h..], n, h, g * h),
+                                MatRef::new(gj, n, v),
+                                MatRef::new(wj, v, h),
+                                Acc::Set,
+                                1.0,
+                                Par::Rayon,
+                            );
+                        }
+                        dx
+                    });
+                    let dw = needs_grad(w).then(|| {
+                        matmuls_new(g - 1, v, h, Par::Rayon, |j| {
+                            let gj = &gv[j * n * v..(j + 1) * n * v];
+                            (MatRef::new(gj, n, v).t(), Self::position(xv, n, g, h, j))
+                        })
                     });
                     Ok((dx, dw))
                 })
             })
         })?;
-        Ok((Some(new_tensor(dx, x)?), Some(new_tensor(dw, w)?)))
+        Ok((
+            dx.map(|d| new_tensor(d, x)).transpose()?,
+            dw.map(|d| new_tensor(d, w)).transpose()?,
+        ))
     }
 }

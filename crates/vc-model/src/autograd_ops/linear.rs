@@ -2,7 +2,7 @@
 
 use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
 
-use super::{cpu_f32, new_tensor, with_values};
+use super::{cpu_f32, needs_grad, new_tensor, with_values};
 use vc_kernels::gemm::{matmul_new, Par};
 use vc_kernels::grad::{add_bias_rows, column_sums};
 use vc_kernels::mat::MatRef;
@@ -55,25 +55,28 @@ impl LinearOp {
         Ok((CpuStorage::F32(y), shape))
     }
 
-    /// `dx = dy · w`, `dw = dyᵀ · x`, `db = Σ_rows dy` (block-ordered).
+    /// `dx = dy · w`, `dw = dyᵀ · x`, `db = Σ_rows dy` (block-ordered), each only for an
+    /// operand in the graph ([`needs_grad`]: not for a frozen weight).
     fn backward(
         x: &Tensor,
         w: &Tensor,
         dy: &Tensor,
-        bias: bool,
-    ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
+        bias: Option<&Tensor>,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let (rows, inp, out, _) = Self::shapes(x.dims(), w.dims())?;
         let what = "linear bwd";
         with_values(x, what, |xv| {
             with_values(w, what, |wv| {
                 with_values(dy, what, |g| {
                     let gm = MatRef::new(g, rows, out);
-                    let dx = matmul_new(gm, MatRef::new(wv, out, inp), Par::Rayon);
-                    let dw = matmul_new(gm.t(), MatRef::new(xv, rows, inp), Par::Rayon);
-                    let db = bias.then(|| column_sums(g, out));
+                    let dx = needs_grad(x)
+                        .then(|| matmul_new(gm, MatRef::new(wv, out, inp), Par::Rayon));
+                    let dw = needs_grad(w)
+                        .then(|| matmul_new(gm.t(), MatRef::new(xv, rows, inp), Par::Rayon));
+                    let db = bias.filter(|b| needs_grad(b)).map(|_| column_sums(g, out));
                     Ok((
-                        new_tensor(dx, x)?,
-                        new_tensor(dw, w)?,
+                        dx.map(|d| new_tensor(d, x)).transpose()?,
+                        dw.map(|d| new_tensor(d, w)).transpose()?,
                         db.map(|d| Tensor::from_vec(d, out, x.device()))
                             .transpose()?,
                     ))
@@ -111,8 +114,8 @@ impl CustomOp2 for LinearOp {
         _y: &Tensor,
         dy: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let (dx, dw, _) = Self::backward(x, w, dy, false)?;
-        Ok((Some(dx), Some(dw)))
+        let (dx, dw, _) = Self::backward(x, w, dy, None)?;
+        Ok((dx, dw))
     }
 }
 
@@ -144,11 +147,10 @@ impl CustomOp3 for LinearOp {
         &self,
         x: &Tensor,
         w: &Tensor,
-        _b: &Tensor,
+        b: &Tensor,
         _y: &Tensor,
         dy: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let (dx, dw, db) = Self::backward(x, w, dy, true)?;
-        Ok((Some(dx), Some(dw), db))
+        Self::backward(x, w, dy, Some(b))
     }
 }

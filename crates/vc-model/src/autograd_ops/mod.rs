@@ -56,6 +56,14 @@ pub fn with_values<R>(t: &Tensor, what: &str, f: impl FnOnce(&[f32]) -> Result<R
     }
 }
 
+/// Whether an operand's gradient can be read: a variable or computed from one. candle's
+/// backward pass keeps the gradient it is handed for any operand until the gradient store is
+/// dropped, so one of a tensor outside the graph (a frozen weight, the input of the first
+/// adapted layer of a LoRA run, docs/training.md §13) would only take memory and time.
+pub(crate) fn needs_grad(t: &Tensor) -> bool {
+    t.track_op()
+}
+
 pub(crate) fn new_tensor(values: Vec<f32>, like: &Tensor) -> Result<Tensor> {
     Tensor::from_vec(values, like.shape(), like.device())
 }

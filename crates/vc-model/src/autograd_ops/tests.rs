@@ -277,3 +277,54 @@ fn shifted_heads_match_per_position_products() {
         1e-5,
     );
 }
+
+/// A kernel of two operands, for [`operands_outside_the_graph_get_no_gradient`].
+type Binary = dyn Fn(&Tensor, &Tensor) -> Result<Tensor>;
+
+/// An operand outside the graph (a frozen weight, a LoRA run's input to its first adapted
+/// layer) gets no gradient — candle would keep it, unread, until the store is dropped — and the
+/// other operands' gradients are those of a run where it is a variable, to the bit.
+#[test]
+fn operands_outside_the_graph_get_no_gradient() {
+    let grads_of = |f: &Binary, a: &Tensor, b: &Tensor| {
+        // The two operands as variables, then either one a plain tensor.
+        [(true, true), (true, false), (false, true)].map(|(var_a, var_b)| {
+            let as_input = |t: &Tensor, var: bool| match var {
+                true => Var::from_tensor(t).unwrap().as_tensor().clone(),
+                false => t.clone(),
+            };
+            let (a, b) = (as_input(a, var_a), as_input(b, var_b));
+            let y = f(&a, &b).unwrap();
+            let r = randn(y.dims(), 98);
+            let g = (&y * &r).unwrap().sum_all().unwrap().backward().unwrap();
+            let values = |t: &Tensor| {
+                g.get(t)
+                    .map(|g| g.flatten_all().unwrap().to_vec1::<f32>().unwrap())
+            };
+            (values(&a), values(&b))
+        })
+    };
+    let (n, g, h, v) = (5, 4, 6, 7);
+    let cases: [(&str, &Binary, Tensor, Tensor); 2] = [
+        (
+            "linear",
+            &|x, w| linear(x, w, None),
+            randn(&[2, 5, 12], 1),
+            randn(&[7, 12], 2),
+        ),
+        (
+            "shifted_heads",
+            &|x, w| shifted_heads(x, w),
+            randn(&[n, g, h], 17),
+            randn(&[g - 1, v, h], 16),
+        ),
+    ];
+    for (name, f, a, b) in cases {
+        let [(da, db), (da_only, no_b), (no_a, db_only)] = grads_of(f, &a, &b);
+        assert!(da.is_some() && db.is_some(), "{name}");
+        assert_eq!(no_b, None, "{name}: the plain weight got a gradient");
+        assert_eq!(no_a, None, "{name}: the plain input got a gradient");
+        assert_eq!(da_only, da, "{name}: input gradient");
+        assert_eq!(db_only, db, "{name}: weight gradient");
+    }
+}

@@ -8,6 +8,7 @@
 //! - Autograd (`Numerics::Autograd`, what CUDA runs): candle keeps the output of every plain op
 //!   until the loss is dropped; RMSNorm statistics and softmax are in f32.
 
+use super::shapes::TensorShape;
 use crate::sharded::PREDICTOR_CHUNK_FRAMES;
 use vc_model::config::Qwen3TtsConfig;
 
@@ -78,17 +79,123 @@ fn layer_bytes(graph: Graph, s: &Stack, tokens: usize, seq: usize) -> usize {
     }
 }
 
+/// What low-rank adapters add to the forward pass, per decoder layer (docs/training.md §13):
+/// each adapted projection keeps `rank + 3·out` values per token — `x·Aᵀ`, its product with
+/// `Bᵀ`, that product scaled, and the sum that replaces the projection's output.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AdapterWidths {
+    /// Values per token of each talker layer's adapters, by layer.
+    pub talker: Vec<usize>,
+    /// The same for the code predictor's layers.
+    pub predictor: Vec<usize>,
+}
+
+impl AdapterWidths {
+    /// From the trained tensors' names and shapes: every `B` factor `(out, rank)` (named like
+    /// `talker.model.layers.3.mlp.up_proj.lora_B.weight`) adds `rank + 3·out` to its layer.
+    pub fn of<'a>(tensors: impl IntoIterator<Item = (&'a str, &'a [usize])>) -> Self {
+        let mut w = Self::default();
+        for (name, shape) in tensors {
+            let (&[out, rank], true) = (shape, name.ends_with(".lora_B.weight")) else {
+                continue;
+            };
+            let (stack, rest) = match name.strip_prefix("talker.code_predictor.model.layers.") {
+                Some(rest) => (&mut w.predictor, rest),
+                None => match name.strip_prefix("talker.model.layers.") {
+                    Some(rest) => (&mut w.talker, rest),
+                    None => continue,
+                },
+            };
+            let Some(layer) = rest.split('.').next().and_then(|l| l.parse::<usize>().ok()) else {
+                continue;
+            };
+            if stack.len() <= layer {
+                stack.resize(layer + 1, 0);
+            }
+            stack[layer] += rank + 3 * out;
+        }
+        w
+    }
+}
+
+/// Bytes candle's backward pass keeps for the frozen tensor `t` when the graph meets it (the
+/// autograd path; docs/training.md §6.9, §13): candle computes a gradient for every operand of
+/// an op whose output needs one, frozen or not, and keeps that of an operand outside the graph
+/// in its store until the store is dropped after the micro-batch's backward pass — with the
+/// zeros it was added to and the product it came from, whose graph holds the upstream
+/// gradient. So a matrix `(out, in)` applied to T tokens keeps `3·out·in + T·out` values; a
+/// norm weight, broadcast to the activation's T × width before the product, `4·T·width`; a
+/// bias (added, no product) `T·width`. Embedding tables are looked up, never such an operand;
+/// the CPU kernels compute no gradient for an operand outside the graph. `frames`: the frames
+/// one pass of the code predictor runs.
+pub fn frozen_gradient_bytes(
+    cfg: &Qwen3TtsConfig,
+    graph: Graph,
+    rows: usize,
+    longest: Longest,
+    frames: usize,
+    t: &TensorShape,
+) -> usize {
+    let Graph::Autograd { bytes: a } = graph else {
+        return 0;
+    };
+    let name = t.name.as_str();
+    if name.contains("embedding") {
+        return 0;
+    }
+    let talker = &cfg.talker_config;
+    let c = &talker.code_predictor_config;
+    let (tokens, q, kv) = if name.starts_with("talker.code_predictor.") {
+        (
+            frames * c.num_code_groups,
+            c.num_attention_heads * c.head_dim,
+            c.num_key_value_heads * c.head_dim,
+        )
+    } else {
+        (
+            rows * longest.talker_positions(),
+            talker.num_attention_heads * talker.head_dim,
+            talker.num_key_value_heads * talker.head_dim,
+        )
+    };
+    match *t.shape.as_slice() {
+        [out, inp] => {
+            let applied_to = if name.starts_with("talker.code_predictor.lm_head.") {
+                frames
+            } else if name.starts_with("talker.codec_head.") {
+                rows * (longest.frames + 1)
+            } else {
+                tokens
+            };
+            a * (3 * out * inp + applied_to * out)
+        }
+        [w] => {
+            let width = if name.contains(".q_norm.") {
+                q
+            } else if name.contains(".k_norm.") {
+                kv
+            } else {
+                w
+            };
+            let copies = if name.ends_with(".bias") { 1 } else { 4 };
+            a * copies * tokens * width
+        }
+        _ => 0,
+    }
+}
+
 /// Bytes the forward pass of one micro-batch of `rows` copies of `longest` keeps until its
 /// backward pass: the talker's input stage, decoder and head, the code predictor's inputs,
-/// decoder and heads.
+/// decoder and heads, with `adapters`' share.
 pub fn micro_batch_bytes(
     cfg: &Qwen3TtsConfig,
     graph: Graph,
     rows: usize,
     longest: Longest,
+    adapters: &AdapterWidths,
 ) -> usize {
-    let parts = Parts::new(cfg, graph, rows, longest);
-    parts.embeddings + parts.talker_layer * parts.talker_layers + parts.head + parts.predictor
+    let parts = Parts::new(cfg, graph, rows, longest, adapters);
+    parts.embeddings + parts.talker_stack + parts.head + parts.predictor
 }
 
 /// The pieces of [`micro_batch_bytes`], for a run that keeps one unit's graph at a time.
@@ -96,9 +203,11 @@ pub fn micro_batch_bytes(
 pub struct Parts {
     /// The input stage (text projection, embeddings, their sum).
     pub embeddings: usize,
-    /// One talker layer.
+    /// The largest talker layer.
     pub talker_layer: usize,
     pub talker_layers: usize,
+    /// Every talker layer.
+    pub talker_stack: usize,
     /// Final norm, code-0 logits and their cross-entropy.
     pub head: usize,
     /// The code predictor unit: inputs, its layers, its heads and cross-entropy.
@@ -112,7 +221,13 @@ pub struct Parts {
 }
 
 impl Parts {
-    pub fn new(cfg: &Qwen3TtsConfig, graph: Graph, rows: usize, longest: Longest) -> Self {
+    pub fn new(
+        cfg: &Qwen3TtsConfig,
+        graph: Graph,
+        rows: usize,
+        longest: Longest,
+        adapters: &AdapterWidths,
+    ) -> Self {
         let t = &cfg.talker_config;
         let c = &t.code_predictor_config;
         let a = match graph {
@@ -168,15 +283,20 @@ impl Parts {
             };
             pinputs
                 + layer_bytes(graph, &predictor, ptokens, groups) * predictor.layers
+                + a * ptokens * adapters.predictor.iter().sum::<usize>()
                 + a * ptokens * c.hidden_size
                 + heads_out
                 + stacked
         };
         let frames = rows * longest.frames;
+        let layer = layer_bytes(graph, &talker, tokens, seq);
+        let widest = adapters.talker.iter().copied().max().unwrap_or(0);
         Parts {
             embeddings,
-            talker_layer: layer_bytes(graph, &talker, tokens, seq),
+            talker_layer: layer + a * tokens * widest,
             talker_layers: talker.layers,
+            talker_stack: layer * talker.layers
+                + a * tokens * adapters.talker.iter().sum::<usize>(),
             head,
             predictor: predictor_of(frames),
             predictor_chunk: predictor_of(frames.min(PREDICTOR_CHUNK_FRAMES)),

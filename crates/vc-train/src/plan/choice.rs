@@ -67,22 +67,27 @@ pub fn plan(setup: &Setup, pinned: Pinned, capacity: usize) -> (Vec<Estimate>, O
     (all, chosen)
 }
 
-/// Why nothing fits, and what would: the smallest world size (up to 64) or batch size at
-/// which some combination open to the user fits, and the smallest combination the user's pins
-/// excluded.
-pub fn refusal(setup: &Setup, pinned: Pinned, capacity: usize, device: &str) -> String {
+/// Why nothing fits, and what would: another world size (fewer ranks of a machine, which
+/// share its memory, or more, which shard the state further; up to 64), a smaller batch, or the
+/// combination the user's pins excluded. `capacity_of(world)`: the bytes per device of a run of
+/// `world` ranks (a GPU's memory whatever the count; CPU ranks share the machine's).
+pub fn refusal(
+    setup: &Setup,
+    pinned: Pinned,
+    capacity_of: impl Fn(usize) -> usize,
+    device: &str,
+) -> String {
+    let capacity = capacity_of(setup.world.max(1));
     let (all, _) = plan(setup, pinned, capacity);
     let best = all
         .iter()
         .min_by_key(|e| e.device_total())
         .expect("at least one candidate");
-    let gb = |b: usize| b as f64 / 1e9;
+    let (need, has) = distinct_sizes(best.device_total(), capacity);
     let mut msg = format!(
-        "training does not fit: the smallest plan ({}) needs {:.1} GB per {device}, which has \
-         {:.1} GB (`voiceclone train --plan` shows every category)",
+        "training does not fit: the smallest plan ({}) needs {need} per {device}, which has \
+         {has} (`voiceclone train --plan` shows every category)",
         describe(best.modes),
-        gb(best.device_total()),
-        gb(capacity)
     );
     let mut ways = Vec::new();
     if pinned != Pinned::default() {
@@ -91,19 +96,28 @@ pub fn refusal(setup: &Setup, pinned: Pinned, capacity: usize, device: &str) -> 
             ways.push(format!("the memory settings {}", describe(free)));
         }
     }
-    // More ranks: GPUs, or CPU processes (each with `capacity`, as train.gpu_memory gives it);
-    // in shard groups more ranks add groups, which shard nothing further.
     let flag = if setup.cuda { "--gpus" } else { "--cpu-ranks" };
-    let flat = setup.group >= setup.world;
-    for world in (setup.world.max(1) + 1..=64).filter(|_| flat) {
+    let fits_with = |world: usize| {
         let s = Setup {
             world,
             group: world,
             ..setup.clone()
         };
-        if plan(&s, pinned, capacity).1.is_some() {
-            ways.push(format!("{flag} {world}"));
-            break;
+        plan(&s, pinned, capacity_of(world)).1.is_some()
+    };
+    // In shard groups more ranks add groups, which shard nothing further: only a flat run's
+    // world size is worth changing. Fewer ranks first (the nearest), then more.
+    let world = setup.world.max(1);
+    if setup.group >= world {
+        if let Some(fewer) = (1..world).rev().find(|&w| fits_with(w)) {
+            ways.push(if fewer == 1 {
+                format!("one {device} (no {flag})")
+            } else {
+                format!("{flag} {fewer}")
+            });
+        }
+        if let Some(more) = (world + 1..=64).find(|&w| fits_with(w)) {
+            ways.push(format!("{flag} {more}"));
         }
     }
     for batch in (1..setup.batch_size).rev() {
@@ -126,6 +140,20 @@ pub fn refusal(setup: &Setup, pinned: Pinned, capacity: usize, device: &str) -> 
     msg
 }
 
+/// `need` and `has` in GB with as many decimals (up to 3) as it takes for them to read
+/// differently, so that a refusal never says "needs 0.3 GB, which has 0.3 GB"; in MB below that.
+fn distinct_sizes(need: usize, has: usize) -> (String, String) {
+    let gb = |b: usize, d: usize| format!("{:.d$} GB", b as f64 / 1e9);
+    for d in 1..=3 {
+        let (n, h) = (gb(need, d), gb(has, d));
+        if n != h {
+            return (n, h);
+        }
+    }
+    let mb = |b: usize| format!("{:.1} MB", b as f64 / 1e6);
+    (mb(need), mb(has))
+}
+
 /// `optimizer_state int8, offload none, recompute layers`.
 pub fn describe(m: Modes) -> String {
     format!(
@@ -134,4 +162,77 @@ pub fn describe(m: Modes) -> String {
         m.offload.name(),
         m.recompute.name()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::activations::Longest;
+    use crate::plan::shapes::talker_tensors;
+    use crate::Backend;
+    use vc_core::config::{ReduceDtype, Shard};
+    use vc_model::config::Qwen3TtsConfig;
+
+    /// The released 0.6B's shapes trained fully on `world` CPU ranks.
+    fn setup(world: usize) -> Setup {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../configs/models/qwen3-tts-12hz-0.6b-base/config.json");
+        let cfg = Qwen3TtsConfig::from_file(&path).unwrap();
+        let tensors = talker_tensors(&cfg)
+            .unwrap()
+            .into_iter()
+            .map(|t| (t, true))
+            .collect();
+        Setup {
+            cfg,
+            tensors,
+            backend: Backend::CpuKernels,
+            cuda: false,
+            world,
+            group: world,
+            prefetch: 1,
+            shard: Shard::Full,
+            batch_size: 1,
+            grad_accum: 4,
+            reduce: ReduceDtype::Fp32,
+            longest: Longest {
+                text_tokens: 40,
+                frames: 150,
+            },
+        }
+    }
+
+    fn smallest(s: &Setup, capacity: usize) -> usize {
+        let (all, _) = plan(s, Pinned::default(), capacity);
+        all.iter().map(Estimate::device_total).min().unwrap()
+    }
+
+    /// CPU ranks share the machine: on a machine just large enough for two, four ranks do not
+    /// fit and the refusal suggests two, not more.
+    #[test]
+    fn fewer_cpu_ranks_are_suggested_where_they_fit() {
+        let machine = 2 * smallest(&setup(2), usize::MAX);
+        let share = |w: usize| machine / w;
+        assert!(smallest(&setup(4), usize::MAX) > share(4));
+        let msg = refusal(&setup(4), Pinned::default(), share, "CPU process");
+        assert!(msg.contains("it would fit with --cpu-ranks 2"), "{msg}");
+        assert!(!msg.contains("--cpu-ranks 5"), "{msg}");
+    }
+
+    #[test]
+    fn sizes_are_shown_with_the_decimals_that_tell_them_apart() {
+        let pair = |a: &str, b: &str| (a.to_string(), b.to_string());
+        assert_eq!(
+            distinct_sizes(5_000_000_000, 3_000_000_000),
+            pair("5.0 GB", "3.0 GB")
+        );
+        assert_eq!(
+            distinct_sizes(340_000_000, 260_000_000),
+            pair("0.34 GB", "0.26 GB")
+        );
+        assert_eq!(
+            distinct_sizes(2_000_400_000, 2_000_100_000),
+            pair("2000.4 MB", "2000.1 MB")
+        );
+    }
 }

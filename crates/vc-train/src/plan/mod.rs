@@ -15,6 +15,7 @@ pub mod shapes;
 use std::collections::BTreeMap;
 
 use crate::params::Masters;
+use crate::sharded::PREDICTOR_CHUNK_FRAMES;
 use crate::units::Unit;
 use crate::{saved_state, Backend, TEXT_EMBEDDING};
 use vc_core::config::{Offload, OptimizerState, Recompute, ReduceDtype, Shard};
@@ -22,7 +23,7 @@ use vc_dist::shard::RowSplit;
 use vc_kernels::moment8;
 use vc_model::config::Qwen3TtsConfig;
 
-use self::activations::{Graph, Longest, Parts};
+use self::activations::{AdapterWidths, Graph, Longest, Parts};
 use self::shapes::TensorShape;
 
 /// What a CUDA process holds before any tensor: the context, cuBLAS's workspace, the caching
@@ -73,7 +74,8 @@ pub struct Bytes {
     pub masters: usize,
     /// AdamW's two moments.
     pub moments: usize,
-    /// The step's gradient sums plus the gradients of the backward pass running.
+    /// The step's gradient sums plus the gradients of the backward pass running; on the
+    /// autograd path also those candle keeps of the frozen tensors the graph meets.
     pub gradients: usize,
     /// The largest unit gathered whole (sharded `full` runs and `recompute = "layers"`).
     pub gathered: usize,
@@ -225,7 +227,15 @@ pub fn estimate(setup: &Setup, modes: Modes) -> Estimate {
         let (rows, cols) = t.rows_cols();
         let text = t.name == TEXT_EMBEDDING;
         if !trained {
-            compute.weights += storage * n;
+            // Held as the model computes with them (`ParamStore::add_frozen`): on the CPU's
+            // autograd path in f32, but the text table, looked up as stored; a sharded run casts
+            // a unit's as it computes.
+            let held = if !setup.cuda && storage != arith && !text && !sharded {
+                arith
+            } else {
+                storage
+            };
+            compute.weights += held * n;
             continue;
         }
         let own = own_rows(rows) * cols;
@@ -263,15 +273,68 @@ pub fn estimate(setup: &Setup, modes: Modes) -> Estimate {
         Backend::CpuKernels => Graph::Kernels,
         Backend::Autograd(_) => Graph::Autograd { bytes: arith },
     };
-    let parts = Parts::new(&setup.cfg, graph, setup.batch_size, setup.longest);
+    let adapters = AdapterWidths::of(
+        setup
+            .tensors
+            .iter()
+            .filter(|(_, trained)| *trained)
+            .map(|(t, _)| (t.name.as_str(), t.shape.as_slice())),
+    );
+    let parts = Parts::new(
+        &setup.cfg,
+        graph,
+        setup.batch_size,
+        setup.longest,
+        &adapters,
+    );
+    // The gradients the autograd path keeps of the frozen tensors the graph meets
+    // (`activations::frozen_gradient_bytes`), by unit. A graph begins at the first unit holding
+    // a trained tensor (that unit counted whole, though its first inputs need no gradient); in
+    // a `full` pass every unit but the embeddings begins at its input, a variable, and keeps
+    // its own until its backward pass ends, the code predictor a chunk of frames at a time.
+    let first_trained = setup
+        .tensors
+        .iter()
+        .filter(|(_, trained)| *trained)
+        .map(|(t, _)| t.unit)
+        .min();
+    let frames = setup.batch_size * setup.longest.frames;
+    let mut frozen_grads: BTreeMap<Unit, usize> = BTreeMap::new();
+    for (t, _) in setup.tensors.iter().filter(|(_, trained)| !*trained) {
+        let met = if full {
+            t.unit != Unit::Embeddings || first_trained == Some(Unit::Embeddings)
+        } else {
+            first_trained.is_some_and(|u| t.unit >= u)
+        };
+        let frames = match (full, t.unit) {
+            (true, Unit::CodePredictor) => frames.min(PREDICTOR_CHUNK_FRAMES),
+            _ => frames,
+        };
+        if met {
+            *frozen_grads.entry(t.unit).or_default() += activations::frozen_gradient_bytes(
+                &setup.cfg,
+                graph,
+                setup.batch_size,
+                setup.longest,
+                frames,
+                t,
+            );
+        }
+    }
     // Micro-batches one rank runs per step.
     let local_micro = setup.grad_accum.div_ceil(world).max(1);
     if !sharded || !full {
         // One graph of a whole micro-batch at a time; the sums of the step (reduce dtype) and
         // the gradients of the backward pass running (the weights' dtype).
-        compute.activations +=
-            activations::micro_batch_bytes(&setup.cfg, graph, setup.batch_size, setup.longest);
-        compute.gradients += grad * dense_trained + storage * dense_trained;
+        compute.activations += activations::micro_batch_bytes(
+            &setup.cfg,
+            graph,
+            setup.batch_size,
+            setup.longest,
+            &adapters,
+        );
+        compute.gradients +=
+            grad * dense_trained + storage * dense_trained + frozen_grads.values().sum::<usize>();
         if sharded {
             // grad-op: the whole sum is reduce-scattered once per step, a unit at a time; with
             // overlap the next unit is packed while one is on its way.
@@ -296,7 +359,9 @@ pub fn estimate(setup: &Setup, modes: Modes) -> Estimate {
             } else {
                 0
             };
-        compute.gradients += grad * own_dense + storage * largest_unit;
+        compute.gradients += grad * own_dense
+            + storage * largest_unit
+            + frozen_grads.values().copied().max().unwrap_or(0);
         // The unit's gradient flattened for the reduce-scatter and the result (a world of one
         // rank copies too); with overlap the reductions still on their way, up to `1 + prefetch`
         // largest units (as the f32 values the CPU ranks' rings sum, the flat buffers a GPU's
