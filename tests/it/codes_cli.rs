@@ -130,6 +130,37 @@ fn codes_fills_a_prepped_manifest_resumes_and_reports_bad_lines() {
     assert!(last["audio_codes"].is_array());
 }
 
+/// `voiceclone ARGS` run from `dir` (its workspace too), so that a relative output lands there.
+fn in_dir(dir: &Path, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_voiceclone"))
+        .current_dir(dir)
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap()
+}
+
+/// Commands whose `-o` names a directory or a safetensors file refuse `-` up front instead of
+/// creating something named `-` (only a WAV or a JSON stream fits standard output).
+#[test]
+fn dash_output_is_refused_where_no_stream_fits() {
+    let dir = tempfile::tempdir().unwrap();
+    for args in [
+        &["embed", "clip.wav", "-o", "-"][..],
+        &["export", "-o", "-"],
+        &["train", "-o", "-"],
+    ] {
+        let out = in_dir(dir.path(), args);
+        assert!(!out.status.success(), "{args:?}");
+        let err = stderr(&out);
+        assert!(
+            err.contains("standard output") && err.contains("./-"),
+            "{args:?}: {err}"
+        );
+        assert!(!dir.path().join("-").exists(), "{args:?} made -");
+    }
+}
+
 /// `voiceclone codec VERB INPUT -o OUTPUT` with the fixture model's speech tokenizer.
 fn codec(dir: &Path, verb: &str, input: &Path, output: &Path) -> std::process::Output {
     let model = fixture_model();
@@ -169,6 +200,31 @@ fn codec_encode_decode_files() {
         (24000, 1, 16)
     );
     assert_eq!(reader.duration() as usize, frames.len() * 1920);
+
+    // `-o -` is standard output, as for `speak`: the same bytes as the file, no file named -.
+    for (verb, input, file) in [("encode", &clip, &json), ("decode", &json, &wav)] {
+        let out = in_dir(
+            dir.path(),
+            &[
+                "codec",
+                verb,
+                input.to_str().unwrap(),
+                "-o",
+                "-",
+                "--model",
+                &fixture_model(),
+            ],
+        );
+        assert!(out.status.success(), "{verb}: {}", stderr(&out));
+        assert!(
+            out.stdout == std::fs::read(file).unwrap(),
+            "{verb}: stdout differs from -o FILE"
+        );
+        assert!(
+            !dir.path().join("-").exists(),
+            "{verb} wrote a file named -"
+        );
+    }
 
     // Existing outputs are replaced only with --overwrite, as everywhere else.
     let before = std::fs::read(&json).unwrap();

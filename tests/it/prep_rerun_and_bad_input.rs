@@ -169,6 +169,12 @@ fn bad_inputs_are_reported_by_name_and_harm_nothing() {
     let good_dir = dir.join("good");
     let first = run(&[good_dir.to_str().unwrap()]);
     assert!(first.status.success(), "{}", stderr(&first));
+    // prep records the Whisper model it used, for the WER of training's samples.
+    let used: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(ws.path().join("data/prep/whisper.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(used["model"], model.to_str().unwrap(), "{used}");
     let manifest = std::fs::read(ws.path().join("data/train.jsonl")).unwrap();
     let outputs = snapshot(&ws.path().join("data/segments"));
     let reference = std::fs::read(ws.path().join("data/ref.wav")).unwrap();
@@ -452,4 +458,57 @@ fn an_unwritable_workspace_is_refused_before_any_work() {
         std::fs::read(ws_dir.path().join("data")).unwrap(),
         b"not a folder"
     );
+}
+
+/// A write into the workspace that fails (a full disk; here a file-size limit, which fails the
+/// same writes) stops prep with the file it could not write, instead of blaming the recording
+/// and going on to transcribe the others.
+#[test]
+fn a_failed_write_stops_prep_naming_the_file() {
+    use std::os::unix::process::CommandExt;
+    if !common::have_assets() {
+        return;
+    }
+    let files = small_speech_files(2);
+    let inputs = tempfile::tempdir().unwrap();
+    for f in &files {
+        copy(f, &inputs.path().join(f.file_name().unwrap()));
+    }
+    let ws = tempfile::tempdir().unwrap();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_voiceclone"));
+    cmd.arg("--workdir")
+        .arg(ws.path())
+        .args(["prep", "--language", "en", "--jobs", "1", "--whisper-model"])
+        .arg(whisper_model())
+        .arg(inputs.path())
+        .env_remove("RUST_LOG");
+    // SAFETY: only async-signal-safe calls (setrlimit, signal) between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            // 16 KiB: less than a third of a second of 24 kHz audio; SIGXFSZ ignored, so the
+            // write fails with an error as on a full disk instead of killing the process.
+            let limit = libc::rlimit {
+                rlim_cur: 16 * 1024,
+                rlim_max: 16 * 1024,
+            };
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let out = cmd.output().unwrap();
+    let err = stderr(&out);
+    assert!(!out.status.success(), "{err}");
+    let error = err
+        .lines()
+        .find(|l| l.starts_with("error:"))
+        .unwrap_or_else(|| panic!("no error line:\n{err}"));
+    let segments = ws.path().join("data/segments").display().to_string();
+    assert!(
+        error.contains("cannot write") && error.contains(&segments) && error.contains("too large"),
+        "{err}"
+    );
+    assert!(!err.contains("could not be read"), "{err}");
 }

@@ -35,7 +35,8 @@ pub fn write_atomic_with(
     let result = (|| -> Result<()> {
         let mut file =
             fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
-        fill(&mut file)?;
+        // A full disk fails here: name the file, not only the OS's reason.
+        fill(&mut file).with_context(|| format!("cannot write {}", tmp.display()))?;
         file.sync_all()
             .with_context(|| format!("cannot flush {}", tmp.display()))?;
         fs::rename(&tmp, dest)
@@ -101,6 +102,28 @@ mod tests {
         write_atomic(&dest, b"whole").unwrap();
         assert_eq!(fs::read(&dest).unwrap(), b"whole");
         assert!(!dead.exists() && live.exists() && other.exists());
+    }
+
+    /// A full disk fails the write itself, after the temporary file was created: the error
+    /// names the file, not only the OS's reason.
+    #[test]
+    fn a_failed_write_names_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("records/abc.json");
+        let e = write_atomic_with(&dest, |_| {
+            Err(
+                std::io::Error::new(std::io::ErrorKind::StorageFull, "No space left on device")
+                    .into(),
+            )
+        })
+        .unwrap_err();
+        let msg = format!("{e:#}");
+        assert!(
+            msg.contains(&dir.path().join("records").display().to_string())
+                && msg.contains("abc.json")
+                && msg.contains("No space left on device"),
+            "{msg}"
+        );
     }
 
     #[test]

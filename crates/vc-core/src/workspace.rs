@@ -10,6 +10,7 @@
 //! data/ref/NAME.wav          with named speakers (`prep --speaker NAME`): each one's reference
 //! data/speakers/NAME.safetensors   and its x-vector (docs/training.md §3.3)
 //! data/prep/sources/*.json   prep's per-source records (what makes re-runs free)
+//! data/prep/whisper.json     the Whisper model prep used (for the WER of training's samples)
 //! checkpoints/               training state (`train`)
 //! .voiceclone-train.lock     held while `train` runs
 //! model/                     the exported fine-tuned model (`train`, `export`)
@@ -107,6 +108,11 @@ impl Workspace {
         self.data_dir().join("prep").join("sources")
     }
 
+    /// The Whisper model `prep` last transcribed with ([`crate::artifacts::prep_whisper`]).
+    pub fn prep_whisper(&self) -> PathBuf {
+        self.data_dir().join("prep").join("whisper.json")
+    }
+
     /// The prep record of the source with identity `key`.
     pub fn prep_record(&self, key: &str) -> PathBuf {
         self.prep_records_dir().join(format!("{key}.json"))
@@ -202,6 +208,7 @@ mod tests {
             root.join("data/speakers/Bob.safetensors")
         );
         assert_eq!(ws.prep_record("ab"), root.join("data/prep/sources/ab.json"));
+        assert_eq!(ws.prep_whisper(), root.join("data/prep/whisper.json"));
         assert_eq!(
             ws.serve_voice_file(&VoiceId::parse("voice_0123456789abcdef0123").unwrap()),
             root.join("serve/voices/voice_0123456789abcdef0123.safetensors")

@@ -2,10 +2,14 @@
 //! `prepare_data.py` format) to every line of a training manifest.
 //!
 //! Lines are handled as JSON objects, so fields this step does not know survive unchanged and
-//! in order. Lines that already carry codes are skipped (the step is resumable: the manifest is
-//! rewritten atomically after every few batches, so an interrupted run keeps what it finished).
-//! Broken lines (not JSON, no `audio`, missing or undecodable audio) are reported with their
-//! line numbers and kept exactly as they were.
+//! in order. Lines that already carry valid codes are skipped (the step is resumable: the
+//! manifest is rewritten atomically after every few batches, so an interrupted run keeps what it
+//! finished). Codes that training would refuse — not frames of 16 codes, none, or a code outside
+//! the codebook ([`AudioCodes::checked`], the check `train` makes) — are recomputed from the
+//! audio and reported with their line numbers and what was wrong: they are derived from the
+//! audio, which stays the source of truth, and nothing can use them as they are. Broken lines
+//! (not JSON, no `audio`, missing or undecodable audio) are reported with their line numbers and
+//! kept exactly as they were.
 //!
 //! The step works on any [`AudioEncoder`] (tests use a fake); the speech tokenizer of the
 //! workspace's configuration is one ([`load_codec`]), for the command and the trainer alike.
@@ -28,6 +32,8 @@ use vc_model::codec::Codec;
 pub trait AudioEncoder {
     /// One code sequence per clip, `ceil(len / 1920)` frames each.
     fn encode_batch(&self, clips: &[&[f32]]) -> Result<Vec<Vec<CodeFrame>>>;
+    /// Codes are below this (2048): stored codes at or above it are malformed.
+    fn codebook_size(&self) -> u32;
 }
 
 /// The speech tokenizer named by `codes.tokenizer`, or else the one inside `model.base`.
@@ -70,6 +76,10 @@ impl AudioEncoder for Codec {
             .map(|codes| frames_from_rows(codes))
             .collect()
     }
+
+    fn codebook_size(&self) -> u32 {
+        self.config().decoder_config.codebook_size as u32
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -80,15 +90,19 @@ pub struct CodesOptions {
     pub base_dir: PathBuf,
     /// Clips per encoder call.
     pub batch_size: usize,
-    /// Redo lines that already have codes.
+    /// Redo lines that already have valid codes.
     pub force: bool,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct CodesSummary {
     pub lines: usize,
+    /// Lines with valid codes, skipped.
     pub already_coded: usize,
+    /// Lines coded, `recomputed` among them.
     pub coded: usize,
+    /// `(line number, what was wrong)` for lines whose malformed codes were recomputed.
+    pub recomputed: Vec<(usize, String)>,
     /// `(line number, reason)` for lines left unchanged because they are broken.
     pub bad_lines: Vec<(usize, String)>,
     pub audio_seconds: f64,
@@ -98,16 +112,31 @@ impl CodesSummary {
     /// What a run did, as lines for the user: counts, each broken line with its reason, and the
     /// file written (`input` read, `output` written).
     pub fn report(&self, input: &Path, output: &Path) -> Vec<String> {
+        let replaced = if self.recomputed.is_empty() {
+            String::new()
+        } else {
+            format!(
+                ", {} of them replacing malformed codes",
+                self.recomputed.len()
+            )
+        };
         let mut lines = vec![format!(
-            "codes: {} line(s): {} coded ({:.1} s of audio), {} already had codes, {} left \
-             unchanged (bad)",
+            "codes: {} line(s): {} coded ({:.1} s of audio{replaced}), {} already had valid \
+             codes, {} left unchanged (bad)",
             self.lines,
             self.coded,
             self.audio_seconds,
             self.already_coded,
             self.bad_lines.len()
         )];
-        for (line, why) in &self.bad_lines {
+        let mut listed: Vec<(usize, String)> = self
+            .recomputed
+            .iter()
+            .map(|(line, why)| (*line, recomputed_note(why)))
+            .chain(self.bad_lines.iter().cloned())
+            .collect();
+        listed.sort();
+        for (line, why) in listed {
             lines.push(format!("  {}:{line}: {why}", input.display()));
         }
         if self.coded > 0 || output != input {
@@ -120,9 +149,17 @@ impl CodesSummary {
 /// How often the partially coded manifest is saved during a long run.
 const SAVE_EVERY: Duration = Duration::from_secs(60);
 
+/// How a recomputed line's old codes are reported.
+fn recomputed_note(why: &str) -> String {
+    format!("\"audio_codes\" {why}; recomputed from its audio")
+}
+
 pub fn run(opts: &CodesOptions, encoder: &dyn AudioEncoder) -> Result<CodesSummary> {
     let mut manifest = Manifest::read(&opts.input)?;
     let mut summary = CodesSummary::default();
+    let codebook_size = encoder.codebook_size();
+    // Lines whose codes are malformed, by index, with what is wrong.
+    let mut malformed: std::collections::HashMap<usize, String> = Default::default();
     let progress_warn = |p: &Progress, n: usize, why: &str| {
         p.warn(format!(
             "{}:{n}: {why}; line left unchanged",
@@ -140,10 +177,13 @@ pub fn run(opts: &CodesOptions, encoder: &dyn AudioEncoder) -> Result<CodesSumma
             }
             ManifestLine::Row(row) => {
                 summary.lines += 1;
-                if !opts.force && row.frames().is_some() {
-                    summary.already_coded += 1;
-                } else {
-                    pending.push(i);
+                match row.audio_codes.as_ref().map(|c| c.checked(codebook_size)) {
+                    Some(Ok(_)) if !opts.force => summary.already_coded += 1,
+                    Some(Err(why)) => {
+                        malformed.insert(i, why);
+                        pending.push(i);
+                    }
+                    _ => pending.push(i),
                 }
             }
         }
@@ -169,6 +209,12 @@ pub fn run(opts: &CodesOptions, encoder: &dyn AudioEncoder) -> Result<CodesSumma
             match load_clip(row, &opts.base_dir) {
                 Ok(samples) => clips.push((i, samples)),
                 Err(why) => {
+                    let why = match malformed.get(&i) {
+                        Some(old) => {
+                            format!("{why} (its \"audio_codes\" {old}, and cannot be recomputed)")
+                        }
+                        None => why,
+                    };
                     progress_warn(&progress, i + 1, &why);
                     summary.bad_lines.push((i + 1, why));
                     progress.inc(1);
@@ -192,6 +238,15 @@ pub fn run(opts: &CodesOptions, encoder: &dyn AudioEncoder) -> Result<CodesSumma
             if let ManifestLine::Row(row) = &mut manifest.lines[*i] {
                 row.audio_codes = Some(AudioCodes::Frames(frames));
             }
+            if let Some(why) = malformed.remove(i) {
+                progress.warn(format!(
+                    "{}:{}: {}",
+                    opts.input.display(),
+                    i + 1,
+                    recomputed_note(&why)
+                ));
+                summary.recomputed.push((i + 1, why));
+            }
             summary.coded += 1;
             summary.audio_seconds += samples.len() as f64 / OUTPUT_RATE as f64;
             progress.inc(1);
@@ -204,6 +259,7 @@ pub fn run(opts: &CodesOptions, encoder: &dyn AudioEncoder) -> Result<CodesSumma
     }
     progress.finish();
     summary.bad_lines.sort();
+    summary.recomputed.sort();
     if summary.coded > 0 || opts.output != opts.input {
         manifest.write(&opts.output)?;
     }
@@ -249,6 +305,10 @@ mod tests {
                         .collect()
                 })
                 .collect())
+        }
+
+        fn codebook_size(&self) -> u32 {
+            2048
         }
     }
 
@@ -303,5 +363,78 @@ mod tests {
         assert_eq!((again.coded, again.already_coded), (0, 2));
         assert_eq!(fake.batches.borrow().len(), 1);
         assert_eq!(std::fs::read_to_string(&manifest).unwrap(), before);
+    }
+
+    #[test]
+    fn malformed_codes_are_recomputed_and_reported_by_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        wav(d, "a.wav", 4000);
+        let frame = |c: i64| serde_json::json!(vec![c; 16]);
+        let mut out_of_range = vec![7i64; 16];
+        out_of_range[3] = 99999;
+        let rows = [
+            serde_json::json!({"audio": "a.wav", "audio_codes": [frame(1)]}),
+            serde_json::json!({"audio": "a.wav", "audio_codes": [[1, 2, 3]]}),
+            serde_json::json!({"audio": "a.wav", "audio_codes": [frame(-1)]}),
+            serde_json::json!({"audio": "a.wav", "audio_codes": []}),
+            serde_json::json!({"audio": "a.wav", "audio_codes": [frame(7), out_of_range]}),
+            serde_json::json!({"audio": "gone.wav", "audio_codes": [[1, 2, 3]]}),
+        ];
+        let manifest = d.join("train.jsonl");
+        let text: String = rows.iter().map(|r| format!("{r}\n")).collect();
+        std::fs::write(&manifest, &text).unwrap();
+        let opts = CodesOptions {
+            input: manifest.clone(),
+            output: manifest.clone(),
+            base_dir: d.to_path_buf(),
+            batch_size: 8,
+            force: false,
+        };
+        let fake = Fake {
+            batches: RefCell::new(vec![]),
+        };
+        let s = run(&opts, &fake).unwrap();
+        assert_eq!((s.lines, s.coded, s.already_coded), (6, 4, 1), "{s:?}");
+        let out = std::fs::read_to_string(&manifest).unwrap();
+        let lines: Vec<&str> = out.lines().collect();
+        let recomputed = serde_json::json!({"audio": "a.wav", "audio_codes": [
+            [1952, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            [1952, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            [1952, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        ]})
+        .to_string();
+        assert_eq!(lines[0], rows[0].to_string(), "a valid line was recoded");
+        for line in &lines[1..5] {
+            assert_eq!(*line, recomputed);
+        }
+        assert_eq!(
+            lines[5],
+            rows[5].to_string(),
+            "a line without audio changed"
+        );
+        // Each malformed line is named with what was wrong with it.
+        let report = s.report(&manifest, &manifest).join("\n");
+        let path = manifest.display();
+        for (line, why) in [
+            (2, "frame 0 has 3 codes"),
+            (3, "frame 0 has code -1"),
+            (4, "no frames"),
+            (5, "frame 1 has code 99999"),
+        ] {
+            let found = report
+                .lines()
+                .find(|l| l.contains(&format!("{path}:{line}:")))
+                .unwrap_or_else(|| panic!("line {line} not reported:\n{report}"));
+            assert!(
+                found.contains(why) && found.contains("recomputed"),
+                "{found}"
+            );
+        }
+        let gone = report
+            .lines()
+            .find(|l| l.contains(&format!("{path}:6:")))
+            .unwrap_or_else(|| panic!("line 6 not reported:\n{report}"));
+        assert!(gone.contains("does not exist"), "{gone}");
     }
 }

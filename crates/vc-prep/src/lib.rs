@@ -9,9 +9,17 @@
 //! Each source gets a record under `data/prep/sources/` keyed by its path, size, modification
 //! time and the prep settings; a re-run reuses the records and does no decoding or
 //! transcription for unchanged sources, and rewrites the manifest (atomically) from them.
+//!
+//! Inputs are found before anything is created; a clip too short for an utterance is never
+//! transcribed; an exact duplicate of another source is used once ([`duplicates`]); every second
+//! of the audio is accounted for in the summary ([`accounting`]); a write into the workspace
+//! that fails stops the run with the file's name (the recording is not to blame). The Whisper
+//! model a run used is recorded for training's samples (`data/prep/whisper.json`).
 
+pub mod accounting;
 pub mod chunk;
 pub mod codes;
+pub mod duplicates;
 pub mod ggml_cpu;
 pub mod records;
 pub mod segment;
@@ -20,10 +28,13 @@ pub mod speakers;
 pub mod transcribe;
 pub mod xvectors;
 
+#[cfg(test)]
+mod run_tests;
+
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Instant;
 
@@ -31,7 +42,7 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
 use records::{round_ms, SourceRecord, UtteranceRecord};
-use segment::Rules;
+use segment::{DropReason, Rules};
 use sources::SourceFile;
 use transcribe::{Transcriber, Transcript};
 use vc_audio::{self as audio, OUTPUT_RATE, WHISPER_RATE};
@@ -43,7 +54,16 @@ use vc_core::workspace::Workspace;
 /// Bumped whenever prep's output for the same input and settings changes.
 /// 2: transcription in pieces split at pauses (`chunk`), exact-phase resampling.
 /// 3: encoder windows rounded up to a multiple of 16 positions (`transcribe::audio_ctx`).
-const PREP_FORMAT_VERSION: u32 = 3;
+/// 4: records carry the decoded audio's digest (`duplicates`) and account for every second
+///    (`accounting`); clips shorter than `min_seconds` are not transcribed.
+const PREP_FORMAT_VERSION: u32 = 4;
+
+/// What the seconds of a recording that were not kept count as in the summary, besides the
+/// reasons of `segment::DropReason` (the README's `voiceclone prep` lists them all).
+const TRIMMED: &str = "trimmed silence around utterances";
+const NOTHING_HEARD: &str = "no words heard by Whisper";
+const NOT_TRANSCRIBED: &str = "silence (not transcribed)";
+const DUPLICATE: &str = "duplicate of another recording";
 
 /// Reference clip length the automatic choice aims for (seconds).
 const REF_MIN_SECONDS: f64 = 3.0;
@@ -72,10 +92,11 @@ pub struct Summary {
     pub files_processed: usize,
     /// Sources that failed, with the reason.
     pub files_failed: Vec<(String, String)>,
+    /// Seconds of audio of the sources that could be used (those that failed are not known).
     pub source_seconds: f64,
     pub kept_seconds: f64,
     pub utterances: usize,
-    /// Seconds dropped, by reason.
+    /// Every other second of `source_seconds`, by reason: kept and dropped add up to it.
     pub dropped: BTreeMap<String, f64>,
     pub ref_audio: String,
     pub manifest: PathBuf,
@@ -106,9 +127,28 @@ pub fn run(
         .map(|(source, u)| u.to_row(source, &ref_rel))
         .collect();
     manifest::write_rows(&ws.manifest(), &rows)?;
+    record_whisper_model(ws, opts)?;
     summary.ref_audio = ref_rel;
     summary.manifest = ws.manifest();
     Ok(summary)
+}
+
+/// Records the Whisper model whose transcripts the manifest now holds (a local file as an
+/// absolute path), for the samples' WER when the configuration names none
+/// (docs/training.md §14.4).
+pub(crate) fn record_whisper_model(ws: &Workspace, opts: &PrepOptions) -> Result<()> {
+    let model = transcribe::resolve_whisper_spec(ws, &opts.whisper_model);
+    let model = if Path::new(&model).exists() {
+        std::path::absolute(&model)
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or(model)
+    } else {
+        model
+    };
+    vc_core::artifacts::prep_whisper::write(
+        &ws.prep_whisper(),
+        &vc_core::artifacts::prep_whisper::PrepWhisper { model },
+    )
 }
 
 /// prep writes `data/` of the workspace: find out before any transcription whether it can,
@@ -137,21 +177,25 @@ fn ensure_writable(ws: &Workspace) -> Result<()> {
 /// summary without the reference clip and manifest (which the caller writes).
 pub(crate) struct Collected {
     pub records: BTreeMap<SourceFile, SourceRecord>,
+    /// Sources whose audio an earlier source has, with that source: not used.
+    pub duplicates: BTreeMap<SourceFile, SourceFile>,
     pub summary: Summary,
 }
 
 impl Collected {
-    /// Every utterance of every current source, in source order, with its source.
+    /// Every utterance of every current source but duplicates, in source order, with its source.
     pub fn utterances(&self) -> Vec<(&str, &UtteranceRecord)> {
         self.records
-            .values()
-            .flat_map(|r| r.utterances.iter().map(|u| (r.source.as_str(), u)))
+            .iter()
+            .filter(|(file, _)| !self.duplicates.contains_key(*file))
+            .flat_map(|(_, r)| r.utterances.iter().map(|u| (r.source.as_str(), u)))
             .collect()
     }
 }
 
 /// Decodes, transcribes and cuts every new or changed source of `opts.inputs` (reusing the
-/// records of unchanged ones); writes segments and records, not the manifest.
+/// records of unchanged ones); writes segments and records, not the manifest. Inputs without
+/// any audio file give an empty result with nothing created in the workspace.
 pub(crate) fn collect(
     ws: &Workspace,
     opts: &PrepOptions,
@@ -169,12 +213,24 @@ pub(crate) fn collect(
             }
         }
     }
-    ensure_writable(ws)?;
+    // The inputs first: nothing is created for inputs that hold no audio (or do not exist).
     let discovery = sources::discover(&opts.inputs, ws.root(), &ws.data_dir());
     let progress = Progress::new(discovery.files.len() as u64, "files", "prep");
     for w in &discovery.warnings {
         progress.warn(w.clone());
     }
+    if discovery.files.is_empty() {
+        progress.finish();
+        return Ok(Collected {
+            records: BTreeMap::new(),
+            duplicates: BTreeMap::new(),
+            summary: Summary {
+                warnings: progress.warnings(),
+                ..Default::default()
+            },
+        });
+    }
+    ensure_writable(ws)?;
 
     let settings = settings_digest(opts);
     let mut records: BTreeMap<SourceFile, SourceRecord> = BTreeMap::new();
@@ -207,18 +263,24 @@ pub(crate) fn collect(
         };
         let (tx, rx) = mpsc::channel();
         let next = AtomicUsize::new(0);
+        // Set when the workspace cannot take a result: no worker starts another file.
+        let stop = AtomicBool::new(false);
+        let mut cannot_write: Option<anyhow::Error> = None;
         let mut audio_seconds = 0.0;
         std::thread::scope(|scope| -> Result<()> {
             for _ in 0..jobs {
                 let tx = tx.clone();
-                let (next, todo, ctx) = (&next, &todo, &ctx);
+                let (next, todo, ctx, stop) = (&next, &todo, &ctx, &stop);
                 scope.spawn(move || {
-                    loop {
+                    while !stop.load(Ordering::Relaxed) {
                         let i = next.fetch_add(1, Ordering::Relaxed);
                         let Some((file, key)) = todo.get(i) else {
                             break;
                         };
                         let result = process_source(ctx, file, key);
+                        if matches!(result, Err(SourceError::Workspace(_))) {
+                            stop.store(true, Ordering::Relaxed);
+                        }
                         if tx.send((file.clone(), result)).is_err() {
                             break;
                         }
@@ -239,21 +301,47 @@ pub(crate) fn collect(
                         summary.files_processed += 1;
                         records.insert(file, record);
                     }
-                    Err(reason) => {
+                    Err(SourceError::Input(reason)) => {
                         let shown = file.path.display().to_string();
                         progress.warn(format!("skipping {shown}: {reason}"));
                         summary.files_failed.push((shown, reason));
+                    }
+                    Err(SourceError::Workspace(e)) => {
+                        cannot_write.get_or_insert(e.context(format!(
+                            "prep stopped while preparing {}: it cannot write its results into \
+                             the workspace {} (what it finished is kept for the next run)",
+                            file.path.display(),
+                            ws.root().display()
+                        )));
                     }
                 }
                 progress.set_message(format!("{audio_seconds:.0} s of audio transcribed"));
             }
             Ok(())
         })?;
+        if let Some(e) = cannot_write {
+            progress.finish();
+            return Err(e);
+        }
+    }
+
+    let duplicates = duplicates::find(&records);
+    for (copy, original) in &duplicates {
+        progress.warn(format!(
+            "{} and {} are the same recording (identical decoded audio); only {} is used",
+            original.path.display(),
+            copy.path.display(),
+            original.path.display()
+        ));
     }
     progress.finish();
 
-    for record in records.values() {
+    for (file, record) in &records {
         summary.source_seconds += record.duration;
+        if duplicates.contains_key(file) {
+            *summary.dropped.entry(DUPLICATE.to_string()).or_default() += record.duration;
+            continue;
+        }
         for (reason, secs) in &record.dropped {
             *summary.dropped.entry(reason.clone()).or_default() += secs;
         }
@@ -263,7 +351,19 @@ pub(crate) fn collect(
         }
     }
     summary.warnings = progress.warnings();
-    Ok(Collected { records, summary })
+    Ok(Collected {
+        records,
+        duplicates,
+        summary,
+    })
+}
+
+/// Why a source gave no record.
+enum SourceError {
+    /// The recording cannot be used (a reason for the user); the run goes on without it.
+    Input(String),
+    /// The workspace cannot take its results (a full disk): the run stops.
+    Workspace(anyhow::Error),
 }
 
 struct JobContext<'a> {
@@ -283,23 +383,23 @@ impl JobContext<'_> {
     }
 }
 
-/// Decodes, transcribes and cuts one source; the error is a reason for the user, the optional
-/// string a warning about damage that was worked around.
+/// Decodes, transcribes and cuts one source; the optional string is a warning about damage
+/// that was worked around.
 fn process_source(
     ctx: &JobContext,
     file: &SourceFile,
     key: &str,
-) -> std::result::Result<(SourceRecord, Option<String>), String> {
+) -> std::result::Result<(SourceRecord, Option<String>), SourceError> {
     let t_start = Instant::now();
-    let decoded = audio::decode_file(&file.path).map_err(|e| e.to_string())?;
+    let decoded = audio::decode_file(&file.path).map_err(|e| SourceError::Input(e.to_string()))?;
     let warning = match &decoded.damage {
         Some(damage) if decoded.duration_seconds() < ctx.rules.min_seconds => {
-            return Err(format!(
+            return Err(SourceError::Input(format!(
                 "{damage}; the {:.2} s that could be decoded are shorter than prep.min_seconds \
                  ({} s)",
                 decoded.duration_seconds(),
                 ctx.rules.min_seconds
-            ));
+            )));
         }
         Some(damage) => Some(format!(
             "{damage}; using the {:.1} s that could be decoded",
@@ -307,31 +407,48 @@ fn process_source(
         )),
         None => None,
     };
+    let duration = decoded.duration_seconds();
+    let mut record = SourceRecord {
+        key: key.to_string(),
+        source: ctx.ws.relative(&file.path),
+        duration: round_ms(duration),
+        audio_sha256: duplicates::audio_digest(&decoded.samples, decoded.sample_rate),
+        utterances: Vec::new(),
+        dropped: Vec::new(),
+    };
+    // No utterance can be longer than its recording: a clip shorter than one is not worth
+    // transcribing (thousands of them took minutes of Whisper to be dropped afterwards).
+    if duration < ctx.rules.min_seconds {
+        record.dropped = vec![(DropReason::TooShort.to_string(), record.duration)];
+        write_record(ctx, key, &record)?;
+        return Ok((record, warning));
+    }
     let t_decoded = Instant::now();
     let for_whisper: Cow<[f32]> = if decoded.sample_rate == WHISPER_RATE {
         Cow::Borrowed(&decoded.samples)
     } else {
         Cow::Owned(
             audio::resample(&decoded.samples, decoded.sample_rate, WHISPER_RATE)
-                .map_err(|e| format!("{e:#}"))?,
+                .map_err(|e| SourceError::Input(format!("{e:#}")))?,
         )
     };
     let t_resampled = Instant::now();
-    let transcript = transcribe_in_pieces(ctx, &for_whisper, ctx.rules.silence_db)?;
+    let pieces = chunk::plan(&for_whisper, WHISPER_RATE, ctx.rules.silence_db);
+    let transcript = transcribe_pieces(ctx, &for_whisper, &pieces).map_err(SourceError::Input)?;
     let t_transcribed = Instant::now();
     drop(for_whisper);
     let output = audio::resample(&decoded.samples, decoded.sample_rate, OUTPUT_RATE)
-        .map_err(|e| format!("{e:#}"))?;
+        .map_err(|e| SourceError::Input(format!("{e:#}")))?;
     let cut = segment::cut(&transcript.segments, &output, OUTPUT_RATE, ctx.rules);
 
     let stem = file.safe_stem();
-    let mut utterances = Vec::with_capacity(cut.utterances.len());
     for (i, u) in cut.utterances.iter().enumerate() {
         let a = (u.start * OUTPUT_RATE as f64).round() as usize;
         let b = ((u.end * OUTPUT_RATE as f64).round() as usize).min(output.len());
         let path = ctx.ws.segment(&format!("{stem}-{}-{i:03}.wav", &key[..8]));
-        audio::wav::write_pcm16(&path, &output[a..b], OUTPUT_RATE).map_err(|e| format!("{e:#}"))?;
-        utterances.push(UtteranceRecord {
+        audio::wav::write_pcm16(&path, &output[a..b], OUTPUT_RATE)
+            .map_err(SourceError::Workspace)?;
+        record.utterances.push(UtteranceRecord {
             audio: ctx.ws.relative(&path),
             text: u.text.clone(),
             duration: round_ms((b - a) as f64 / OUTPUT_RATE as f64),
@@ -341,25 +458,15 @@ fn process_source(
             no_speech_prob: u.no_speech_prob,
         });
     }
-    let record = SourceRecord {
-        key: key.to_string(),
-        source: ctx.ws.relative(&file.path),
-        duration: round_ms(decoded.duration_seconds()),
-        utterances,
-        dropped: cut
-            .dropped
-            .iter()
-            .map(|(reason, secs)| (reason.to_string(), round_ms(*secs)))
-            .collect(),
-    };
-    records::write_record(&ctx.ws.prep_record(key), &record).map_err(|e| format!("{e:#}"))?;
+    record.dropped = where_the_rest_went(duration, &cut, &transcript, &pieces);
+    write_record(ctx, key, &record)?;
     let t_done = Instant::now();
     let ms = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1000.0;
     tracing::debug!(
         "{}: {:.1} s of audio: decode {:.0} ms, 16 kHz {:.0} ms, transcription {:.0} ms, \
          24 kHz + cutting + writing {:.0} ms",
         file.path.display(),
-        decoded.duration_seconds(),
+        duration,
         ms(t_start, t_decoded),
         ms(t_decoded, t_resampled),
         ms(t_resampled, t_transcribed),
@@ -368,16 +475,75 @@ fn process_source(
     Ok((record, warning))
 }
 
-/// Transcribes the 16 kHz signal piece by piece (`chunk::plan`), with segment times moved to
-/// the whole recording's clock. The language is the one Whisper found in most of the audio.
-fn transcribe_in_pieces(
+/// Writes the source's record; a failure is the workspace's, not the recording's.
+fn write_record(
+    ctx: &JobContext,
+    key: &str,
+    record: &SourceRecord,
+) -> std::result::Result<(), SourceError> {
+    records::write_record(&ctx.ws.prep_record(key), record).map_err(SourceError::Workspace)
+}
+
+/// Every second of a recording of `duration` s that is not in an utterance, by reason
+/// ([`accounting`]): the stretches `cut` dropped, then what Whisper heard but trimming left out,
+/// then what was transcribed without a word heard, and the silence that was never transcribed.
+fn where_the_rest_went(
+    duration: f64,
+    cut: &segment::Cut,
+    transcript: &Transcript,
+    pieces: &[chunk::Chunk],
+) -> Vec<(String, f64)> {
+    const KEPT: &str = "kept";
+    let mut layers: Vec<(String, Vec<(f64, f64)>)> = vec![(
+        KEPT.to_string(),
+        cut.utterances.iter().map(|u| (u.start, u.end)).collect(),
+    )];
+    let mut reasons: Vec<DropReason> = cut.dropped.iter().map(|d| d.reason).collect();
+    reasons.sort();
+    reasons.dedup();
+    for reason in reasons {
+        let spans = cut
+            .dropped
+            .iter()
+            .filter(|d| d.reason == reason)
+            .map(|d| (d.start, d.end))
+            .collect();
+        layers.push((reason.to_string(), spans));
+    }
+    layers.push((
+        TRIMMED.to_string(),
+        transcript
+            .segments
+            .iter()
+            .map(|s| (s.start, s.end))
+            .collect(),
+    ));
+    let seconds = |i: usize| i as f64 / WHISPER_RATE as f64;
+    layers.push((
+        NOTHING_HEARD.to_string(),
+        pieces
+            .iter()
+            .map(|p| (seconds(p.start), seconds(p.end)))
+            .collect(),
+    ));
+    accounting::account(duration, &layers, NOT_TRANSCRIBED)
+        .into_iter()
+        .filter(|(label, _)| label != KEPT)
+        .map(|(label, secs)| (label, round_ms(secs)))
+        .collect()
+}
+
+/// Transcribes the 16 kHz signal piece by piece (`pieces`, from `chunk::plan`), with segment
+/// times moved to the whole recording's clock. The language is the one Whisper found in most of
+/// the audio.
+fn transcribe_pieces(
     ctx: &JobContext,
     samples: &[f32],
-    silence_db: f64,
+    pieces: &[chunk::Chunk],
 ) -> std::result::Result<Transcript, String> {
     let mut segments = Vec::new();
     let mut languages: BTreeMap<String, usize> = BTreeMap::new();
-    for piece in chunk::plan(samples, WHISPER_RATE, silence_db) {
+    for piece in pieces {
         let part = ctx
             .transcriber
             .transcribe(&samples[piece.start..piece.end], ctx.threads())
@@ -480,7 +646,8 @@ pub(crate) fn write_reference(
             let src = ws.resolve(&best.audio);
             let bytes =
                 std::fs::read(&src).with_context(|| format!("cannot read {}", src.display()))?;
-            write_atomic(&dest, &bytes)?;
+            write_atomic(&dest, &bytes)
+                .with_context(|| format!("cannot write the reference clip {}", dest.display()))?;
         }
     }
     Ok(ws.relative(&dest))
@@ -511,7 +678,10 @@ pub(crate) fn nothing_usable_message(s: &Summary) -> String {
     if s.files_found == 0 {
         return "no audio files found in the inputs".into();
     }
-    let mut msg = format!("no usable utterance came out of {} file(s)", s.files_found);
+    let mut msg = format!(
+        "no usable utterance came out of {} file(s) ({:.1} s of audio)",
+        s.files_found, s.source_seconds
+    );
     if !s.files_failed.is_empty() {
         msg.push_str(&format!(
             "; {} could not be read (see warnings above)",
@@ -520,7 +690,7 @@ pub(crate) fn nothing_usable_message(s: &Summary) -> String {
     }
     if !s.dropped.is_empty() {
         let parts: Vec<String> = s
-            .dropped
+            .dropped_by_size()
             .iter()
             .map(|(r, secs)| format!("{secs:.1} s {r}"))
             .collect();
@@ -530,6 +700,14 @@ pub(crate) fn nothing_usable_message(s: &Summary) -> String {
 }
 
 impl Summary {
+    /// The reasons of `dropped`, the most seconds first.
+    fn dropped_by_size(&self) -> Vec<(&str, f64)> {
+        let mut parts: Vec<(&str, f64)> =
+            self.dropped.iter().map(|(r, s)| (r.as_str(), *s)).collect();
+        parts.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(b.0)));
+        parts
+    }
+
     /// The human-readable report printed at the end of `prep`.
     pub fn render(&self) -> String {
         let h = |s: f64| format!("{:.2} h ({s:.1} s)", s / 3600.0);
@@ -546,16 +724,17 @@ impl Summary {
             h(self.kept_seconds),
             self.utterances
         ));
-        let dropped: f64 = self.dropped.values().sum();
-        let untranscribed = (self.source_seconds - self.kept_seconds - dropped).max(0.0);
-        out.push_str(&format!(
-            "  dropped: {} silence or pauses between utterances",
-            h(untranscribed)
-        ));
-        for (reason, secs) in &self.dropped {
-            out.push_str(&format!(", {} {reason}", h(*secs)));
+        // Kept and dropped add up to the sources' audio (`accounting`).
+        let dropped: Vec<String> = self
+            .dropped_by_size()
+            .iter()
+            .map(|(reason, secs)| format!("{} {reason}", h(*secs)))
+            .collect();
+        if dropped.is_empty() {
+            out.push_str("  dropped: nothing\n");
+        } else {
+            out.push_str(&format!("  dropped: {}\n", dropped.join(", ")));
         }
-        out.push('\n');
         for (file, reason) in &self.files_failed {
             out.push_str(&format!("  failed: {file}: {reason}\n"));
         }

@@ -17,8 +17,12 @@ pub struct SourceRecord {
     pub source: String,
     /// Length of the recording, seconds.
     pub duration: f64,
+    /// Digest of the decoded audio (`super::duplicates`): the same digest, the same recording.
+    #[serde(default)]
+    pub audio_sha256: String,
     pub utterances: Vec<UtteranceRecord>,
-    /// Seconds of transcribed audio dropped, by reason (display names).
+    /// Seconds of the recording not kept, by reason (display names, `super::accounting`): with
+    /// the utterances' durations they add up to `duration`.
     pub dropped: Vec<(String, f64)>,
 }
 
@@ -63,4 +67,5 @@ pub fn read_record(path: &Path) -> Result<SourceRecord> {
 
 pub fn write_record(path: &Path, record: &SourceRecord) -> Result<()> {
     write_atomic(path, serde_json::to_string_pretty(record)?.as_bytes())
+        .with_context(|| format!("cannot write the prep record {}", path.display()))
 }

@@ -65,12 +65,31 @@ impl fmt::Display for DropReason {
     }
 }
 
+/// A stretch of transcribed audio that was not kept (seconds of the recording), and why.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Dropped {
+    pub reason: DropReason,
+    pub start: f64,
+    pub end: f64,
+}
+
+impl Dropped {
+    fn of(reason: DropReason, start: f64, end: f64) -> Self {
+        Dropped { reason, start, end }
+    }
+
+    pub fn seconds(&self) -> f64 {
+        self.end - self.start
+    }
+}
+
 /// The result of cutting one recording.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Cut {
     pub utterances: Vec<Utterance>,
-    /// Seconds of transcribed audio dropped, by reason.
-    pub dropped: Vec<(DropReason, f64)>,
+    /// Transcribed audio dropped, with the reason: spans, so that the summary can tell every
+    /// second of the recording apart (`super::accounting`).
+    pub dropped: Vec<Dropped>,
 }
 
 /// Level analysis frame: 10 ms.
@@ -89,9 +108,11 @@ pub fn cut(segments: &[Segment], audio: &[f32], rate: u32, rules: &Rules) -> Cut
         let (start, end) = (s.start.clamp(0.0, total), s.end.clamp(0.0, total));
         let dur = (end - start).max(0.0);
         if s.no_speech_prob > rules.max_no_speech_prob {
-            out.dropped.push((DropReason::NoSpeech, dur));
+            out.dropped
+                .push(Dropped::of(DropReason::NoSpeech, start, start + dur));
         } else if is_non_speech_text(&s.text) {
-            out.dropped.push((DropReason::EmptyText, dur));
+            out.dropped
+                .push(Dropped::of(DropReason::EmptyText, start, start + dur));
         } else if dur > 0.0 {
             let words = s
                 .words
@@ -132,7 +153,8 @@ pub fn cut(segments: &[Segment], audio: &[f32], rate: u32, rules: &Rules) -> Cut
     for i in 0..merged.len() {
         let span = &merged[i];
         if span.duration() < rules.min_seconds {
-            out.dropped.push((DropReason::TooShort, span.duration()));
+            out.dropped
+                .push(Dropped::of(DropReason::TooShort, span.start, span.end));
             continue;
         }
         // Never reach past the middle of the gap to a neighbour.
@@ -150,7 +172,8 @@ pub fn cut(segments: &[Segment], audio: &[f32], rate: u32, rules: &Rules) -> Cut
         let upper = upper.min(span.end + EDGE_SEARCH_SECONDS);
         let Some((voiced_start, voiced_end)) = voiced_range(&levels, threshold, lower, upper)
         else {
-            out.dropped.push((DropReason::Silent, span.duration()));
+            out.dropped
+                .push(Dropped::of(DropReason::Silent, span.start, span.end));
             continue;
         };
         let mut start = (voiced_start - rules.pad_seconds).max(lower);
@@ -170,7 +193,8 @@ pub fn cut(segments: &[Segment], audio: &[f32], rate: u32, rules: &Rules) -> Cut
             no_speech_prob: span.no_speech_prob,
         };
         if utterance.duration() < rules.min_seconds {
-            out.dropped.push((DropReason::TooShort, span.duration()));
+            out.dropped
+                .push(Dropped::of(DropReason::TooShort, span.start, span.end));
         } else {
             out.utterances.push(utterance);
         }
@@ -204,18 +228,13 @@ impl Span {
     }
 }
 
-fn split_long(
-    span: Span,
-    rules: &Rules,
-    out: &mut Vec<Span>,
-    dropped: &mut Vec<(DropReason, f64)>,
-) {
+fn split_long(span: Span, rules: &Rules, out: &mut Vec<Span>, dropped: &mut Vec<Dropped>) {
     if span.duration() <= rules.max_seconds {
         out.push(span);
         return;
     }
     let Some(k) = best_split(&span, rules) else {
-        dropped.push((DropReason::TooLong, span.duration()));
+        dropped.push(Dropped::of(DropReason::TooLong, span.start, span.end));
         return;
     };
     let at = (span.words[k - 1].end + span.words[k].start) / 2.0;
@@ -388,7 +407,7 @@ mod tests {
         // "Hi" is too short alone and merges with its neighbour; the 1.6 s result is then long
         // enough, so the full sentence stays separate.
         assert_eq!(texts, ["Hi there.", "A complete sentence here."]);
-        let reasons: Vec<DropReason> = cut.dropped.iter().map(|d| d.0).collect();
+        let reasons: Vec<DropReason> = cut.dropped.iter().map(|d| d.reason).collect();
         assert!(reasons.contains(&DropReason::NoSpeech));
         assert!(reasons.contains(&DropReason::EmptyText));
         // Edges snap to the tone bursts with the padding kept.
@@ -432,7 +451,7 @@ mod tests {
         long.words.clear();
         let cut = cut(&[long, seg(25.0, 25.5, "Yes.")], &x, RATE, &rules());
         assert!(cut.utterances.is_empty());
-        let reasons: Vec<DropReason> = cut.dropped.iter().map(|d| d.0).collect();
+        let reasons: Vec<DropReason> = cut.dropped.iter().map(|d| d.reason).collect();
         assert_eq!(reasons, [DropReason::TooLong, DropReason::TooShort]);
     }
 
@@ -446,6 +465,6 @@ mod tests {
             &rules(),
         );
         assert_eq!(cut.utterances.len(), 1);
-        assert_eq!(cut.dropped, vec![(DropReason::Silent, 2.5)]);
+        assert_eq!(cut.dropped, vec![Dropped::of(DropReason::Silent, 0.5, 3.0)]);
     }
 }

@@ -19,7 +19,9 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 
 use super::transcribe::Transcriber;
-use super::{collect, nothing_usable_message, write_reference, PrepOptions, Summary};
+use super::{
+    collect, nothing_usable_message, record_whisper_model, write_reference, PrepOptions, Summary,
+};
 use super::{TranscriberFactory, UtteranceRecord};
 use vc_core::artifacts::manifest::{Manifest, ManifestLine};
 use vc_core::artifacts::{speaker, ManifestRow};
@@ -40,7 +42,8 @@ pub fn from_dirs(parent: &Path) -> Result<(Vec<SpeakerInputs>, Vec<String>)> {
     let mut speakers = Vec::new();
     let mut warnings = Vec::new();
     for e in entries {
-        let e = e?;
+        let e =
+            e.with_context(|| format!("cannot read the speakers folder {}", parent.display()))?;
         let name = e.file_name().to_string_lossy().into_owned();
         if name.starts_with('.') {
             continue;
@@ -173,6 +176,7 @@ pub fn run(
         lines,
     }
     .write(&manifest_path)?;
+    record_whisper_model(ws, opts)?;
     Ok(summaries)
 }
 

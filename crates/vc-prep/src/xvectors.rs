@@ -106,10 +106,11 @@ pub fn speaker_job(ws: &Workspace, config: &Config, name: &str) -> Result<XVecto
         EmbedMode::Ref => {
             let path = ws.ref_clip(name);
             if !path.is_file() {
+                let quoted = vc_core::shell::quote(name);
                 bail!(
                     "no reference clip for speaker {name:?}: {} does not exist; run `voiceclone \
-                     prep --speaker {name} INPUT...` (it picks the clip), or pass one: \
-                     `voiceclone embed --speaker {name} REF_AUDIO`",
+                     prep --speaker {quoted} INPUT...` (it picks the clip), or pass one: \
+                     `voiceclone embed --speaker {quoted} REF_AUDIO`",
                     ws.relative(&path)
                 );
             }

@@ -12,8 +12,7 @@ use anyhow::{bail, Result};
 use candle_core::{Device, Tensor};
 use sha2::{Digest, Sha256};
 
-use vc_core::artifacts::codes::check_range;
-use vc_core::artifacts::manifest::{AudioCodes, Manifest, ManifestRow};
+use vc_core::artifacts::manifest::{Manifest, ManifestRow};
 use vc_core::artifacts::CodeFrame;
 use vc_model::text::TextTokenizer;
 
@@ -260,14 +259,10 @@ fn row_codes<'a>(
                     .into(),
             })
         }
-        Some(AudioCodes::Invalid { why, .. }) => return Err(format!("\"audio_codes\" {why}")),
-        Some(AudioCodes::Frames(f)) if f.is_empty() => {
-            return Err("\"audio_codes\" has no frames".into())
-        }
-        Some(AudioCodes::Frames(f)) => f,
+        // The check `codes` makes too (it recomputes what fails it).
+        Some(codes) => codes.checked(codebook_size),
     };
-    check_range(codes, codebook_size).map_err(|why| format!("\"audio_codes\" {why}"))?;
-    Ok(codes)
+    codes.map_err(|why| format!("\"audio_codes\" {why}"))
 }
 
 /// SHA-256 over every sample's text ids and codes, and with named speakers also its speaker's

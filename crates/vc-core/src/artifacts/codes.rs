@@ -140,9 +140,14 @@ pub fn read_codes_file(path: &Path) -> Result<Vec<CodeFrame>> {
 
 /// Writes `{"codes": [[16 ints], ...]}` atomically.
 pub fn write_codes_file(path: &Path, frames: &[CodeFrame]) -> Result<()> {
-    let doc = serde_json::json!({ "codes": frames_to_json(frames) });
-    write_atomic(path, format!("{doc}\n").as_bytes())
+    write_atomic(path, codes_file_text(frames).as_bytes())
         .with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// What [`write_codes_file`] writes: `{"codes": [[16 ints], ...]}` and a line break.
+pub fn codes_file_text(frames: &[CodeFrame]) -> String {
+    let doc = serde_json::json!({ "codes": frames_to_json(frames) });
+    format!("{doc}\n")
 }
 
 #[cfg(test)]

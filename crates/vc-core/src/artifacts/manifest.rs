@@ -13,7 +13,7 @@ use anyhow::{Context, Result};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
 
-use super::codes::{frames_from_json, CodeFrame};
+use super::codes::{check_range, frames_from_json, CodeFrame};
 use super::speaker;
 use crate::fsutil::write_atomic;
 
@@ -70,6 +70,17 @@ impl AudioCodes {
         match self {
             AudioCodes::Frames(f) if !f.is_empty() => Some(f),
             _ => None,
+        }
+    }
+
+    /// The frames when they can be trained on — at least one, each of 16 codes, every code in
+    /// `0..codebook_size` — or what is wrong with them. The one check of stored codes: `codes`
+    /// recomputes what fails it, `train` refuses it (docs/training.md §3.1).
+    pub fn checked(&self, codebook_size: u32) -> std::result::Result<&[CodeFrame], String> {
+        match self {
+            AudioCodes::Invalid { why, .. } => Err(why.clone()),
+            AudioCodes::Frames(f) if f.is_empty() => Err("has no frames".into()),
+            AudioCodes::Frames(f) => check_range(f, codebook_size).map(|()| f.as_slice()),
         }
     }
 }
@@ -305,6 +316,31 @@ mod tests {
         }
         // Nothing changed: the file is rewritten byte for byte.
         assert_eq!(m.to_jsonl().unwrap(), text);
+    }
+
+    #[test]
+    fn codes_are_checked_for_shape_emptiness_and_range_in_one_place() {
+        let codes = |json: &str| match ManifestLine::parse(&format!("{{\"audio_codes\":{json}}}")) {
+            ManifestLine::Row(r) => r.audio_codes.unwrap(),
+            other => panic!("{other:?}"),
+        };
+        let ok = codes(&serde_json::json!([vec![2047; 16]]).to_string());
+        assert_eq!(ok.checked(2048).unwrap().len(), 1);
+        for (json, why) in [
+            ("[[1,2,3]]".to_string(), "frame 0 has 3 codes"),
+            (
+                serde_json::json!([vec![-1; 16]]).to_string(),
+                "frame 0 has code -1",
+            ),
+            ("[]".to_string(), "has no frames"),
+            (
+                serde_json::json!([vec![0; 16], vec![99999; 16]]).to_string(),
+                "frame 1 has code 99999, expected an integer in 0..2048",
+            ),
+        ] {
+            let e = codes(&json).checked(2048).unwrap_err();
+            assert!(e.contains(why), "{json}: {e}");
+        }
     }
 
     #[test]
