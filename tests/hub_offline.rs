@@ -93,6 +93,32 @@ fn hub_cache_resolution_offline() {
     );
     assert_eq!(src.optional_file("tokenizer.json").unwrap(), None);
 
+    // Files that are only not cached are not said to be missing from the repository: the
+    // message says the cache lacks them, the hub cannot be reached, and what to do.
+    let not_cached = |err: String, files: &[&str]| {
+        assert!(!err.contains("has neither"), "{err}");
+        assert!(
+            err.contains("not in the local Hugging Face cache")
+                && err.contains("HF_HUB_OFFLINE")
+                && err.contains("HF_HOME")
+                && err.contains("local")
+                && files.iter().all(|f| err.contains(f)),
+            "{err}"
+        );
+    };
+    let uncached = ModelSource::parse("Qwen/Not-Cached-TTS").unwrap();
+    not_cached(
+        format!("{:#}", vc_model::codec::Codec::load(&uncached).unwrap_err()),
+        &["speech_tokenizer/config.json", "Qwen/Not-Cached-TTS"],
+    );
+    not_cached(
+        format!(
+            "{:#}",
+            vc_model::files::Checkpoint::resolve(&src).unwrap_err()
+        ),
+        &["model.safetensors", "Qwen/Tiny-TTS"],
+    );
+
     let err = format!(
         "{:#}",
         resolve_single_file("ggerganov/whisper.cpp/ggml-base.bin").unwrap_err()

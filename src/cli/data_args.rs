@@ -177,7 +177,7 @@ pub enum CodecCommand {
     Encode {
         #[arg(value_name = "AUDIO")]
         audio: PathBuf,
-        /// Output JSON file.
+        /// Output JSON file; `-` writes it to standard output.
         #[arg(short, long, value_name = "JSON")]
         output: PathBuf,
         /// Replace the output file if it exists.
@@ -190,7 +190,7 @@ pub enum CodecCommand {
     Decode {
         #[arg(value_name = "CODES_JSON")]
         codes: PathBuf,
-        /// Output WAV file.
+        /// Output WAV file; `-` writes it to standard output.
         #[arg(short, long, value_name = "WAV")]
         output: PathBuf,
         /// Replace the output file if it exists.

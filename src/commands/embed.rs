@@ -20,13 +20,14 @@ pub fn run(ws: &Workspace, config: &Config, args: &EmbedArgs) -> Result<()> {
         if !named.contains(name) {
             bail!(
                 "speaker {name:?} has no utterances in {}{}; prepare it first with `voiceclone \
-                 prep --speaker {name} INPUT...`",
+                 prep --speaker {} INPUT...`",
                 ws.relative(&ws.manifest()),
                 if named.is_empty() {
                     String::new()
                 } else {
                     format!(" (its speakers: {})", named.join(", "))
-                }
+                },
+                vc_core::shell::quote(name)
             );
         }
     }

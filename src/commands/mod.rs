@@ -5,6 +5,7 @@ pub mod codec;
 pub mod codes;
 pub mod embed;
 pub mod export;
+pub mod output;
 pub mod prep;
 pub mod serve;
 pub mod speak;
@@ -33,6 +34,7 @@ pub fn run(cli: Cli) -> Result<()> {
             prep::run(&ws, &resolved.config, args)
         }
         Command::Embed(args) => {
+            output::refuse_stdout(args.output.as_deref(), "a safetensors file")?;
             let resolved = resolve(&ws, &cli, &args.overrides())?;
             embed::run(&ws, &resolved.config, args)
         }
@@ -45,10 +47,12 @@ pub fn run(cli: Cli) -> Result<()> {
             codec::run(&ws, &resolved.config, cmd)
         }
         Command::Train(args) => {
+            output::refuse_stdout(args.output.as_deref(), "a model directory")?;
             let resolved = resolve(&ws, &cli, &args.overrides())?;
             train::run(&ws, &resolved.config, args)
         }
         Command::Export(args) => {
+            output::refuse_stdout(args.output.as_deref(), "a model or adapter directory")?;
             let resolved = resolve(&ws, &cli, &args.overrides())?;
             export::run(&ws, &resolved.config, args)
         }
@@ -58,7 +62,7 @@ pub fn run(cli: Cli) -> Result<()> {
         }
         Command::Serve(args) => {
             let resolved = resolve(&ws, &cli, &args.overrides())?;
-            serve::run(&ws, &resolved.config)
+            serve::run(&ws, &resolved)
         }
         Command::Speakers(args) => {
             let resolved = resolve(&ws, &cli, &[])?;

@@ -245,3 +245,22 @@ fn embed_rejects_models_without_speaker_encoder_and_missing_audio() {
 fn toml_string(s: &str) -> String {
     toml::Value::String(s.to_string()).to_string()
 }
+
+/// The command a message suggests is quoted for a POSIX shell: a speaker name with a space or
+/// a quote gives a command that runs as printed.
+#[test]
+fn suggested_commands_quote_speaker_names() {
+    let ws = tempfile::tempdir().unwrap();
+    for (name, quoted) in [("Mary Ann", "'Mary Ann'"), ("O'Brien", r"'O'\''Brien'")] {
+        let out = voiceclone(
+            ws.path(),
+            &["embed", "--speaker", name, "--model", &model()],
+        );
+        assert!(!out.status.success());
+        let err = stderr(&out);
+        assert!(
+            err.contains(&format!("`voiceclone prep --speaker {quoted} INPUT...`")),
+            "{err}"
+        );
+    }
+}

@@ -36,6 +36,24 @@ fn config_layers_and_errors_through_the_binary() {
         "{text}"
     );
 
+    // Secrets are not printed: the key is shown as set, the output stays valid TOML.
+    std::fs::write(
+        ws.path().join("voiceclone.toml"),
+        "[serve]\napi_key = \"sekrit-key-123\"\n",
+    )
+    .unwrap();
+    let out = voiceclone(ws.path(), &["config"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(!text.contains("sekrit-key-123"), "{text}");
+    let parsed: toml::Table = text.parse().expect("`voiceclone config` prints valid TOML");
+    let shown = parsed["serve"]["api_key"].as_str().unwrap();
+    assert!(!shown.is_empty() && shown != "sekrit-key-123", "{text}");
+    assert!(
+        text.contains("api_key = ") && text.contains("voiceclone.toml"),
+        "{text}"
+    );
+
     std::fs::write(
         ws.path().join("voiceclone.toml"),
         "[prep]\nmax_secnds = 12\n",

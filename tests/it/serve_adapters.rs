@@ -182,6 +182,11 @@ fn two_adapter_voices_on_one_base_each_speak_as_speak_adapter() {
         ],
         "{voices}"
     );
+    // Voices are listed by name and kind: no client learns where the server keeps a file.
+    for dir in [&a, &b, &ws_a.path().to_path_buf()] {
+        let dir = dir.to_str().unwrap();
+        assert!(!voices.to_string().contains(dir), "{dir} in {voices}");
+    }
     let body = |i: usize| -> Value {
         json!({"model": "m", "input": texts[i].1, "voice": texts[i].0, "response_format": "pcm"})
     };
@@ -299,6 +304,50 @@ fn serve_refuses_clashing_names_and_modules_saved_whole() {
     let t = text(&o);
     assert!(
         t.contains("talker.codec_head.weight") && t.contains("train.lora_full"),
+        "{t}"
+    );
+}
+
+/// `--adapter NAME=DIR` whose NAME is no voice name is refused before anything loads, saying
+/// what is wrong with the name and where it was set, instead of reading a directory named
+/// `=dir` or `<script>=dir`.
+#[test]
+fn adapter_voice_names_are_checked_up_front() {
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(ws.path().join("dir")).unwrap();
+    let long = format!("{}=dir", "a".repeat(65));
+    for (entry, says) in [
+        ("=dir", "is empty"),
+        ("<script>=dir", "letters, digits"),
+        (long.as_str(), "longer than 64"),
+    ] {
+        let o =
+            crate::train_support::command(ws.path(), &["serve", "--port", "0", "--adapter", entry])
+                .current_dir(ws.path())
+                .output()
+                .unwrap();
+        assert!(!o.status.success(), "{entry}");
+        let t = text(&o);
+        assert!(
+            t.contains("voice name")
+                && t.contains(says)
+                && t.contains(&format!("{entry:?}"))
+                && t.contains("--adapter")
+                && !t.contains("adapter_config.json"),
+            "{t}"
+        );
+    }
+    // From the config file: the file is named.
+    std::fs::write(
+        ws.path().join("voiceclone.toml"),
+        "[serve]\nadapters = [\"two words=dir\"]\n",
+    )
+    .unwrap();
+    let o = voiceclone(ws.path(), &["serve", "--port", "0"]);
+    assert!(!o.status.success());
+    let t = text(&o);
+    assert!(
+        t.contains("voiceclone.toml") && t.contains("\"two words\""),
         "{t}"
     );
 }

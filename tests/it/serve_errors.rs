@@ -3,10 +3,58 @@
 //! answered with OpenAI-style JSON and a message that says what is wrong, and the server keeps
 //! serving after all of them.
 
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
 use serde_json::{json, Value};
 
 use crate::serve::{request, wav_samples, workspace, Server, SAMPLES_PER_FRAME};
 use crate::serve_voices::multipart;
+
+/// A POST whose head declares `Content-Length: length` and which then sends no body: the
+/// answer's status and JSON body (the socket gives up after 30 s).
+fn declared_without_body(
+    addr: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    length: &str,
+) -> (u16, Value) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut head = format!("POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {length}\r\n");
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes()).unwrap();
+    let mut r = BufReader::new(s);
+    let mut line = String::new();
+    r.read_line(&mut line)
+        .unwrap_or_else(|e| panic!("{path}: no answer: {e}"));
+    let status = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("{path}: bad status line {line:?}"));
+    let mut len = 0;
+    loop {
+        let mut l = String::new();
+        r.read_line(&mut l).unwrap();
+        let l = l.trim_end();
+        if l.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = l.split_once(':') {
+            if k.eq_ignore_ascii_case("content-length") {
+                len = v.trim().parse().unwrap();
+            }
+        }
+    }
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body).unwrap();
+    (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
+}
 
 #[test]
 fn every_error_is_openai_style_json_with_a_clear_message() {
@@ -162,6 +210,27 @@ fn every_error_is_openai_style_json_with_a_clear_message() {
     let big = json!({"model": "m", "input": "a".repeat(20_000), "voice": "default"}).to_string();
     let (s, c, _) = post(big.as_bytes(), &[auth]).error();
     assert_eq!((s, c.as_str()), (413, "request_too_large"));
+    // A declared length beyond the limit is refused at once, without waiting for a body that
+    // will never come (it once waited for the 120 s body timeout, then said 408).
+    for (path, content_type) in [
+        ("/v1/audio/speech", "application/json"),
+        ("/v1/voices", "multipart/form-data; boundary=XyZ"),
+    ] {
+        let started = Instant::now();
+        let (status, body) = declared_without_body(
+            &server.addr,
+            path,
+            &[auth, ("Content-Type", content_type)],
+            "99999999999",
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{path}: answered after {:?}",
+            started.elapsed()
+        );
+        assert_eq!(status, 413, "{path}: {body}");
+        assert_eq!(body["error"]["code"], "request_too_large", "{path}: {body}");
+    }
     // Routes and methods.
     let r = request(&server.addr, "GET", "/v1/nothing", &[auth], b"");
     assert_eq!(r.error().0, 404);
@@ -194,6 +263,25 @@ fn every_error_is_openai_style_json_with_a_clear_message() {
         &body,
     );
     assert_eq!(r.error().1, "invalid_audio");
+    // A transcript is prompt text like "input": bounded by serve.max_input_chars (60 here).
+    let long = "w".repeat(61);
+    let (ct, body) = multipart(&[
+        ("file", Some("x.wav"), b"RIFF"),
+        ("transcript", None, long.as_bytes()),
+    ]);
+    let r = request(
+        &server.addr,
+        "POST",
+        "/v1/voices",
+        &[auth, ("Content-Type", &ct)],
+        &body,
+    );
+    let (s, c, msg) = r.error();
+    assert_eq!((s, c.as_str()), (400, "string_above_max_length"), "{msg}");
+    assert!(
+        msg.contains("transcript") && msg.contains("at most 60"),
+        "{msg}"
+    );
     // The server is still well after all that.
     assert_eq!(post(ok_body.as_bytes(), &[auth]).status, 200);
 }

@@ -71,17 +71,36 @@ fn have_curl() -> bool {
     ok
 }
 
+/// The README's shell block with `curl` that holds `what`.
+fn curl_block(blocks: &[(String, String)], what: &str) -> String {
+    blocks
+        .iter()
+        .find(|(l, b)| l == "sh" && b.contains("curl ") && b.contains(what))
+        .unwrap_or_else(|| panic!("a curl block with {what}"))
+        .1
+        .clone()
+}
+
+/// Runs a README shell block as written (in `ws`, against `server`).
+fn run_block(block: &str, server: &Server, ws: &Path) -> std::process::Output {
+    let here = block.replace("http://127.0.0.1:8000", &server.url());
+    Command::new("bash")
+        .args(["-euo", "pipefail", "-c", &here])
+        .current_dir(ws)
+        .output()
+        .unwrap()
+}
+
 /// Acceptance 1: real clients nobody here wrote — curl and the official `openai` Python
 /// package — running the README's examples; the WAV they get is `speak`'s.
 #[test]
 fn readme_examples_run_against_the_server() {
     let blocks = readme_serve_blocks();
-    let curl = blocks
-        .iter()
-        .find(|(l, b)| l == "sh" && b.contains("curl "))
-        .expect("a curl block")
-        .1
-        .clone();
+    let curl = format!(
+        "{}\n{}",
+        curl_block(&blocks, "/v1/audio/speech"),
+        curl_block(&blocks, "/v1/voices")
+    );
     let python = blocks
         .iter()
         .find(|(l, _)| l == "python")
@@ -97,11 +116,7 @@ fn readme_examples_run_against_the_server() {
     let file = |name: &str| std::fs::read(ws.path().join(name)).unwrap();
 
     if have_curl() {
-        let o = Command::new("bash")
-            .args(["-euo", "pipefail", "-c", &here(&curl)])
-            .current_dir(ws.path())
-            .output()
-            .unwrap();
+        let o = run_block(&curl, &server, ws.path());
         assert!(
             o.status.success(),
             "the README's curl commands failed: {}",
@@ -152,4 +167,63 @@ fn readme_examples_run_against_the_server() {
             "frames by Python's wave"
         );
     }
+}
+
+/// A fine-tuned workspace (`model/` in the CustomVoice layout with its one speaker, as `train`
+/// exports it): the README's speech commands run as written and give `speak`'s WAV; its voice
+/// registration, which needs a Base model, fails visibly (curl exits non-zero, the error's JSON
+/// in the output file) instead of writing the error into `voice.json` and exiting 0.
+#[test]
+fn readme_curl_examples_on_a_fine_tuned_workspace() {
+    if !have_curl() {
+        return;
+    }
+    let blocks = readme_serve_blocks();
+    let ws = tempfile::tempdir().unwrap();
+    let model_dir = ws.path().join("model");
+    std::fs::create_dir_all(&model_dir).unwrap();
+    let fixture = common::fixtures().join("tiny-0b6-custom");
+    for entry in std::fs::read_dir(&fixture).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_name() != "config.json" {
+            let target = std::fs::canonicalize(entry.path()).unwrap();
+            std::os::unix::fs::symlink(target, model_dir.join(entry.file_name())).unwrap();
+        }
+    }
+    let mut config: Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture.join("config.json")).unwrap())
+            .unwrap();
+    config["talker_config"]["spk_id"] = serde_json::json!({"alice": 3000});
+    config["talker_config"]["spk_is_dialect"] = serde_json::json!({"alice": false});
+    std::fs::write(model_dir.join("config.json"), config.to_string()).unwrap();
+    std::fs::write(
+        ws.path().join("voiceclone.toml"),
+        "[speak]\nmax_frames = 24\n",
+    )
+    .unwrap();
+    std::fs::copy(ref_wav(), ws.path().join("my-clip.wav")).unwrap();
+    let want = speak(ws.path(), &["Hello from my own voice.", "--seed", "7"]);
+    let server = Server::start(ws.path(), &[], &[]);
+
+    let o = run_block(&curl_block(&blocks, "/v1/audio/speech"), &server, ws.path());
+    assert!(
+        o.status.success(),
+        "the README's speech commands failed on a fine-tuned workspace: {}",
+        stderr(&o)
+    );
+    let got = wav_samples(&std::fs::read(ws.path().join("hello.wav")).unwrap());
+    assert_same_samples(&got, &want, "curl's WAV vs speak's on the fine-tuned model");
+
+    let o = run_block(&curl_block(&blocks, "/v1/voices"), &server, ws.path());
+    assert!(
+        !o.status.success(),
+        "registering a voice on a CustomVoice model failed silently: {}",
+        stderr(&o)
+    );
+    let answer: Value =
+        serde_json::from_slice(&std::fs::read(ws.path().join("voice.json")).unwrap()).unwrap();
+    assert_eq!(
+        answer["error"]["code"], "voice_cloning_unavailable",
+        "{answer}"
+    );
 }

@@ -228,3 +228,49 @@ fn custom_voice_speakers_and_split_texts_equal_speak() {
     assert_eq!((s, code.as_str()), (400, "voice_not_found"), "{msg}");
     assert!(msg.contains("alice, bob, carol"), "{msg}");
 }
+
+/// What goes wrong inside the server is told to the client without the server's file paths
+/// (they stay in the server's log): here a Base model whose config lacks the speaker encoder,
+/// so a voice cannot be registered.
+#[test]
+fn server_errors_do_not_tell_clients_server_paths() {
+    let ws = tempfile::tempdir().unwrap();
+    let model_dir = ws.path().join("base-without-encoder");
+    std::fs::create_dir_all(&model_dir).unwrap();
+    let fixture = crate::common::fixtures().join("tiny-0b6");
+    for entry in std::fs::read_dir(&fixture).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_name() != "config.json" {
+            let target = std::fs::canonicalize(entry.path()).unwrap();
+            std::os::unix::fs::symlink(target, model_dir.join(entry.file_name())).unwrap();
+        }
+    }
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture.join("config.json")).unwrap())
+            .unwrap();
+    config
+        .as_object_mut()
+        .unwrap()
+        .remove("speaker_encoder_config");
+    std::fs::write(model_dir.join("config.json"), config.to_string()).unwrap();
+    std::fs::write(
+        ws.path().join("voiceclone.toml"),
+        format!("[model]\nbase = {:?}\n", model_dir.display().to_string()),
+    )
+    .unwrap();
+    let server = Server::start(ws.path(), &[], &[]);
+    let clip = std::fs::read(ref_wav()).unwrap();
+    let r = register(&server.addr, &[("file", Some("clip.wav"), &clip)]);
+    assert_eq!(r.status, 500, "{}", String::from_utf8_lossy(&r.body));
+    let (_, code, msg) = r.error();
+    assert_eq!(code, "internal_error", "{msg}");
+    let body = String::from_utf8_lossy(&r.body).into_owned();
+    let root = std::fs::canonicalize(ws.path()).unwrap();
+    for path in [ws.path(), root.as_path()] {
+        assert!(!body.contains(path.to_str().unwrap()), "{body}");
+    }
+    assert!(msg.contains("x-vector"), "{msg}");
+    // The operator's log has the whole story.
+    let log = std::fs::read_to_string(&server.log).unwrap();
+    assert!(log.contains("no speaker encoder"), "{log}");
+}

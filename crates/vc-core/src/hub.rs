@@ -80,6 +80,43 @@ impl ModelSource {
             ModelSource::Hub { repo } => format!("hub repository {repo}"),
         }
     }
+
+    /// The error for a model in which [`ModelSource::optional_file`] found none of `files`
+    /// (alternatives, e.g. a single checkpoint file or a shard index). With the hub offline the
+    /// files may well be in the repository, only not in the cache: the message says so and how
+    /// to get them, instead of claiming the repository lacks them.
+    pub fn none_of(&self, files: &[&str]) -> anyhow::Error {
+        match (self, files) {
+            (ModelSource::Hub { repo }, _) if offline() => {
+                let (all, verb) = match files {
+                    [.., last] if files.len() > 1 => (
+                        format!("{} and {last}", files[..files.len() - 1].join(", ")),
+                        "are",
+                    ),
+                    _ => (files.join(""), "is"),
+                };
+                anyhow::anyhow!(
+                    "{all} of hub repository {repo} {verb} not in the local Hugging Face cache \
+                     ({}), and the hub cannot be reached: HF_HUB_OFFLINE is set. {}",
+                    Cache::from_env().path().display(),
+                    not_cached_help(repo)
+                )
+            }
+            (_, [one]) => anyhow::anyhow!("{} has no file {one}", self.describe()),
+            (_, [a, b]) => anyhow::anyhow!("{} has neither {a} nor {b}", self.describe()),
+            _ => anyhow::anyhow!("{} has none of {}", self.describe(), files.join(", ")),
+        }
+    }
+}
+
+/// How to get a hub model's files onto a machine that cannot reach the hub (docs: the README's
+/// "Models and the hub").
+fn not_cached_help(repo: &str) -> String {
+    format!(
+        "To fix: on a machine with network, fetch {repo} (any voiceclone command that uses it \
+         does), copy that machine's Hugging Face cache here and point HF_HOME at it; or give a \
+         local model directory instead of the hub id"
+    )
 }
 
 /// A single-file model spec: a local file path, or `owner/repo/path/in/repo`.
@@ -166,9 +203,10 @@ fn hub_file(repo_id: &str, file: &str) -> Result<PathBuf> {
     if offline() {
         return Err(NotFound {
             message: format!(
-                "HF_HUB_OFFLINE is set and {file} of {repo_id} is not in the Hugging Face cache at {} \
-                 (download it once online, or point the config at a local copy)",
-                cache.path().display()
+                "{file} of hub repository {repo_id} is not in the local Hugging Face cache ({}), \
+                 and the hub cannot be reached: HF_HUB_OFFLINE is set. {}",
+                cache.path().display(),
+                not_cached_help(repo_id)
             ),
         }
         .into());
@@ -186,10 +224,13 @@ fn hub_file(repo_id: &str, file: &str) -> Result<PathBuf> {
             }
             .into())
         }
+        // The cache was looked at first: pointing HF_HUB_OFFLINE at it would not help.
         Err(e) => bail!(
-            "cannot download {file} from hub repository {repo_id}: {} (without network, set \
-             HF_HUB_OFFLINE=1 to use the Hugging Face cache, or name a local model directory)",
-            distinct_causes(&e)
+            "{file} of hub repository {repo_id} is not in the local Hugging Face cache ({}) and \
+             cannot be downloaded: {}. {}",
+            cache.path().display(),
+            distinct_causes(&e),
+            not_cached_help(repo_id)
         ),
     }
 }

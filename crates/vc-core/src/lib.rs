@@ -10,6 +10,7 @@
 //! - [`hub`]: model resolution: a local directory or file, or a Hugging Face hub repository.
 //! - [`progress`]: progress bars and warnings that do not garble each other.
 //! - [`rng`]: the one random generator (SplitMix64: data order, `speak --seed`).
+//! - [`shell`]: POSIX shell quoting of the commands printed for the user to run.
 //! - [`stop_signal`]: Ctrl-C / SIGTERM as a stop request that long work polls.
 //! - [`workspace`]: the directory shared by the chained subcommands; the one owner of its paths.
 
@@ -19,5 +20,6 @@ pub mod fsutil;
 pub mod hub;
 pub mod progress;
 pub mod rng;
+pub mod shell;
 pub mod stop_signal;
 pub mod workspace;

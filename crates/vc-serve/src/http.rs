@@ -77,6 +77,7 @@ impl ApiError {
         }
     }
 
+    /// A 500 whose `message` the client sees as it is: it must not hold server paths.
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -84,6 +85,14 @@ impl ApiError {
             "internal_error",
             message,
         )
+    }
+
+    /// A 500 for a failure whose `detail` may name the server's files (a model, the
+    /// workspace): the detail goes to the server's log, the client is told `what` failed only
+    /// (docs/serving.md §2).
+    pub fn internal_logged(what: &str, detail: impl std::fmt::Display) -> Self {
+        tracing::error!("{what}: {detail}");
+        Self::internal(format!("{what} (the server's log has the details)"))
     }
 
     pub fn response(&self) -> Response<RespBody> {
@@ -173,8 +182,14 @@ impl Body for ChannelBody {
     }
 }
 
-/// Reads a whole request body of at most `limit` bytes (413 beyond).
-pub async fn read_body(body: hyper::body::Incoming, limit: usize) -> Result<Bytes, ApiError> {
+/// Reads a whole request body of at most `limit` bytes (413 beyond). A body whose declared
+/// length (`Content-Length`) is already beyond the limit is refused before any of it is
+/// awaited: the client need not send it, nor the server wait for it.
+pub async fn read_body<B>(body: B, limit: usize) -> Result<Bytes, ApiError>
+where
+    B: Body,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let too_large = || {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -183,6 +198,9 @@ pub async fn read_body(body: hyper::body::Incoming, limit: usize) -> Result<Byte
             format!("the request body is larger than the server's limit of {limit} bytes"),
         )
     };
+    if body.size_hint().lower() > limit as u64 {
+        return Err(too_large());
+    }
     let read = http_body_util::Limited::new(body, limit).collect();
     let Ok(result) = tokio::time::timeout(super::BODY_TIMEOUT, read).await else {
         return Err(ApiError::new(
@@ -203,5 +221,61 @@ pub async fn read_body(body: hyper::body::Incoming, limit: usize) -> Result<Byte
             "bad_body",
             format!("cannot read the request body: {e}"),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A body that declares `0` bytes and never sends one.
+    struct Declared(u64);
+
+    impl Body for Declared {
+        type Data = Bytes;
+        type Error = Infallible;
+
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+            Poll::Pending
+        }
+
+        fn size_hint(&self) -> http_body::SizeHint {
+            http_body::SizeHint::with_exact(self.0)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_declared_length_beyond_the_limit_is_refused_at_once() {
+        let read = read_body(Declared(99_999_999_999), 1024);
+        let answer = tokio::time::timeout(std::time::Duration::from_secs(5), read)
+            .await
+            .expect("refused without waiting for the body");
+        let e = answer.unwrap_err();
+        assert_eq!(
+            (e.status, e.code),
+            (StatusCode::PAYLOAD_TOO_LARGE, Some("request_too_large"))
+        );
+        // Within the limit the body is awaited (here: forever).
+        let read = read_body(Declared(1024), 1024);
+        assert!(
+            tokio::time::timeout(std::time::Duration::from_millis(50), read)
+                .await
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn logged_internal_errors_tell_the_client_what_failed_only() {
+        let e = ApiError::internal_logged("cannot register the voice", "cannot read /srv/x/model");
+        assert_eq!(e.status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(
+            e.message.starts_with("cannot register the voice"),
+            "{}",
+            e.message
+        );
+        assert!(!e.message.contains("/srv"), "{}", e.message);
     }
 }

@@ -1,6 +1,10 @@
 //! `multipart/form-data` bodies (RFC 7578) as `POST /v1/voices` receives them: the whole body
 //! is in memory (its size is bounded before it is read), so parsing is a scan for boundaries.
 
+/// The longest header block of one part accepted (bytes): a part's headers are a few short
+/// lines, and their values (the field name) are echoed in error messages.
+pub const MAX_PART_HEAD: usize = 8192;
+
 /// One form field.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Part {
@@ -59,6 +63,11 @@ pub fn parse(body: &[u8], boundary: &str) -> Result<Vec<Part>, String> {
         }
         pos += 2;
         let head_end = find(body, b"\r\n\r\n", pos).ok_or("a multipart part has no header end")?;
+        if head_end - pos > MAX_PART_HEAD {
+            return Err(format!(
+                "a multipart part's headers are longer than {MAX_PART_HEAD} bytes"
+            ));
+        }
         let head = std::str::from_utf8(&body[pos..head_end])
             .map_err(|_| "a multipart part header is not UTF-8")?;
         let mut name = None;
@@ -114,6 +123,16 @@ mod tests {
             Some("XyZ")
         );
         assert_eq!(boundary("application/json"), None);
+    }
+
+    #[test]
+    fn part_headers_are_bounded() {
+        let part = |name: &str| {
+            format!("--B\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\nx\r\n--B--\r\n")
+        };
+        assert_eq!(parse(part("ok").as_bytes(), "B").unwrap()[0].name, "ok");
+        let e = parse(part(&"n".repeat(MAX_PART_HEAD)).as_bytes(), "B").unwrap_err();
+        assert!(e.contains("longer than 8192 bytes"), "{e}");
     }
 
     #[test]

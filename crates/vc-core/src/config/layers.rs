@@ -140,6 +140,7 @@ pub fn resolve_layers(layers: Vec<(Table, Source)>) -> Result<Resolved> {
         offload: set("train.offload"),
         recompute: set("train.recompute"),
     };
+    config.prep.whisper_model_set = set("prep.whisper_model");
     let resolved = Resolved {
         config,
         sources,
@@ -149,9 +150,17 @@ pub fn resolve_layers(layers: Vec<(Table, Source)>) -> Result<Resolved> {
     Ok(resolved)
 }
 
+/// Keys whose values are secrets: `voiceclone config` shows that they are set, not what they
+/// are (a printed configuration ends up in terminals, logs and bug reports).
+pub const SECRET_KEYS: &[&str] = &["serve.api_key"];
+
+/// What `voiceclone config` prints instead of a secret that is set (still a TOML string).
+pub const REDACTED: &str = "<redacted>";
+
 impl Resolved {
     /// The resolved configuration as TOML, one comment per key naming its origin when it is not
-    /// the built-in default.
+    /// the built-in default; the values of [`SECRET_KEYS`] that are set are shown as
+    /// [`REDACTED`].
     pub fn to_annotated_toml(&self) -> String {
         let mut out = String::new();
         for (section, value) in &self.merged {
@@ -159,10 +168,21 @@ impl Resolved {
             out.push_str(&format!("[{section}]\n"));
             for (key, v) in table {
                 let full = format!("{section}.{key}");
-                let line = format!("{key} = {v}");
+                let secret = SECRET_KEYS.contains(&full.as_str())
+                    && v.as_str().is_none_or(|s| !s.is_empty());
+                let line = if secret {
+                    format!("{key} = {}", Value::from(REDACTED))
+                } else {
+                    format!("{key} = {v}")
+                };
+                let note = if secret {
+                    " (a secret: not printed)"
+                } else {
+                    ""
+                };
                 match self.sources.get(&full) {
                     Some(Source::Default) | None => out.push_str(&format!("{line}\n")),
-                    Some(src) => out.push_str(&format!("{line}  # from {src}\n")),
+                    Some(src) => out.push_str(&format!("{line}  # from {src}{note}\n")),
                 }
             }
             out.push('\n');

@@ -90,6 +90,65 @@ mod tests {
         assert_eq!(r.sources["prep.jobs"], Source::File("b.toml".into()));
         assert_eq!(r.sources["prep.max_seconds"], Source::File("a.toml".into()));
         assert!(r.to_annotated_toml().contains("jobs = 1  # from b.toml"));
+        // Whether the Whisper model was named, even as the default's own value.
+        assert!(!r.config.prep.whisper_model_set);
+        let named = resolve_layers(vec![layer(
+            "[prep]\nwhisper_model = \"ggerganov/whisper.cpp/ggml-base.bin\"",
+            "a.toml",
+        )])
+        .unwrap();
+        assert!(named.config.prep.whisper_model_set);
+    }
+
+    #[test]
+    fn adapter_entries_name_a_valid_voice_or_a_directory() {
+        let none = |_: &str| false;
+        assert_eq!(adapter_entry("dir", none), Ok((None, "dir")));
+        assert_eq!(
+            adapter_entry("alice=out/a=b", none),
+            Ok((Some("alice"), "out/a=b"))
+        );
+        // An existing path is a directory whatever it holds.
+        assert_eq!(adapter_entry("=dir", |_| true), Ok((None, "=dir")));
+        for (entry, says) in [
+            ("=dir", "is empty"),
+            ("<script>=dir", "letters, digits"),
+            ("two words=dir", "letters, digits"),
+            (".hidden=dir", "starts with a dot"),
+        ] {
+            let e = adapter_entry(entry, none).unwrap_err();
+            assert!(e.contains(says) && e.contains(&format!("{entry:?}")), "{e}");
+        }
+        let long = format!("{}=dir", "a".repeat(65));
+        assert!(adapter_entry(&long, none).unwrap_err().contains("64"));
+        // Every voice name is a speaker name, so the two rules never disagree about a name a
+        // voice may have.
+        for name in ["alice", "Bob-2", "x.y_z", "Zoë", &"a".repeat(64)] {
+            assert_eq!(check_voice_name(name), Ok(()), "{name}");
+            assert_eq!(
+                crate::artifacts::speaker::check_name(name),
+                Ok(()),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn printed_configs_hide_secrets_and_stay_valid_toml() {
+        let r =
+            resolve_layers(vec![layer("[serve]\napi_key = \"s3cr3t-\\\"k\"", "a.toml")]).unwrap();
+        assert_eq!(r.config.serve.api_key, "s3cr3t-\"k");
+        let text = r.to_annotated_toml();
+        assert!(!text.contains("s3cr3t"), "{text}");
+        let printed: Table = text.parse().expect("valid TOML");
+        let shown = printed["serve"]["api_key"].as_str().unwrap();
+        assert!(!shown.is_empty(), "{text}");
+        assert!(text.contains("# from a.toml"), "{text}");
+        // Everything else is printed as it is, and an unset key shows that it is unset.
+        assert_eq!(printed["serve"]["port"].as_integer(), Some(8000));
+        let unset = resolve_layers(vec![]).unwrap().to_annotated_toml();
+        let unset: Table = unset.parse().unwrap();
+        assert_eq!(unset["serve"]["api_key"].as_str(), Some(""));
     }
 
     #[test]

@@ -71,12 +71,10 @@ impl Codec {
         let (config, weights) = match source.optional_file("speech_tokenizer/config.json")? {
             Some(config) => (config, source.file("speech_tokenizer/model.safetensors")?),
             None => {
-                let config = source.file("config.json").with_context(|| {
-                    format!(
-                        "{} has neither speech_tokenizer/config.json nor a tokenizer config.json",
-                        source.describe()
-                    )
-                })?;
+                // Offline, "neither" may only mean "not cached" (`none_of` says which).
+                let Some(config) = source.optional_file("config.json")? else {
+                    return Err(source.none_of(&["speech_tokenizer/config.json", "config.json"]));
+                };
                 (config, source.file("model.safetensors")?)
             }
         };

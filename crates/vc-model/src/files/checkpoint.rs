@@ -53,10 +53,8 @@ impl Checkpoint {
             return Self::open(vec![single]);
         }
         let Some(index_path) = source.optional_file(SHARD_INDEX)? else {
-            bail!(
-                "{} has neither {SINGLE_FILE} nor {SHARD_INDEX}",
-                source.describe()
-            );
+            // Offline, "neither" may only mean "not cached" (`none_of` says which).
+            return Err(source.none_of(&[SINGLE_FILE, SHARD_INDEX]));
         };
         let text = std::fs::read_to_string(&index_path)
             .with_context(|| format!("cannot read {}", index_path.display()))?;
