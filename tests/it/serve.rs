@@ -649,3 +649,98 @@ fn concurrent_equals_alone(precision: &str) {
         "different seeds and texts give different audio"
     );
 }
+
+/// The runaway guard in `serve` (docs/serving.md §2, docs/model.md §7.2): a whole WAV whose
+/// chunks a guard stopped says which and why in `x-voiceclone-guard`, and the server log names
+/// the request (its seed) and each chunk with the start of its text; the audio so far is kept.
+/// A streamed response's head leaves before any stop, so it ends with the audio so far and the
+/// log alone tells. A request's `max_frames` wins over the budget; `speak.runaway_guard = false`
+/// turns the guards off for the server.
+#[test]
+#[cfg_attr(not(feature = "test-hooks"), ignore = "needs --features test-hooks")]
+fn runaway_guard_stops_are_told_in_a_header_and_the_log() {
+    use crate::speak_cli::{FLOOR_FRAMES, LOOP, LOOP_STOP, NO_EOS};
+    let ws = crate::speak_cli::reference_workspace("\n[speak]\nmax_chunk_chars = 14\n");
+    let body = |extra: Value| {
+        let mut b = json!({"model": "m", "input": "Hello there. Good night.", "voice": "default",
+                           "seed": 3});
+        b.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        b
+    };
+    let pause = 2880;
+
+    // No end token: both chunks stop at their budget.
+    let server = Server::start(ws.path(), &[], &[NO_EOS]);
+    let r = speech(&server.addr, &body(json!({})));
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.header("x-voiceclone-guard"),
+        Some(
+            format!(
+                "chunk=1 reason=budget frames={FLOOR_FRAMES}, chunk=2 reason=budget \
+                 frames={FLOOR_FRAMES}"
+            )
+            .as_str()
+        )
+    );
+    assert_eq!(
+        wav_samples(&r.body).len(),
+        2 * FLOOR_FRAMES * SAMPLES_PER_FRAME + pause
+    );
+    let r = speech(&server.addr, &body(json!({"max_frames": 120})));
+    assert_eq!(r.header("x-voiceclone-guard"), None, "max_frames wins");
+    assert_eq!(
+        wav_samples(&r.body).len(),
+        2 * 120 * SAMPLES_PER_FRAME + pause
+    );
+    let log = std::fs::read_to_string(&server.log).unwrap();
+    for want in [
+        "request with seed 3: chunk 1 (\"Hello there.\"): no end of speech within its budget",
+        "request with seed 3: chunk 2 (\"Good night.\"): no end of speech within its budget",
+    ] {
+        assert!(log.contains(want), "no {want:?} in the log: {log}");
+    }
+    drop(server);
+
+    // A loop: each chunk stops once its stretch was repeated for 3 s.
+    let server = Server::start(ws.path(), &[], &[NO_EOS, LOOP]);
+    let r = speech(&server.addr, &body(json!({})));
+    assert_eq!(
+        r.header("x-voiceclone-guard"),
+        Some(
+            format!(
+                "chunk=1 reason=loop frames={LOOP_STOP} period=5, chunk=2 reason=loop \
+                 frames={LOOP_STOP} period=5"
+            )
+            .as_str()
+        )
+    );
+    let whole = wav_samples(&r.body);
+    assert_eq!(whole.len(), 2 * LOOP_STOP * SAMPLES_PER_FRAME + pause);
+    let r = speech(&server.addr, &body(json!({"response_format": "pcm"})));
+    assert_eq!(r.header("x-voiceclone-guard"), None, "a streamed head");
+    assert!(r.complete);
+    assert_same_samples(&pcm_samples(&r.body), &whole, "streamed after a loop stop");
+    let log = std::fs::read_to_string(&server.log).unwrap();
+    assert_eq!(
+        log.matches("request with seed 3: chunk 2 (\"Good night.\"): a stretch of 5 frames")
+            .count(),
+        2,
+        "{log}"
+    );
+    drop(server);
+
+    // The server honours `speak.runaway_guard = false`: the loop runs on to the frame limit.
+    let ws = crate::speak_cli::reference_workspace(
+        "\n[speak]\nmax_chunk_chars = 14\nmax_frames = 150\nrunaway_guard = false\n",
+    );
+    let server = Server::start(ws.path(), &[], &[NO_EOS, LOOP]);
+    let r = speech(&server.addr, &body(json!({})));
+    assert_eq!(r.header("x-voiceclone-guard"), None);
+    assert_eq!(
+        wav_samples(&r.body).len(),
+        2 * 150 * SAMPLES_PER_FRAME + pause
+    );
+}

@@ -644,3 +644,128 @@ fn speak_to_standard_output_streams_the_wav_of_speak() {
         stderr(&o)
     );
 }
+
+/// What the runaway guard's tests force through the `test-hooks` seams (docs/model.md §7.2):
+/// a missing end token, and code 0 replaying 5 codes over and over from step 4 on.
+pub(crate) const NO_EOS: (&str, &str) = ("VOICECLONE_TEST_SUPPRESS_EOS", "1");
+pub(crate) const LOOP: (&str, &str) = ("VOICECLONE_TEST_LOOP_CODES", "4:101,202,303,404,505");
+/// The frame budget of a chunk of a few tokens: the guard's floor of 8 s of 80 ms frames
+/// (three times the default pace of 6 frames per token is less for 5 tokens or fewer).
+pub(crate) const FLOOR_FRAMES: usize = 100;
+/// Where the forced loop stops: after the 4 frames before it, its first 5 codes, and 3 s (38
+/// frames) of their repeats.
+pub(crate) const LOOP_STOP: usize = 4 + 5 + 38;
+// Early: before the budget would stop it.
+const _: () = assert!(LOOP_STOP < FLOOR_FRAMES);
+
+/// `voiceclone speak` in `ws` with the seams of `env`.
+fn speak_with(ws: &Path, env: &[(&str, &str)], args: &[&str]) -> std::process::Output {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_voiceclone"));
+    cmd.current_dir(ws)
+        .arg("speak")
+        .args(args)
+        .env_remove("RUST_LOG");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("cannot run the voiceclone binary")
+}
+
+/// A chunk whose end token never comes stops at its frame budget instead of the model's 8191
+/// frames, and the warning names the chunk (its number and the start of its text); the audio
+/// so far is kept. `--max-frames` wins over the budget, `--no-runaway-guard` turns it off.
+#[test]
+#[cfg_attr(not(feature = "test-hooks"), ignore = "needs --features test-hooks")]
+fn runaway_guard_stops_a_chunk_without_end_at_its_budget() {
+    let ws = reference_workspace("");
+    let text = "Hello there. Good night.";
+    let o = speak_with(
+        ws.path(),
+        &[NO_EOS],
+        &[
+            text,
+            "-o",
+            "budget.wav",
+            "--seed",
+            "3",
+            "--max-chunk-chars",
+            "14",
+            "--save-codes",
+            "budget.json",
+        ],
+    );
+    ok(&o);
+    let err = stderr(&o);
+    // Two chunks, each stopped at the floor, joined with a 0.12 s pause.
+    assert_eq!(
+        codes(&ws.path().join("budget.json")).len(),
+        2 * FLOOR_FRAMES
+    );
+    assert_eq!(
+        wav_samples(&ws.path().join("budget.wav")).len(),
+        2 * FLOOR_FRAMES * 1920 + 2880
+    );
+    for (chunk, start) in [(1, "Hello there."), (2, "Good night.")] {
+        let want = format!("chunk {chunk} ({start:?}): no end of speech within its budget of {FLOOR_FRAMES} frames");
+        assert!(err.contains(&want), "no warning {want:?} in: {err}");
+    }
+    assert!(
+        common::stdout(&o).contains("(stopped by the runaway guard)"),
+        "{}",
+        common::stdout(&o)
+    );
+
+    // An explicit limit wins over the budget; without the guard only the limit stops it.
+    for (flags, name) in [
+        (&["--max-frames", "150"][..], "limit"),
+        (&["--max-frames", "150", "--no-runaway-guard"][..], "off"),
+    ] {
+        let (wav, codes_file) = (format!("{name}.wav"), format!("{name}.json"));
+        let mut args = vec!["Hello there.", "-o", &wav, "--seed", "3"];
+        args.extend_from_slice(&["--save-codes", &codes_file]);
+        args.extend_from_slice(flags);
+        let o = speak_with(ws.path(), &[NO_EOS], &args);
+        ok(&o);
+        assert_eq!(codes(&ws.path().join(&codes_file)).len(), 150, "{name}");
+        assert!(!stderr(&o).contains("warning"), "{name}: {}", stderr(&o));
+        assert!(common::stdout(&o).contains("(stopped by the frame limit)"));
+    }
+}
+
+/// A chunk whose code 0 loops stops once the stretch has been repeated for 3 s, well before
+/// its budget, with a warning naming it; the frames so far are kept. Streamed (`-o -`) the
+/// same.
+#[test]
+#[cfg_attr(not(feature = "test-hooks"), ignore = "needs --features test-hooks")]
+fn runaway_guard_stops_a_loop_early() {
+    let ws = reference_workspace("");
+    for out in ["loop.wav", "-"] {
+        let o = speak_with(
+            ws.path(),
+            &[NO_EOS, LOOP],
+            &[
+                "Hello there.",
+                "-o",
+                out,
+                "--seed",
+                "5",
+                "--save-codes",
+                "loop.json",
+                "--overwrite",
+            ],
+        );
+        ok(&o);
+        let frames = codes(&ws.path().join("loop.json"));
+        assert_eq!(frames.len(), LOOP_STOP, "-o {out}");
+        let code0: Vec<u32> = frames.iter().map(|f| f[0]).collect();
+        assert_eq!(code0[4..9], [101, 202, 303, 404, 505], "the forced loop");
+        let err = stderr(&o);
+        let want = "chunk 1 (\"Hello there.\"): a stretch of 5 frames (0.40 s) repeated for 3.4 s";
+        assert!(
+            err.contains(want),
+            "-o {out}: no warning {want:?} in: {err}"
+        );
+    }
+    let samples = wav_samples(&ws.path().join("loop.wav"));
+    assert_eq!(samples.len(), LOOP_STOP * 1920);
+}

@@ -11,6 +11,7 @@ use vc_core::artifacts::CodeFrame;
 
 use candle_core::{DType, Device, Tensor};
 use vc_core::hub::ModelSource;
+use vc_generate::runaway::RunawayGuard;
 use vc_generate::sampling::Sampling;
 use vc_generate::{DecodeOptions, Precision, Request, Synthesizer, Voice};
 
@@ -113,6 +114,8 @@ fn run_model_from(model: &str, dir: &std::path::Path, precision: Precision) {
             sub_codes: Sampling::GREEDY,
             repetition_penalty: case["repetition_penalty"].as_f64().unwrap(),
             max_frames: max_new_tokens - 1,
+            // The guards stay on: a generation that ends by itself is unchanged by them.
+            runaway: RunawayGuard::ON,
             seed: 0,
             batch_size: texts.len(),
             max_chunk_chars: 0,
@@ -126,6 +129,7 @@ fn run_model_from(model: &str, dir: &std::path::Path, precision: Precision) {
                 language: l.clone(),
                 voice: voice.clone(),
                 non_streaming: case["non_streaming_mode"].as_bool().unwrap(),
+                pace: None,
             })
             .collect();
         let speech = synth.synthesize(&requests, &opts, |_, _, _| {}).unwrap();

@@ -14,6 +14,7 @@ use anyhow::{ensure, Result};
 use candle_core::DType;
 
 use super::prompt::TalkerPrompt;
+use super::runaway::{GuardReason, RowGuard, RowVerdict};
 use super::sampling::RowRng;
 use super::talker_loop::LoopOptions;
 use vc_core::artifacts::CodeFrame;
@@ -31,6 +32,8 @@ pub struct Row {
     history: BTreeSet<u32>,
     step: usize,
     opts: LoopOptions,
+    /// Its frame limit and the runaway guard (docs/model.md §7.2).
+    guard: RowGuard,
     rng: RowRng,
     /// The adapter the row speaks with (docs/serving.md §7); `None`: the base model.
     adapter: Option<infer::AdapterId>,
@@ -43,18 +46,22 @@ pub enum StepOutcome {
     Frame(CodeFrame),
     /// A frame, and the frame limit ends the row.
     Last(CodeFrame),
+    /// A frame, and a guard ends the row (docs/model.md §7.2): the frames so far are kept.
+    Stopped(CodeFrame, GuardReason),
     /// Code 0 was EOS at this step (= the row's frame count): the row ends without a frame.
     Eos(usize),
 }
 
 impl Row {
     /// Prefills `prompt` alone (as `talker_loop::generate` does for one row), computing with
-    /// `adapter` (put on `talker` with `infer::CpuTalker::add_adapter`) when one is given.
+    /// `adapter` (put on `talker` with `infer::CpuTalker::add_adapter`) when one is given;
+    /// `guard` ends the row besides EOS.
     pub fn start(
         talker: &infer::CpuTalker,
         prompt: &TalkerPrompt,
         pad: &candle_core::Tensor,
         opts: LoopOptions,
+        guard: RowGuard,
         rng: RowRng,
         adapter: Option<infer::AdapterId>,
     ) -> Result<Row> {
@@ -90,6 +97,7 @@ impl Row {
             history: BTreeSet::new(),
             step: 0,
             opts,
+            guard,
             rng,
             adapter,
         })
@@ -120,7 +128,8 @@ impl Stepper {
 
     /// One frame for every row (docs/model.md §7): code 0 from each row's last hidden state,
     /// codebooks 1–15 for the rows that did not stop, then the frames fed back for those that
-    /// go on. Rows that end ([`StepOutcome::Last`], [`StepOutcome::Eos`]) must not be stepped again.
+    /// go on. Rows that end ([`StepOutcome::Last`], [`StepOutcome::Stopped`],
+    /// [`StepOutcome::Eos`]) must not be stepped again.
     pub fn step(
         &mut self,
         talker: &infer::CpuTalker,
@@ -193,13 +202,15 @@ impl Stepper {
             frame[1..].copy_from_slice(&sub[k]);
             let row = &mut rows[i];
             row.step += 1;
-            if row.step >= row.opts.max_frames {
-                outcome[i] = Some(StepOutcome::Last(CodeFrame(frame)));
-            } else {
-                outcome[i] = Some(StepOutcome::Frame(CodeFrame(frame)));
-                feed_rows.push(i);
-                feed_frames.push(frame);
-            }
+            outcome[i] = Some(match row.guard.after_frame(frame[0], row.step) {
+                RowVerdict::Continue => {
+                    feed_rows.push(i);
+                    feed_frames.push(frame);
+                    StepOutcome::Frame(CodeFrame(frame))
+                }
+                RowVerdict::Limit => StepOutcome::Last(CodeFrame(frame)),
+                RowVerdict::Stop(why) => StepOutcome::Stopped(CodeFrame(frame), why),
+            });
         }
         if !feed_rows.is_empty() {
             let mut x = talker.frame_embed(&feed_frames)?;

@@ -11,12 +11,14 @@
 //! | [`text_split`] | long texts cut into chunks the model speaks well |
 //! | [`synthesizer`] | text in, 24 kHz audio out: the voice-clone and custom-voice pipelines |
 //! | [`precision`] | the number formats of inference (`speak.precision`) and what `auto` picks |
+//! | [`runaway`] | the guards that stop a chunk that misses its end or loops |
 //! | [`streaming`], [`audio_chunks`] | one request spoken as it is generated, its audio in growing chunks |
 
 pub mod audio_chunks;
 pub mod continuous_batch;
 pub mod precision;
 pub mod prompt;
+pub mod runaway;
 pub mod sampling;
 pub mod streaming;
 pub mod synthesizer;

@@ -83,6 +83,7 @@ impl Code0Processors {
                 *s = f32::NEG_INFINITY;
             }
         }
+        crate::runaway::seams::force_code0(scores, step, self.eos);
     }
 }
 

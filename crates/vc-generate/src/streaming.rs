@@ -15,6 +15,7 @@ use anyhow::{Context, Result};
 
 use super::audio_chunks::AudioChunks;
 use super::continuous_batch::{Row, StepOutcome, Stepper};
+use super::runaway::GuardStop;
 use super::sampling::RowRng;
 use super::synthesizer::{DecodeOptions, Request, Synthesizer};
 use vc_core::artifacts::CodeFrame;
@@ -38,8 +39,10 @@ struct ChunkStart {
 pub struct Streamed {
     /// Every generated frame, all chunks in order.
     pub frames: Vec<CodeFrame>,
-    /// Per chunk: the EOS step, or `None` when the frame limit stopped it.
+    /// Per chunk: the EOS step, or `None` when the frame limit or a guard stopped it.
     pub eos_steps: Vec<Option<usize>>,
+    /// The chunks a runaway guard stopped (docs/model.md §7.2).
+    pub guard_stops: Vec<GuardStop>,
     /// Samples handed to the sink (pauses between chunks included).
     pub samples: usize,
     /// Chunks of frames decoded and handed to the sink ([`AudioChunks`]).
@@ -85,6 +88,7 @@ impl Synthesizer {
                 audio_chunks: 1,
                 frames: speech.frames,
                 eos_steps: speech.eos_steps,
+                guard_stops: speech.guard_stops,
             });
         };
         let loop_opts = self.loop_options(opts);
@@ -157,6 +161,7 @@ impl Synthesizer {
                         &plan.prompt,
                         self.pad_embed(),
                         loop_opts.clone(),
+                        plan.guard.clone(),
                         RowRng::new(opts.seed, 0, c as u64),
                         plan.adapter,
                     )?;
@@ -167,14 +172,25 @@ impl Synthesizer {
                     if tx.send(chunk).is_err() {
                         return Ok(()); // The decoding thread stopped: its error says why.
                     }
+                    let mut frames = 0;
                     loop {
                         let outcome = stepper.step(talker, &mut [&mut row])?[0];
                         let (frame, end) = match outcome {
                             StepOutcome::Frame(f) => (Some(f), None),
                             StepOutcome::Last(f) => (Some(f), Some(None)),
+                            StepOutcome::Stopped(f, why) => {
+                                out.guard_stops.push(GuardStop::new(
+                                    c,
+                                    &plan.text,
+                                    frames + 1,
+                                    why,
+                                ));
+                                (Some(f), Some(None))
+                            }
                             StepOutcome::Eos(step) => (None, Some(Some(step))),
                         };
                         if let Some(f) = frame {
+                            frames += 1;
                             out.frames.push(f);
                             if tx.send(ToDecoder::Frame(f.0)).is_err() {
                                 return Ok(());

@@ -7,6 +7,7 @@ use candle_core::{Device, Tensor};
 
 use super::precision::Precision;
 use super::prompt::{self, Embed, IclBranch, IclReference, PromptSpec, SpeakerSlot, SpecialEmbeds};
+use super::runaway::{GuardStop, RowGuard, RunawayGuard};
 use super::sampling::{Code0Processors, RowRng, Sampling};
 use super::talker_loop::{self, Generated, LoopOptions};
 use super::text_split;
@@ -62,6 +63,9 @@ pub struct Request {
     pub voice: Voice,
     /// The official `non_streaming_mode`.
     pub non_streaming: bool,
+    /// The voice's speaking pace in frames per text token, which sets each chunk's frame
+    /// budget (docs/model.md §7.2); `None`: not known, the model's default pace.
+    pub pace: Option<f64>,
 }
 
 /// The default most frames in one chunk of streamed audio (`speak.stream_chunk_frames`): a push
@@ -77,6 +81,8 @@ pub struct DecodeOptions {
     pub repetition_penalty: f64,
     /// At most this many frames per utterance chunk.
     pub max_frames: usize,
+    /// The guards that stop a chunk missing its end or looping (docs/model.md §7.2).
+    pub runaway: RunawayGuard,
     pub seed: u64,
     /// Rows generated together.
     pub batch_size: usize,
@@ -106,6 +112,7 @@ impl DecodeOptions {
             },
             repetition_penalty: g.repetition_penalty,
             max_frames: g.max_new_tokens.saturating_sub(1).max(1),
+            runaway: RunawayGuard::ON,
             seed: 0,
             batch_size: 8,
             max_chunk_chars: 0,
@@ -119,8 +126,10 @@ impl DecodeOptions {
 pub struct Speech {
     /// Generated frames (all chunks in order; ICL reference codes not included).
     pub frames: Vec<CodeFrame>,
-    /// Per chunk: the EOS step, or `None` when the frame limit stopped it.
+    /// Per chunk: the EOS step, or `None` when the frame limit or a guard stopped it.
     pub eos_steps: Vec<Option<usize>>,
+    /// The chunks a runaway guard stopped (docs/model.md §7.2).
+    pub guard_stops: Vec<GuardStop>,
     /// 24 kHz mono samples.
     pub wav: Vec<f32>,
     /// ICL alignment branch per chunk (streaming ICL only).
@@ -138,6 +147,10 @@ pub struct RowPlan {
     pub text_tokens: usize,
     /// The adapter the row computes with ([`Voice::Adapter`]).
     pub adapter: Option<infer::AdapterId>,
+    /// The chunk's text (for a guard's report).
+    pub text: String,
+    /// What ends the row besides EOS: its frame budget or limit, the loop guard.
+    pub guard: RowGuard,
 }
 
 /// Which implementation runs the talker.
@@ -401,7 +414,7 @@ impl Synthesizer {
             "adapter voices kept beside the base model are spoken by `voiceclone serve`; \
              `voiceclone speak --adapter DIR` puts one adapter on at load"
         );
-        // (request, chunk, spec, icl reference codes)
+        // (request, chunk, spec, chunk text)
         let mut rows = Vec::new();
         for (i, req) in requests.iter().enumerate() {
             let text = req.text.trim();
@@ -413,7 +426,7 @@ impl Synthesizer {
                 .enumerate()
             {
                 let spec = self.prompt_spec(req, &chunk)?;
-                rows.push((i, c, spec));
+                rows.push((i, c, spec, chunk));
             }
         }
         let loop_opts = self.loop_options(opts);
@@ -422,7 +435,9 @@ impl Synthesizer {
         for group in rows.chunks(opts.batch_size) {
             let mut prompts = Vec::with_capacity(group.len());
             let mut branches = Vec::with_capacity(group.len());
-            for (_, _, spec) in group {
+            let mut guards = Vec::with_capacity(group.len());
+            for (i, _, spec, _) in group {
+                guards.push(Self::row_guard(opts, spec, requests[*i].pace));
                 let (p, branch) = prompt::build(
                     Self::embedder_of(&self.backend),
                     self.config(),
@@ -434,7 +449,7 @@ impl Synthesizer {
             }
             let mut rngs: Vec<RowRng> = group
                 .iter()
-                .map(|(i, c, _)| RowRng::new(opts.seed, *i as u64, *c as u64))
+                .map(|(i, c, _, _)| RowRng::new(opts.seed, *i as u64, *c as u64))
                 .collect();
             let observe = |frames| progress(done, rows.len(), frames);
             let out = match &self.backend {
@@ -443,6 +458,7 @@ impl Synthesizer {
                     &prompts,
                     &self.special.pad,
                     &loop_opts,
+                    &mut guards,
                     &mut rngs,
                     observe,
                 )?,
@@ -451,6 +467,7 @@ impl Synthesizer {
                     &prompts,
                     &self.special.pad,
                     &loop_opts,
+                    &mut guards,
                     &mut rngs,
                     observe,
                 )?,
@@ -465,18 +482,23 @@ impl Synthesizer {
             .map(|_| Speech {
                 frames: Vec::new(),
                 eos_steps: Vec::new(),
+                guard_stops: Vec::new(),
                 wav: Vec::new(),
                 icl_branches: Vec::new(),
             })
             .collect();
         let pause = vec![0.0f32; self.chunk_pause_samples()];
-        for ((i, _, spec), (g, branch)) in rows.iter().zip(generated) {
+        for ((i, c, spec, chunk), (g, branch)) in rows.iter().zip(generated) {
             let wav = self.decode(&g.frames, spec.icl.as_ref())?;
             let s = &mut speech[*i];
             if !s.eos_steps.is_empty() {
                 s.wav.extend_from_slice(&pause);
             }
             s.wav.extend(wav);
+            if let Some(why) = g.stopped {
+                s.guard_stops
+                    .push(GuardStop::new(*c, chunk, g.frames.len(), why));
+            }
             s.frames.extend(g.frames);
             s.eos_steps.push(g.eos_step);
             s.icl_branches.push(branch);
@@ -500,6 +522,13 @@ impl Synthesizer {
         }
     }
 
+    /// What ends a row of `spec` besides EOS under `opts`, for a voice of `pace` frames per
+    /// text token: the chunk's frame budget or the frame limit, and the loop guard
+    /// (docs/model.md §7.2).
+    fn row_guard(opts: &DecodeOptions, spec: &PromptSpec, pace: Option<f64>) -> RowGuard {
+        RowGuard::new(opts.runaway, spec.text.text().len(), pace, opts.max_frames)
+    }
+
     /// The rows [`Self::synthesize`] generates for one request — its text split into chunks
     /// by `opts.max_chunk_chars` — with their prompts, for a caller that runs the frame loop
     /// itself (`voiceclone serve`'s continuous batching, `crate::continuous_batch`). Row `c` of
@@ -519,6 +548,7 @@ impl Synthesizer {
             .into_iter()
             .map(|chunk| {
                 let spec = self.prompt_spec(req, &chunk)?;
+                let guard = Self::row_guard(opts, &spec, req.pace);
                 let (prompt, _) = prompt::build(
                     Self::embedder_of(&self.backend),
                     self.config(),
@@ -530,6 +560,8 @@ impl Synthesizer {
                     ref_codes: ref_codes.clone(),
                     text_tokens: spec.text.ids.len(),
                     adapter,
+                    text: chunk,
+                    guard,
                 })
             })
             .collect()

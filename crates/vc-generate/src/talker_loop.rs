@@ -9,6 +9,7 @@ use anyhow::{ensure, Result};
 use candle_core::{DType, IndexOp, Tensor};
 
 use super::prompt::{self, TalkerPrompt};
+use super::runaway::{GuardReason, RowGuard, RowVerdict};
 use super::sampling::{Code0Processors, RowRng, Sampling};
 use vc_core::artifacts::CodeFrame;
 use vc_model::infer;
@@ -22,7 +23,8 @@ pub struct LoopOptions {
     /// Codebooks 1..15 (the code predictor).
     pub sub_codes: Sampling,
     pub processors: Code0Processors,
-    /// At most this many frames per row (the official `max_new_tokens` − 1, docs/model.md §14).
+    /// At most this many frames per row (the official `max_new_tokens` − 1, docs/model.md §14);
+    /// a row's [`RowGuard`] may stop it sooner.
     pub max_frames: usize,
 }
 
@@ -30,8 +32,11 @@ pub struct LoopOptions {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Generated {
     pub frames: Vec<CodeFrame>,
-    /// The step whose code-0 was EOS (= the frame count), or `None` when `max_frames` ended it.
+    /// The step whose code-0 was EOS (= the frame count), or `None` when the frame limit or a
+    /// guard ended it.
     pub eos_step: Option<usize>,
+    /// The guard that stopped the row (docs/model.md §7.2), if one did.
+    pub stopped: Option<GuardReason>,
 }
 
 /// Called after every generated step with the number of frames of the longest running row.
@@ -195,19 +200,21 @@ impl FrameModel for infer::CpuTalker {
 }
 
 /// Generates all rows together (left-padded batch; a row gives the same codes alone,
-/// docs/model.md §14). `rngs[i]` is row i's random stream; `pad` is `tts_pad_embed` `(1, H)`.
+/// docs/model.md §14). `guards[i]` ends row i besides EOS (its frame limit, the runaway guard of
+/// docs/model.md §7.2); `rngs[i]` is row i's random stream; `pad` is `tts_pad_embed` `(1, H)`.
 pub fn generate<M: FrameModel>(
     talker: &M,
     prompts: &[TalkerPrompt],
     pad: &Tensor,
     opts: &LoopOptions,
+    guards: &mut [RowGuard],
     rngs: &mut [RowRng],
     mut observe: impl StepObserver,
 ) -> Result<Vec<Generated>> {
     let b = prompts.len();
     ensure!(
-        b > 0 && rngs.len() == b,
-        "one random stream per row is needed"
+        b > 0 && rngs.len() == b && guards.len() == b,
+        "one random stream and one guard per row are needed"
     );
     let groups = talker.num_code_groups();
     ensure!(
@@ -230,6 +237,7 @@ pub fn generate<M: FrameModel>(
         .map(|_| Generated {
             frames: Vec::new(),
             eos_step: None,
+            stopped: None,
         })
         .collect();
     let mut running = vec![true; b];
@@ -284,8 +292,13 @@ pub fn generate<M: FrameModel>(
             frames.push(frame);
             if running[r] {
                 out[r].frames.push(CodeFrame(frame));
-                if out[r].frames.len() >= opts.max_frames {
-                    running[r] = false;
+                match guards[r].after_frame(c0[r], out[r].frames.len()) {
+                    RowVerdict::Continue => {}
+                    RowVerdict::Limit => running[r] = false,
+                    RowVerdict::Stop(why) => {
+                        running[r] = false;
+                        out[r].stopped = Some(why);
+                    }
                 }
             }
         }

@@ -3,7 +3,7 @@
 //! request's body is checked in [`super::speech_request`].
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex};
 
 use bytes::Bytes;
 use hyper::body::Incoming;
@@ -17,6 +17,7 @@ use super::scheduler::{GenEvent, Job, Refused};
 use super::speech_request::parse_speech;
 use super::stream_decoding::{OpenStream, StreamDecoding};
 use super::ServerState;
+use vc_generate::runaway::GuardStop;
 use vc_generate::{AudioChunks, Request as SpeechJob};
 
 /// Every request: authentication (all but `GET /health`), then the route.
@@ -144,11 +145,10 @@ fn list_voices(state: &ServerState) -> Response<RespBody> {
     for s in state.synth.speakers() {
         data.push(json!({"id": s, "object": "voice", "name": s, "mode": "speaker"}));
     }
+    // By name and kind only: where the server keeps an adapter is none of a client's
+    // business (docs/serving.md §2).
     for a in &state.adapter_voices {
-        data.push(
-            json!({"id": a.name, "object": "voice", "name": a.name, "mode": "adapter",
-                         "adapter": a.adapter}),
-        );
+        data.push(json!({"id": a.name, "object": "voice", "name": a.name, "mode": "adapter"}));
     }
     data.extend(state.voices.list().iter().map(|e| e.to_json()));
     http::json(StatusCode::OK, &json!({"object": "list", "data": data}))
@@ -172,7 +172,10 @@ fn delete_voice(id: &str, state: &ServerState) -> Result<Response<RespBody>, Api
             &json!({"id": id, "object": "voice", "deleted": true}),
         )),
         Ok(false) => Err(not_found()),
-        Err(e) => Err(ApiError::internal(format!("{e:#}"))),
+        Err(e) => Err(ApiError::internal_logged(
+            "cannot delete the voice",
+            format!("{e:#}"),
+        )),
     }
 }
 
@@ -196,6 +199,7 @@ async fn speech(
     let job_req = SpeechJob {
         text: p.input,
         language: p.language.unwrap_or_else(|| state.opts.language.clone()),
+        pace: state.pace_of(&p.voice),
         voice: p.voice,
         non_streaming,
     };
@@ -253,6 +257,9 @@ async fn speech(
     let decoding = state.decoding.clone();
     let worker_cancel = cancel.clone();
     let chunk_frames = state.opts.defaults.stream_chunk_frames;
+    // The chunks a runaway guard stopped, for the header of a whole WAV.
+    let stops = Arc::new(Mutex::new(Vec::new()));
+    let worker_stops = stops.clone();
     tokio::task::spawn_blocking(move || {
         decode_worker(
             &synth,
@@ -264,6 +271,7 @@ async fn speech(
             &worker_cancel,
             received,
             chunk_frames,
+            &worker_stops,
         )
     });
     let body = ChannelBody::new(rx, cancel, state.inflight.clone());
@@ -281,6 +289,14 @@ async fn speech(
             .map_err(|e| ApiError::internal(e.to_string()))?
             .to_bytes();
         let wav = Bytes::from(with_sizes(bytes.to_vec()));
+        // Known now that the whole WAV is made (docs/serving.md §2).
+        let stops = stops.lock().unwrap_or_else(|e| e.into_inner());
+        let response = if stops.is_empty() {
+            response
+        } else {
+            let value: Vec<String> = stops.iter().map(GuardStop::header_value).collect();
+            response.header("x-voiceclone-guard", value.join(", "))
+        };
         return Ok(response
             .body(http::full(wav))
             .expect("static response parts"));
@@ -312,6 +328,7 @@ fn shutting_down() -> ApiError {
 /// Turns a request's generated frames into response chunks as they come (docs/serving.md §4):
 /// one open stream of the decoding thread per row, the pause between the chunks of a split
 /// text, the response framing. Ends when the request is done, failed, or the client is gone.
+/// The chunks a runaway guard stopped go to `stops`.
 #[allow(clippy::too_many_arguments)]
 fn decode_worker(
     synth: &vc_generate::Synthesizer,
@@ -323,6 +340,7 @@ fn decode_worker(
     cancel: &AtomicBool,
     received: std::time::Instant,
     chunk_frames: usize,
+    stops: &Mutex<Vec<GuardStop>>,
 ) {
     let send = |b: Bytes| out.blocking_send(Ok(b)).is_ok();
     let mut first_audio: Option<std::time::Duration> = None;
@@ -394,7 +412,12 @@ fn decode_worker(
                     Err(e) => return fail(&out, &encoder, format!("decoding failed: {e:#}")),
                 }
             }
-            Some(GenEvent::ChunkEnd { .. }) => stream = None,
+            Some(GenEvent::ChunkEnd { stopped, .. }) => {
+                stream = None;
+                if let Some(stop) = stopped {
+                    stops.lock().unwrap_or_else(|e| e.into_inner()).push(stop);
+                }
+            }
             Some(GenEvent::Done { frames }) => {
                 if let Some(b) = encoder.done(input_tokens, frames) {
                     send(b);
@@ -518,6 +541,20 @@ async fn register_voice(
             "\"name\" must be at most 64 printable characters",
         ));
     }
+    // A transcript is prompt text of every request of the voice, as "input" is.
+    let max_chars = state.opts.max_input_chars;
+    if transcript
+        .as_ref()
+        .is_some_and(|t| t.chars().count() > max_chars)
+    {
+        return Err(ApiError::invalid(
+            Some("transcript"),
+            "string_above_max_length",
+            format!(
+                "\"transcript\" must be at most {max_chars} characters (serve.max_input_chars)"
+            ),
+        ));
+    }
     let ext = file
         .filename
         .as_deref()
@@ -546,11 +583,13 @@ async fn register_voice(
                 ),
             ));
         }
+        // Failures from here on may name the model's or the workspace's files: logged, and
+        // the client told what failed (docs/serving.md §2).
         let wav = vc_audio::resample(&audio.samples, audio.sample_rate, 24_000)
-            .map_err(|e| ApiError::internal(format!("{e:#}")))?;
-        let xvector = state2
-            .xvector(&wav)
-            .map_err(|e| ApiError::internal(format!("cannot compute the x-vector: {e:#}")))?;
+            .map_err(|e| ApiError::internal_logged("cannot resample the clip", format!("{e:#}")))?;
+        let xvector = state2.xvector(&wav).map_err(|e| {
+            ApiError::internal_logged("cannot compute the x-vector", format!("{e:#}"))
+        })?;
         let ref_codes = match &transcript {
             Some(_) => Some(
                 state2
@@ -558,7 +597,9 @@ async fn register_voice(
                     .codec
                     .encode(&wav)
                     .and_then(|c| vc_core::artifacts::codes::frames_from_rows(&c))
-                    .map_err(|e| ApiError::internal(format!("cannot encode the clip: {e:#}")))?,
+                    .map_err(|e| {
+                        ApiError::internal_logged("cannot encode the clip", format!("{e:#}"))
+                    })?,
             ),
             None => None,
         };
@@ -567,7 +608,7 @@ async fn register_voice(
             .add(name, transcript, xvector, ref_codes, max_voices)
             .map_err(|e| match e.downcast_ref::<super::voices::Full>() {
                 Some(full) => too_many_voices(full),
-                None => ApiError::internal(format!("{e:#}")),
+                None => ApiError::internal_logged("cannot register the voice", format!("{e:#}")),
             })
     })
     .await

@@ -16,6 +16,7 @@ pub mod speech_request;
 pub mod stream_decoding;
 pub mod voices;
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -54,6 +55,9 @@ pub struct ServeOptions {
     pub non_streaming: NonStreaming,
     /// The id `GET /v1/models` reports.
     pub model_id: String,
+    /// The measured pace (frames per text token) of the model's speakers, by lower-cased name,
+    /// which sets their chunks' frame budgets (docs/model.md §7.2).
+    pub speaker_paces: BTreeMap<String, f64>,
 }
 
 /// A speaker of an adapter kept beside the base model (`serve.adapters`, docs/serving.md §7).
@@ -61,9 +65,12 @@ pub struct ServeOptions {
 pub struct AdapterVoice {
     /// The `"voice"` a request names it by (matched case-insensitively).
     pub name: String,
-    /// The adapter directory, for `GET /v1/voices`.
+    /// The adapter directory, for the server's own messages; never sent to a client
+    /// (docs/serving.md §2).
     pub adapter: String,
     pub voice: Voice,
+    /// The speaker's measured pace in frames per text token, from the adapter directory.
+    pub pace: Option<f64>,
 }
 
 /// What the handlers share.
@@ -104,6 +111,23 @@ impl ServerState {
             inflight: Arc::new(http::InFlight::default()),
             closing: AtomicBool::new(false),
         })
+    }
+
+    /// The measured pace of `voice` in frames per text token (docs/model.md §7.2): a speaker
+    /// of the model or an adapter voice whose export measured it; `None` for the others.
+    pub fn pace_of(&self, voice: &Voice) -> Option<f64> {
+        match voice {
+            Voice::Speaker(name) => self.opts.speaker_paces.get(&name.to_lowercase()).copied(),
+            Voice::Adapter { adapter, xvector } => self
+                .adapter_voices
+                .iter()
+                .find(|a| {
+                    matches!(&a.voice, Voice::Adapter { adapter: id, xvector: x }
+                        if id == adapter && x == xvector)
+                })
+                .and_then(|a| a.pace),
+            Voice::XVector(_) | Voice::Icl { .. } => None,
+        }
     }
 
     /// The x-vector of a 24 kHz clip (the speaker encoder is loaded on first use).

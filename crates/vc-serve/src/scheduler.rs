@@ -12,6 +12,7 @@ use anyhow::{Context, Result};
 
 use vc_core::artifacts::CodeFrame;
 use vc_generate::continuous_batch::{Row, StepOutcome, Stepper};
+use vc_generate::runaway::GuardStop;
 use vc_generate::sampling::RowRng;
 use vc_generate::talker_loop::LoopOptions;
 use vc_generate::{RowPlan, Synthesizer};
@@ -39,9 +40,11 @@ pub enum GenEvent {
         ref_codes: Option<Vec<CodeFrame>>,
     },
     Frame(CodeFrame),
-    /// The row ended: at EOS (`Some(step)`) or at the frame limit.
+    /// The row ended: at EOS (`Some(step)`), at the frame limit, or stopped by a runaway guard
+    /// (`stopped`, docs/model.md §7.2).
     ChunkEnd {
         eos_step: Option<usize>,
+        stopped: Option<GuardStop>,
     },
     /// Every row is done.
     Done {
@@ -207,6 +210,7 @@ fn start_chunk(synth: &Synthesizer, job: &Job, chunk: usize) -> Result<Row> {
             &plan.prompt,
             synth.pad_embed(),
             job.opts.clone(),
+            plan.guard.clone(),
             RowRng::new(job.seed, 0, chunk as u64),
             plan.adapter,
         )
@@ -295,10 +299,17 @@ fn generation_loop(
         };
         let mut keep = Vec::with_capacity(active.len());
         for (mut a, outcome) in active.drain(..).zip(outcomes) {
-            let (frame, ended) = match outcome {
-                StepOutcome::Frame(f) => (Some(f), None),
-                StepOutcome::Last(f) => (Some(f), Some(None)),
-                StepOutcome::Eos(step) => (None, Some(Some(step))),
+            let (frame, ended, stopped) = match outcome {
+                StepOutcome::Frame(f) => (Some(f), None, None),
+                StepOutcome::Last(f) => (Some(f), Some(None), None),
+                StepOutcome::Stopped(f, why) => {
+                    let stop =
+                        GuardStop::new(a.chunk, &a.job.rows[a.chunk].text, a.row.frames(), why);
+                    // The server log names the request by its seed (`x-voiceclone-seed`).
+                    tracing::warn!("request with seed {}: {}", a.job.seed, stop.describe());
+                    (Some(f), Some(None), Some(stop))
+                }
+                StepOutcome::Eos(step) => (None, Some(Some(step)), None),
             };
             let mut gone = false;
             if let Some(f) = frame {
@@ -306,7 +317,11 @@ fn generation_loop(
                 gone |= a.job.events.send(GenEvent::Frame(f)).is_err();
             }
             if let Some(eos_step) = ended {
-                gone |= a.job.events.send(GenEvent::ChunkEnd { eos_step }).is_err();
+                gone |= a
+                    .job
+                    .events
+                    .send(GenEvent::ChunkEnd { eos_step, stopped })
+                    .is_err();
                 if !gone && a.chunk + 1 < a.job.rows.len() {
                     a.chunk += 1;
                     match start_chunk(synth, &a.job, a.chunk) {

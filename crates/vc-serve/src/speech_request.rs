@@ -287,6 +287,8 @@ pub fn parse_speech(state: &ServerState, body: &[u8]) -> Result<SpeechParams, Ap
             ));
         }
         opts.max_frames = m as usize;
+        // The request's limit wins over the runaway guard's budget (docs/model.md §7.2).
+        opts.runaway.budget = false;
     }
     let seed = count("seed", &body.seed)?;
     Ok(SpeechParams {

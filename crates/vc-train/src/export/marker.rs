@@ -119,7 +119,7 @@ pub fn base_identity(dir: &Path) -> Option<ModelIdentity> {
 }
 
 /// The marker of the export in `dir`, if it has a readable one.
-fn read_marker(dir: &Path) -> Option<Value> {
+pub(super) fn read_marker(dir: &Path) -> Option<Value> {
     serde_json::from_str(&fs::read_to_string(dir.join(MARKER)).ok()?).ok()
 }
 

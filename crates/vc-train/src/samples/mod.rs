@@ -3,11 +3,13 @@
 //! custom-voice prompt, greedy, at most [`plan::CAP_FACTOR`] × the reference length), written
 //! to `checkpoints/step-N/samples/`, and for each one the speaker similarity, the speaking rate
 //! against the speaker's own, whether it reached end of speech, and the word error rate of its
-//! transcript. [`score`] turns them into one number and names drift.
+//! transcript (by the Whisper model [`listener`] chooses). [`score`] turns them into one number
+//! and names drift.
 //!
 //! Samples are spoken on the CPU from the saved checkpoint, whatever trains the run and on how
 //! many ranks: they read what the export reads, and take no memory from the training device.
 
+pub mod listener;
 pub mod plan;
 pub mod score;
 pub mod wer;
@@ -109,6 +111,8 @@ pub fn speak(job: &SampleJob, mut progress: impl FnMut(usize, usize)) -> Result<
                     language: "auto".into(),
                     voice: Voice::Speaker(p.voice.clone()),
                     non_streaming: true,
+                    // The pace `speak` reads from the export (docs/model.md §7.2).
+                    pace: p.pace,
                 }],
                 &decode_options(&synth, p.cap),
                 |_, _, _| {},
@@ -360,12 +364,14 @@ pub fn intelligibility(
 }
 
 /// Greedy decoding with the model's other generation settings, the whole text in one piece,
-/// at most `cap` frames: `voiceclone speak --greedy --max-frames CAP --max-chunk-chars 0`.
+/// at most `cap` frames: `voiceclone speak --greedy --max-frames CAP --max-chunk-chars 0` —
+/// the cap instead of a frame budget, the loop guard on (docs/model.md §7.2).
 pub fn decode_options(synth: &Synthesizer, cap: usize) -> DecodeOptions {
     let mut o = DecodeOptions::from_generation_config(&synth.files.generation);
     o.code0 = Sampling::GREEDY;
     o.sub_codes = Sampling::GREEDY;
     o.max_frames = cap;
+    o.runaway.budget = false;
     o.batch_size = 1;
     o.max_chunk_chars = 0;
     o

@@ -35,6 +35,9 @@ pub struct PlannedSample {
     pub reference_rate: f64,
     /// The most frames the sample may take: [`CAP_FACTOR`] × its reference length.
     pub cap: usize,
+    /// The speaker's pace over the manifest in frames per text token, as the export records it
+    /// for `voiceclone speak`: what its loop guard waits for (docs/model.md §7.2).
+    pub pace: Option<f64>,
 }
 
 /// The samples of a run: `texts` (`train.sample_texts`) by every speaker, or when there are
@@ -63,6 +66,11 @@ pub fn plan(
             .max(MIN_CAP)
             .min(max_frames.max(1))
     };
+    // Measured as the export measures it; without it the sample takes the default pace.
+    let paces = crate::export::pace::measure(&train.manifest, tokenizer)
+        .map(|m| crate::export::pace::of_speakers(&m, &names))
+        .unwrap_or_default();
+    let pace = |voice: &str| paces.get(voice).map(|p| p.frames_per_token);
     let mut out = Vec::new();
     if texts.is_empty() {
         let rows = transcripts(heldout)?;
@@ -89,6 +97,7 @@ pub fn plan(
                     recording: audio,
                     reference_rate: rate(std::slice::from_ref(s)),
                     cap: cap(s.frames() as f64),
+                    pace: pace(voice),
                 });
             }
         }
@@ -117,6 +126,7 @@ pub fn plan(
                 recording: None,
                 reference_rate,
                 cap: cap(reference_rate * tokens.max(1) as f64),
+                pace: pace(voice),
             });
         }
     }
