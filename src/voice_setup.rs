@@ -4,6 +4,7 @@
 //! asks for. Library code of the binary, not a command: it needs the trainer's export markers and
 //! the synthesizer together, which no crate below sees both of.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, ensure, Context, Result};
@@ -14,6 +15,7 @@ use vc_core::artifacts::speaker;
 use vc_core::config::{self, Config, SpeakConfig};
 use vc_core::hub::ModelSource;
 use vc_core::workspace::Workspace;
+use vc_generate::runaway::RunawayGuard;
 use vc_generate::sampling::Sampling;
 use vc_generate::{DecodeOptions, Precision, Synthesizer, Voice};
 use vc_model::files::ModelFiles;
@@ -33,7 +35,7 @@ pub fn speak_model(ws: &Workspace, config: &Config) -> Result<ModelSource> {
         bail!(
             "{} holds adapters exported alone, not a model: speak with `--adapter {}`",
             ws.relative(&exported),
-            ws.relative(&exported)
+            vc_core::shell::quote(&ws.relative(&exported))
         );
     }
     if exported.join("config.json").is_file() {
@@ -112,6 +114,25 @@ pub fn compute_device(
     })
 }
 
+/// The measured paces (frames per text token) that an export in `dir` (a model or an adapter
+/// directory) records for its speakers, by lower-cased name: what sizes their chunks' frame
+/// budgets (docs/model.md §7.2). Empty for a directory without them (a hub model, an older
+/// export); those voices take the default pace.
+pub fn speaker_paces(dir: &Path) -> BTreeMap<String, f64> {
+    vc_train::export::pace::read(dir)
+        .into_iter()
+        .map(|(name, p)| (name, p.frames_per_token))
+        .collect()
+}
+
+/// The pace of `voice` among `paces` ([`speaker_paces`]): only named speakers have one.
+pub fn voice_pace(paces: &BTreeMap<String, f64>, voice: &Voice) -> Option<f64> {
+    match voice {
+        Voice::Speaker(name) => paces.get(&name.to_lowercase()).copied(),
+        _ => None,
+    }
+}
+
 /// The model's generation defaults with the `[speak]` values that are set (non-zero).
 pub fn decode_options(synth: &Synthesizer, s: &SpeakConfig) -> DecodeOptions {
     let mut o = DecodeOptions::from_generation_config(&synth.files.generation);
@@ -135,8 +156,13 @@ pub fn decode_options(synth: &Synthesizer, s: &SpeakConfig) -> DecodeOptions {
         o.code0 = Sampling::GREEDY;
         o.sub_codes = Sampling::GREEDY;
     }
+    // An explicit frame limit wins over the runaway guard's budget (docs/model.md §7.2).
     if s.max_frames > 0 {
         o.max_frames = s.max_frames;
+        o.runaway.budget = false;
+    }
+    if !s.runaway_guard {
+        o.runaway = RunawayGuard::OFF;
     }
     o.batch_size = s.batch_size;
     o.max_chunk_chars = s.max_chunk_chars;

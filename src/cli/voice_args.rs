@@ -97,11 +97,13 @@ impl ServeArgs {
                         .iter()
                         .map(|e| {
                             let exists = |p: &str| std::path::Path::new(p).exists();
+                            // A bad NAME is kept as given, for `serve` to refuse by name.
                             toml::Value::String(match vc_core::config::adapter_entry(e, exists) {
-                                (Some(name), dir) => {
+                                Ok((Some(name), dir)) => {
                                     format!("{name}={}", absolutize_if_exists(dir))
                                 }
-                                (None, dir) => absolutize_if_exists(dir),
+                                Ok((None, dir)) => absolutize_if_exists(dir),
+                                Err(_) => e.clone(),
                             })
                         })
                         .collect::<Vec<_>>()
@@ -211,9 +213,15 @@ pub struct SpeakArgs {
     #[arg(long, value_name = "P")]
     pub sub_top_p: Option<f64>,
 
-    /// At most N frames (80 ms each) per text chunk [speak.max_frames].
+    /// At most N frames (80 ms each) per text chunk, instead of the runaway guard's budget
+    /// [speak.max_frames].
     #[arg(long, value_name = "N")]
     pub max_frames: Option<usize>,
+
+    /// Turn the runaway guard off: a chunk that misses its end of speech or loops runs on to
+    /// the frame limit [speak.runaway_guard = false].
+    #[arg(long)]
+    pub no_runaway_guard: bool,
 
     /// Random seed; the same seed gives the same audio [speak.seed].
     #[arg(long, value_name = "N")]
@@ -276,6 +284,12 @@ impl SpeakArgs {
             .count("speak.top_k", "--top-k", self.top_k)
             .count("speak.sub_top_k", "--sub-top-k", self.sub_top_k)
             .count("speak.max_frames", "--max-frames", self.max_frames)
+            .flag(
+                "speak.runaway_guard",
+                "--no-runaway-guard",
+                self.no_runaway_guard,
+                false,
+            )
             .count("speak.batch_size", "--batch-size", self.batch_size)
             .count(
                 "speak.max_chunk_chars",

@@ -96,6 +96,7 @@ pub fn run(ws: &Workspace, config: &Config, args: &ExportArgs) -> Result<()> {
         speaker_name: config.train.speaker_name.clone(),
         lora_scale: args.lora_scale,
         adapter_only: args.adapter_only,
+        manifest: Some(ws.manifest()),
     })?;
     summary.print(ws);
     Ok(())

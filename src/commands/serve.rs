@@ -8,23 +8,35 @@ use anyhow::{bail, Context, Result};
 use candle_core::Device;
 
 use crate::voice_setup::{
-    adapter_base, check_adapter_base, decode_options, resolve_voice, speak_model, VoiceSpec,
+    adapter_base, check_adapter_base, decode_options, resolve_voice, speak_model, speaker_paces,
+    VoiceSpec,
 };
 use vc_core::artifacts::adapter::AdapterDir;
-use vc_core::config::{self, Config};
+use vc_core::config;
 use vc_core::hub::ModelSource;
 use vc_core::workspace::Workspace;
-use vc_generate::{Precision, Synthesizer};
+use vc_generate::{Precision, Synthesizer, Voice};
 use vc_model::files::ModelFiles;
 use vc_serve::{self as serve, voices::Registry, AdapterVoice, ServeOptions, ServerState};
 
-pub fn run(ws: &Workspace, config: &Config) -> Result<()> {
+pub fn run(ws: &Workspace, resolved: &config::Resolved) -> Result<()> {
+    let config = &resolved.config;
     let s = &config.serve;
+    let adapters_from = resolved
+        .sources
+        .get("serve.adapters")
+        .map(ToString::to_string)
+        .unwrap_or_default();
     let adapters = s
         .adapters
         .iter()
         .map(|entry| {
-            let (name, dir) = config::adapter_entry(entry, |p| ws.config_path(p).exists());
+            let (name, dir) = config::adapter_entry(entry, |p| ws.config_path(p).exists())
+                .map_err(|why| {
+                    anyhow::anyhow!(
+                        "invalid value for `serve.adapters` (set in {adapters_from}): {why}"
+                    )
+                })?;
             let a = AdapterDir::read(&ws.config_path(dir))
                 .with_context(|| format!("serve.adapters entry {entry:?}"))?;
             Ok((name.map(String::from), a))
@@ -112,6 +124,11 @@ pub fn run(ws: &Workspace, config: &Config) -> Result<()> {
         language: config.speak.language.clone(),
         non_streaming: config.speak.non_streaming,
         model_id,
+        // Its speakers' chunks get frame budgets from their measured pace (docs/model.md §7.2).
+        speaker_paces: match &synth.files.source {
+            ModelSource::Local(dir) => speaker_paces(dir),
+            ModelSource::Hub { .. } => Default::default(),
+        },
     };
     let voice_list = {
         let mut v = Vec::new();
@@ -153,10 +170,10 @@ fn put_on_adapters(
     adapters: Vec<(Option<String>, AdapterDir)>,
 ) -> Result<Vec<AdapterVoice>> {
     let mut out = Vec::new();
-    let names = |voices: &[(String, _)]| {
+    let names = |voices: &[(String, Voice, Option<f64>)]| {
         voices
             .iter()
-            .map(|(n, _)| n.as_str())
+            .map(|(n, _, _)| n.as_str())
             .collect::<Vec<_>>()
             .join(", ")
     };
@@ -169,7 +186,15 @@ fn put_on_adapters(
             .values()
             .map(|f| f.a.data.len() + f.b.data.len())
             .sum();
-        let mut voices = synth.add_adapter(a)?;
+        let paces = speaker_paces(&dir);
+        let mut voices: Vec<(String, Voice, Option<f64>)> = synth
+            .add_adapter(a)?
+            .into_iter()
+            .map(|(n, v)| {
+                let pace = paces.get(&n.to_lowercase()).copied();
+                (n, v, pace)
+            })
+            .collect();
         if let Some(name) = name {
             if voices.len() != 1 {
                 bail!(
@@ -188,10 +213,11 @@ fn put_on_adapters(
             4.0 * values as f64 / 1e6,
             names(&voices)
         );
-        out.extend(voices.into_iter().map(|(name, voice)| AdapterVoice {
+        out.extend(voices.into_iter().map(|(name, voice, pace)| AdapterVoice {
             name,
             adapter: dir.display().to_string(),
             voice,
+            pace,
         }));
     }
     Ok(out)

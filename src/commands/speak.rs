@@ -7,16 +7,18 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, ensure, Context, Result};
 use serde_json::Value;
 
+use super::output::is_stdout;
 use crate::cli::SpeakArgs;
 use crate::voice_setup::{
     adapter_base, check_adapter_base, compute_device, decode_options, no_voice, resolve_voice,
-    speak_model, VoiceSpec,
+    speak_model, speaker_paces, voice_pace, VoiceSpec,
 };
 use vc_core::artifacts::adapter::AdapterDir;
 use vc_core::artifacts::codes::write_codes_file;
 use vc_core::config::{Config, NonStreaming};
 use vc_core::hub::ModelSource;
 use vc_core::workspace::Workspace;
+use vc_generate::runaway::GuardStop;
 use vc_generate::{DecodeOptions, Request, Synthesizer, Voice};
 use vc_model::files::ModelFiles;
 
@@ -47,6 +49,12 @@ pub fn run(ws: &Workspace, config: &Config, args: &SpeakArgs) -> Result<()> {
         check_adapter_base(a, &files)?;
         files = files.with_adapter(a)?;
     }
+    // The speakers' paces the export measured: their chunks' frame budgets (docs/model.md §7.2).
+    let paces = match (&adapter, &source) {
+        (Some(a), _) => speaker_paces(&a.dir),
+        (None, ModelSource::Local(dir)) => speaker_paces(dir),
+        (None, ModelSource::Hub { .. }) => Default::default(),
+    };
     let (device, precision, why) = compute_device(s.precision, &files)?;
     let with = adapter
         .as_ref()
@@ -98,6 +106,7 @@ pub fn run(ws: &Workspace, config: &Config, args: &SpeakArgs) -> Result<()> {
         requests.push(Request {
             text: job.text.clone(),
             language: job.language.clone().unwrap_or_else(|| s.language.clone()),
+            pace: voice_pace(&paces, &voice),
             voice,
             non_streaming,
         });
@@ -139,11 +148,8 @@ pub fn run(ws: &Workspace, config: &Config, args: &SpeakArgs) -> Result<()> {
         if let Some(path) = &out.codes {
             write_codes_file(path, &sp.frames)?;
         }
-        let stopped = if sp.eos_steps.iter().all(Option::is_some) {
-            ""
-        } else {
-            " (stopped by the frame limit)"
-        };
+        warn_guard_stops(&out.wav.display().to_string(), &sp.guard_stops);
+        let stopped = stopped_note(&sp.eos_steps, &sp.guard_stops);
         println!(
             "wrote {}: {:.2} s, {} frames{stopped}",
             out.wav.display(),
@@ -162,11 +168,6 @@ pub fn run(ws: &Workspace, config: &Config, args: &SpeakArgs) -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// `-o -`: the WAV goes to standard output.
-fn is_stdout(path: &Path) -> bool {
-    path.as_os_str() == "-"
 }
 
 /// `-o -`: a WAV on standard output written as it is generated — the header of a stream of
@@ -207,11 +208,8 @@ fn stream_to_stdout(
         write_codes_file(path, &streamed.frames)?;
     }
     let audio = streamed.samples as f64 / rate as f64;
-    let stopped = if streamed.eos_steps.iter().all(Option::is_some) {
-        ""
-    } else {
-        " (stopped by the frame limit)"
-    };
+    warn_guard_stops("standard output", &streamed.guard_stops);
+    let stopped = stopped_note(&streamed.eos_steps, &streamed.guard_stops);
     eprintln!(
         "streamed to standard output: {audio:.2} s, {} frames{stopped} in {} chunks; first audio \
          after {:.0} ms, done in {:.2} s",
@@ -221,6 +219,28 @@ fn stream_to_stdout(
         started.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// A warning for every chunk of `output` that a runaway guard stopped (docs/model.md §7.2).
+fn warn_guard_stops(output: &str, stops: &[GuardStop]) {
+    for stop in stops {
+        eprintln!(
+            "warning: {output}: {}; --max-frames N or --no-runaway-guard lets a chunk run on",
+            stop.describe()
+        );
+    }
+}
+
+/// What the summary line says of chunks that did not end with EOS (`eos_steps` `None`): those
+/// the guards stopped (`stops`), the others the frame limit.
+fn stopped_note(eos_steps: &[Option<usize>], stops: &[GuardStop]) -> &'static str {
+    let unended = eos_steps.iter().filter(|e| e.is_none()).count();
+    match (stops.is_empty(), unended > stops.len()) {
+        (true, false) => "",
+        (true, true) => " (stopped by the frame limit)",
+        (false, false) => " (stopped by the runaway guard)",
+        (false, true) => " (stopped by the runaway guard and the frame limit)",
+    }
 }
 
 struct SpeakJob {

@@ -168,13 +168,16 @@ pub fn longest(manifest: &Path, config: &Config) -> Result<Longest> {
     let file = std::fs::File::open(manifest)
         .with_context(|| format!("cannot read {}", manifest.display()))?;
     let mut best: Option<Longest> = None;
-    for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
+    for line in std::io::BufReader::new(file).lines() {
         let line = line.with_context(|| format!("cannot read {}", manifest.display()))?;
         if line.trim().is_empty() {
             continue;
         }
-        let row: serde_json::Value = serde_json::from_str(&line)
-            .with_context(|| format!("{} line {}: not a JSON object", manifest.display(), i + 1))?;
+        // A line that is not JSON is one of the bad lines reading the data lists together
+        // (docs/training.md §3.1); it holds no utterance to plan for.
+        let Ok(row) = serde_json::from_str::<serde_json::Value>(&line) else {
+            continue;
+        };
         let text_tokens = row["text"].as_str().map_or(0, |t| t.len().div_ceil(3));
         let frames = match (&row["audio_codes"], row["duration"].as_f64()) {
             (serde_json::Value::Array(codes), _) => codes.len(),
@@ -418,10 +421,18 @@ pub fn choose(
     let capacity = capacity(config, target)?;
     let (all, chosen) = choice::plan(&setup, pins, capacity);
     let Some(i) = chosen else {
+        // CPU ranks share the machine's memory (unless train.gpu_memory gives each its own).
+        let per_world = |world: usize| {
+            let shared = !target.cuda && config.train.gpu_memory == 0.0;
+            match shared {
+                true => capacity * target.world.max(1) / world.max(1),
+                false => capacity,
+            }
+        };
         bail!(choice::refusal(
             &setup,
             pins,
-            capacity,
+            per_world,
             target.device_word()
         ));
     };

@@ -15,7 +15,6 @@ use vc_core::config::{Config, EmbedMode};
 use vc_core::workspace::Workspace;
 use vc_model::files::ModelFiles;
 use vc_prep::codes;
-use vc_prep::transcribe::resolve_whisper_spec;
 use vc_prep::xvectors::{self, XVectorJob};
 use vc_train::hooks::TrainHooks;
 use vc_train::{self as train, checkpoint, data, export, TrainOptions};
@@ -56,7 +55,7 @@ impl Prepared {
     ) -> Result<TrainOptions> {
         Ok(TrainOptions {
             references: references(ws, config)?,
-            whisper: sample_listener(ws, config),
+            whisper: train::samples::listener::for_workspace(ws, &config.prep),
             files: self.files,
             model_spec: self.model_spec,
             manifest: self.manifest,
@@ -84,22 +83,6 @@ fn references(ws: &Workspace, config: &Config) -> Result<Vec<(String, PathBuf)>>
             .collect()
     };
     Ok(clips.into_iter().filter(|(_, p)| p.is_file()).collect())
-}
-
-/// The Whisper model `prep` uses (`prep.whisper_model`), for the samples' WER: a local file or
-/// one in the Hugging Face cache — training never downloads it — loaded when a sample is first
-/// transcribed.
-fn sample_listener(ws: &Workspace, config: &Config) -> train::samples::Listener {
-    let spec = resolve_whisper_spec(ws, &config.prep.whisper_model);
-    match vc_core::hub::cached_single_file(&spec) {
-        Some(path) => train::samples::Listener::Whisper(Arc::new(
-            vc_prep::transcribe::LazyWhisper::new(&path, &config.prep.language),
-        )),
-        None => train::samples::Listener::Missing(format!(
-            "the Whisper model {spec} (prep.whisper_model) is neither a local file nor in the \
-             Hugging Face cache; `voiceclone prep` downloads it"
-        )),
-    }
 }
 
 /// The manifest must exist before anything else happens.
@@ -352,6 +335,7 @@ pub fn finish(
         speaker_name: c.speaker_name.clone(),
         lora_scale: 1.0,
         adapter_only: false,
+        manifest: Some(ws.manifest()),
     })?;
     summary.print(ws);
     Ok(())
@@ -412,7 +396,7 @@ fn ensure_speaker(ws: &Workspace, config: &Config, manifest: &Path) -> Result<Pa
     };
     println!(
         "no speaker embedding yet: running `voiceclone embed {}` first",
-        ws.relative(&ref_audio)
+        vc_core::shell::quote(&ws.relative(&ref_audio))
     );
     let job = XVectorJob {
         speaker: None,

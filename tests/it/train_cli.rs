@@ -219,6 +219,50 @@ fn training_lowers_the_loss_freezes_and_exports_the_official_layout() {
         .unwrap();
     assert_eq!(row, want);
 
+    // The marker records the speaker's pace on the manifest (docs/model.md §7.2): all its frames
+    // over all its text tokens.
+    let marker: Value = serde_json::from_str(
+        &std::fs::read_to_string(ws.join("model/voiceclone-export.json")).unwrap(),
+    )
+    .unwrap();
+    let tokenizer =
+        vc_model::text::TextTokenizer::from_model(&ModelSource::Local(model_dir(MODEL))).unwrap();
+    let tokens = |t: &str| tokenizer.assistant_prompt(t).unwrap().text().len();
+    let (mut frames, mut text_tokens) = (0, 0);
+    for line in std::fs::read_to_string(ws.join("data/train.jsonl"))
+        .unwrap()
+        .lines()
+    {
+        let row: Value = serde_json::from_str(line).unwrap();
+        frames += row["audio_codes"].as_array().unwrap().len();
+        text_tokens += tokens(row["text"].as_str().unwrap());
+    }
+    let pace = &marker["speaking_pace"]["alice"];
+    assert_eq!(pace["utterances"], 6, "{marker}");
+    let frames_per_token = pace["frames_per_token"].as_f64().unwrap();
+    assert_eq!(frames_per_token, frames as f64 / text_tokens as f64);
+    // `speak` sizes the speaker's budgets by it: a chunk whose end token never comes (the
+    // `test-hooks` seam) stops at max(8 s, 3 × its tokens at that pace).
+    if cfg!(feature = "test-hooks") {
+        let long = "This sentence goes on for a good while, with enough words in it that three \
+                    times the frames it should take are well beyond the eight seconds below \
+                    which no budget ever goes, whatever the pace of the voice that speaks it.";
+        let budget =
+            ((3.0 * frames_per_token * tokens(long) as f64 - 1e-6).ceil() as usize).max(100);
+        assert!(budget > 100, "a text long enough to pass the floor");
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_voiceclone"))
+            .arg("--workdir")
+            .arg(ws)
+            .args(["speak", long, "-o", "paced.wav", "--seed", "1"])
+            .env(crate::speak_cli::NO_EOS.0, crate::speak_cli::NO_EOS.1)
+            .env_remove("RUST_LOG")
+            .output()
+            .unwrap();
+        ok(&o);
+        let want = format!("no end of speech within its budget of {budget} frames");
+        assert!(text(&o).contains(&want), "no {want:?} in: {}", text(&o));
+    }
+
     // Running train again has nothing to do; export again replaces our own export.
     let o = train(
         ws,
@@ -357,10 +401,28 @@ fn incompatible_checkpoints_are_refused_and_fresh_moves_them_aside() {
         text(&o)
     );
     assert_eq!(latest(ws), "step-0000004");
+    // A fresh start that the run's own checks refuse (early stopping with nothing held out)
+    // leaves the old run where it was.
+    let o = train(ws, &["--max-steps", "1", "--early-stop", "2", "--fresh"]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("nothing is held out"), "{}", text(&o));
+    assert!(!ws.join("checkpoints.1").exists());
+    assert_eq!(latest(ws), "step-0000004");
+    // Restarts are for sharded runs: on one device the setting is named, not silently ignored.
+    let o = train(
+        ws,
+        &["--max-steps", "5", "--lr", "2e-3", "--max-restarts", "2"],
+    );
+    ok(&o);
+    assert!(
+        text(&o).contains("train.max_restarts (2) applies to sharded runs"),
+        "{}",
+        text(&o)
+    );
     // --fresh keeps the old run.
     let o = train(ws, &["--max-steps", "1", "--batch-size", "2", "--fresh"]);
     ok(&o);
-    assert!(ws.join("checkpoints.1/step-0000003/index.json").is_file());
+    assert!(ws.join("checkpoints.1/step-0000005/index.json").is_file());
     assert_eq!(latest(ws), "step-0000001");
 }
 
@@ -377,12 +439,20 @@ fn bad_data_is_reported_by_line() {
     lines[1]["audio_codes"][0] = serde_json::json!([1, 2, 3]);
     lines[2]["audio_codes"][1][4] = serde_json::json!(5000);
     lines[3].as_object_mut().unwrap().remove("text");
-    let body: String = lines.iter().map(|l| format!("{l}\n")).collect();
+    let mut body: String = lines.iter().map(|l| format!("{l}\n")).collect();
+    // A line cut off mid-write is one more bad line of the list, not an error of its own.
+    let full = lines[0].to_string();
+    body.push_str(&format!("{}\n", &full[..full.len() / 2]));
     std::fs::write(&manifest, body).unwrap();
     let o = train(ws, &["--max-steps", "1"]);
     assert!(!o.status.success());
     let t = text(&o);
     let path = manifest.display().to_string();
+    assert!(t.contains("4 line(s)"), "{t}");
+    assert!(
+        t.contains(&format!("{path}:5: not a valid JSON object")),
+        "{t}"
+    );
     assert!(
         t.contains(&format!("{path}:2: \"audio_codes\" frame 0 has 3 codes")),
         "{t}"

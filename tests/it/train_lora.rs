@@ -365,6 +365,19 @@ fn export_merges_the_adapters_at_the_scale_asked() {
             );
         }
     }
+    // A scale that would drown the base weights is refused, in training and in the export.
+    let ws = workspace("tiny-0b6");
+    let o = train(ws.path(), &["--lora-rank", "2", "--lora-alpha", "1e30"]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("scales the adapters by 5e29"),
+        "{}",
+        text(&o)
+    );
+    ok(&train(ws.path(), &["--lora-rank", "2", "--max-steps", "1"]));
+    let o = voiceclone(ws.path(), &["export", "--lora-scale", "1e30"]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("at most --lora-scale 32"), "{}", text(&o));
     let ws = workspace("tiny-0b6");
     ok(&train(ws.path(), &["--max-steps", "1"]));
     let o = voiceclone(ws.path(), &["export", "--lora-scale", "0.5"]);
@@ -443,6 +456,12 @@ fn the_adapter_only_export_is_peft_format() {
         )
         .unwrap();
         assert_eq!(marker["kind"], "adapter");
+        // The adapter directory carries its speaker's pace too (docs/model.md §7.2).
+        let paces = marker["speaking_pace"]
+            .as_object()
+            .expect("a speaking_pace");
+        assert_eq!(paces.keys().collect::<Vec<_>>(), ["speaker"], "{marker}");
+        assert!(paces["speaker"]["frames_per_token"].as_f64().unwrap() > 0.0);
     }
     // The default place, and no kind replaces the other.
     ok(&voiceclone(ws.path(), &["export", "--adapter-only"]));

@@ -9,7 +9,8 @@
 //!                          replaced, the x-vector in talker.model.codec_embedding.weight[3000]
 //!                          (named speakers: one row each, 3000, 3001, … in table order)
 //! generation_config.json, tokenizer files, speech_tokenizer/   copied from the base model
-//! voiceclone-export.json   marks the directory as ours (a later export may replace it)
+//! voiceclone-export.json   marks the directory as ours (a later export may replace it), and
+//!                          records each speaker's pace measured on the manifest ([`pace`])
 //! ```
 //! The directory is written under a temporary name and renamed into place; an existing
 //! directory is only replaced when it is an earlier export (or empty).
@@ -33,6 +34,7 @@ use vc_core::workspace::Workspace;
 use vc_model::files::{self as mf, ModelFiles};
 
 pub mod marker;
+pub mod pace;
 pub mod weights;
 
 use marker::check_output;
@@ -78,6 +80,9 @@ pub struct ExportOptions<'a> {
     /// A LoRA checkpoint: write its adapters in PEFT's format instead of a merged model
     /// ([`super::adapter_export`]).
     pub adapter_only: bool,
+    /// The training manifest, whose utterances give each speaker's pace ([`pace`]); `None`:
+    /// no pace is recorded.
+    pub manifest: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone)]
@@ -94,12 +99,14 @@ pub struct ExportSummary {
     pub adapter_only: bool,
     /// What was repaired of an earlier interrupted export first ([`recover`]).
     pub recovered: Vec<String>,
+    /// What else the user should know (a pace that could not be measured).
+    pub notes: Vec<String>,
 }
 
 impl ExportSummary {
     /// Prints where the export went and how to use it (what `export` and `train` report).
     pub fn print(&self, ws: &Workspace) {
-        for note in &self.recovered {
+        for note in self.recovered.iter().chain(&self.notes) {
             eprintln!("note: {note}");
         }
         let out = ws.relative(&self.output);
@@ -123,10 +130,22 @@ impl ExportSummary {
         );
         if self.adapter_only {
             println!(
-                "  PEFT adapters: PeftModel.from_pretrained(Qwen3TTSModel.from_pretrained(BASE).model, \"{out}\")"
+                "  PEFT adapters: PeftModel.from_pretrained(Qwen3TTSModel.from_pretrained(BASE).model, {out:?})"
             );
         } else if let Some((first, _)) = self.speakers.first() {
-            println!("  speak with: voiceclone speak --model {out} --speaker {first} \"Hello!\" -o hello.wav");
+            // Quoted for a shell: names and paths may hold spaces or quotes.
+            let speak = vc_core::shell::command([
+                "voiceclone",
+                "speak",
+                "--model",
+                out.as_str(),
+                "--speaker",
+                first.as_str(),
+                "Hello!",
+                "-o",
+                "hello.wav",
+            ]);
+            println!("  speak with: {speak}");
         }
     }
 }
@@ -256,6 +275,19 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
             opts.lora_scale
         );
     }
+    if let Some(lora) = &index.identity.lora {
+        let scale = opts.lora_scale * lora.scale();
+        let most = vc_core::artifacts::adapter::MAX_ADAPTER_SCALE;
+        if scale > most {
+            bail!(
+                "--lora-scale {} times the run's α/r = {} scales the adapters by {scale:e}, \
+                 beyond {most}: the voice would be noise (at most --lora-scale {})",
+                opts.lora_scale,
+                lora.scale(),
+                most / lora.scale()
+            );
+        }
+    }
     let vectors = checkpoint::read_speakers(&opts.checkpoint, &index)?;
     let rows = speaker_rows(&index, &opts.speaker_name)?;
     let recovered = recover(&opts.output)?;
@@ -303,7 +335,8 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "model".into());
     let tmp = parent.join(format!(".{base_name}.tmp-export-{}", std::process::id()));
-    fs::create_dir_all(&tmp)?;
+    fs::create_dir_all(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+    let mut notes = Vec::new();
     let result = (|| -> Result<(usize, usize)> {
         let counts = match &index.identity.lora {
             Some(lora) if opts.adapter_only => {
@@ -369,6 +402,26 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
         }
         // The base model the adapters go on (`speak --adapter` checks it).
         marker["base_identity"] = serde_json::to_value(&identity)?;
+        // Each speaker's pace, for the frame budgets of `speak` and `serve`
+        // (docs/model.md §7.2). Without it they use the default pace: a note, not a failure.
+        if let Some(manifest) = opts.manifest.as_deref().filter(|m| m.is_file()) {
+            let names: Vec<String> = rows.iter().map(|(n, _)| n.clone()).collect();
+            let measured = opts
+                .files
+                .text_tokenizer()
+                .and_then(|t| pace::measure(manifest, &t));
+            match measured {
+                Ok(m) => {
+                    let paces = pace::of_speakers(&m, &names);
+                    if !paces.is_empty() {
+                        marker[pace::FIELD] = serde_json::to_value(&paces)?;
+                    }
+                }
+                Err(e) => notes.push(format!(
+                    "no speaking pace recorded (speak and serve use the default pace): {e:#}"
+                )),
+            }
+        }
         fs::write(
             tmp.join(MARKER),
             serde_json::to_string_pretty(&marker)? + "\n",
@@ -386,11 +439,13 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
         // Crash-safe with `recover`: killed after the first rename, the next run puts the old
         // export back; after the second, it deletes the old one.
         let old = parent.join(format!(".{base_name}.old-export-{}", std::process::id()));
-        fs::rename(&opts.output, &old)?;
+        fs::rename(&opts.output, &old)
+            .with_context(|| format!("cannot move the earlier {} aside", opts.output.display()))?;
         crate::hooks::pause_point("export-old-aside");
-        fs::rename(&tmp, &opts.output)?;
+        fs::rename(&tmp, &opts.output)
+            .with_context(|| format!("cannot move {} into place", tmp.display()))?;
         crate::hooks::pause_point("export-in-place");
-        fs::remove_dir_all(&old)?;
+        fs::remove_dir_all(&old).with_context(|| format!("cannot delete {}", old.display()))?;
     } else {
         fs::rename(&tmp, &opts.output)
             .with_context(|| format!("cannot move {} into place", tmp.display()))?;
@@ -404,6 +459,7 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
         replaced,
         adapter_only: opts.adapter_only,
         recovered,
+        notes,
     })
 }
 
@@ -424,7 +480,8 @@ fn copy_model_files(files: &ModelFiles, dest: &Path) -> Result<()> {
                 if let Some(src) = files.source.optional_file(f)? {
                     let to = dest.join(f);
                     if let Some(p) = to.parent() {
-                        fs::create_dir_all(p)?;
+                        fs::create_dir_all(p)
+                            .with_context(|| format!("cannot create {}", p.display()))?;
                     }
                     fs::copy(&src, &to)
                         .with_context(|| format!("cannot copy {}", src.display()))?;
@@ -466,11 +523,12 @@ fn copy_dir(
         }
         let to = dest.join(&name);
         if path.is_dir() {
-            let m = fs::metadata(&path)?;
+            let m =
+                fs::metadata(&path).with_context(|| format!("cannot read {}", path.display()))?;
             if visited.contains(&(m.dev(), m.ino())) {
                 continue;
             }
-            fs::create_dir_all(&to)?;
+            fs::create_dir_all(&to).with_context(|| format!("cannot create {}", to.display()))?;
             copy_dir(&path, &to, false, skip, visited)?;
         } else if path.is_file() {
             fs::copy(&path, &to).with_context(|| format!("cannot copy {}", path.display()))?;
@@ -503,7 +561,8 @@ fn write_config(base: &Path, speakers: &[(String, usize)], dest: &Path) -> Resul
         .collect();
     talker.insert("spk_id".into(), Value::Object(ids));
     talker.insert("spk_is_dialect".into(), Value::Object(dialect));
-    fs::write(dest, serde_json::to_string_pretty(&cfg)? + "\n")?;
+    fs::write(dest, serde_json::to_string_pretty(&cfg)? + "\n")
+        .with_context(|| format!("cannot write {}", dest.display()))?;
     Ok(())
 }
 

@@ -18,6 +18,10 @@ pub const WEIGHTS: &str = "adapter_model.safetensors";
 pub const SPEAKERS: &str = "speakers.safetensors";
 /// What PEFT prefixes the names of the model it wraps with.
 pub const PEFT_PREFIX: &str = "base_model.model.";
+/// The largest adapter scale `α / r` accepted anywhere (training, export, loading): PEFT's and
+/// our defaults give 1–2 and recipes in use stay within 16; far beyond, the adapter swamps
+/// the weight it adapts and the model speaks noise (docs/training.md §13).
+pub const MAX_ADAPTER_SCALE: f64 = 64.0;
 
 /// One f32 tensor of the adapter file.
 #[derive(Debug, Clone)]
@@ -94,6 +98,17 @@ impl AdapterDir {
             && cfg.bias.as_deref().is_none_or(|b| b == "none")
             && cfg.rank_pattern.is_empty()
             && cfg.alpha_pattern.is_empty();
+        if plain && cfg.lora_alpha / cfg.r as f64 > MAX_ADAPTER_SCALE {
+            bail!(
+                "{}: lora_alpha {} over r {} scales the adapters by {:e}, beyond the {} that \
+                 any adapter in use needs: the voice would be noise",
+                cfg_path.display(),
+                cfg.lora_alpha,
+                cfg.r,
+                cfg.lora_alpha / cfg.r as f64,
+                MAX_ADAPTER_SCALE
+            );
+        }
         if !plain {
             bail!(
                 "{}: only plain LoRA adapters are supported (peft_type LORA, r > 0, lora_alpha \

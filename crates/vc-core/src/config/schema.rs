@@ -34,6 +34,11 @@ pub struct PrepConfig {
     pub silence_db: f64,
     pub jobs: usize,
     pub ref_audio: String,
+    /// Whether a config file or flag named `whisper_model` (not a key: filled in by
+    /// [`super::resolve_layers`]); without one, training's samples use the model `prep` used
+    /// (docs/training.md §14.4).
+    #[serde(skip)]
+    pub whisper_model_set: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -421,6 +426,8 @@ pub struct SpeakConfig {
     pub sub_top_k: usize,
     pub sub_top_p: f64,
     pub max_frames: usize,
+    /// Stop a chunk that misses its end of speech or loops (docs/model.md §7.2).
+    pub runaway_guard: bool,
     pub seed: i64,
     pub batch_size: usize,
     pub max_chunk_chars: usize,
@@ -451,20 +458,44 @@ pub struct ServeConfig {
 /// A `serve.adapters` entry: `NAME=DIR` (the adapter's one speaker served as voice NAME) or
 /// `DIR` (its speakers under their own names). An entry that `exists` (resolved as the caller
 /// resolves paths: the current directory for flags, the workspace for the config file) is a
-/// `DIR` even with an `=` in it.
-pub fn adapter_entry(entry: &str, exists: impl Fn(&str) -> bool) -> (Option<&str>, &str) {
+/// `DIR` even with an `=` in it; any other entry with an `=` is `NAME=DIR`, and a NAME that
+/// [`check_voice_name`] refuses is an error saying why (not a directory named `=dir`).
+pub fn adapter_entry(
+    entry: &str,
+    exists: impl Fn(&str) -> bool,
+) -> std::result::Result<(Option<&str>, &str), String> {
     match entry.split_once('=') {
-        Some((name, dir)) if is_voice_name(name) && !exists(entry) => (Some(name), dir),
-        _ => (None, entry),
+        Some(_) if exists(entry) => Ok((None, entry)),
+        Some((name, dir)) => match check_voice_name(name) {
+            Ok(()) => Ok((Some(name), dir)),
+            Err(why) => Err(format!(
+                "{entry:?} is not NAME=DIR: {why} (and no directory {entry:?} exists)"
+            )),
+        },
+        None => Ok((None, entry)),
     }
 }
 
-/// A name a speech request can give as its `"voice"`: letters, digits, `-`, `_` and `.`.
-pub fn is_voice_name(name: &str) -> bool {
-    !name.is_empty()
-        && name
-            .chars()
-            .all(|c| c.is_alphanumeric() || matches!(c, '-' | '_' | '.'))
+/// Why `name` cannot be a voice name given as `NAME=DIR`, if it cannot. A voice name is a
+/// speaker name ([`crate::artifacts::speaker::check_name`]: at most 64 characters, not
+/// starting with `.`) made of letters, digits, `-`, `_` and `.` only, so that it reads the
+/// same in a flag, a TOML list and a request's `"voice"` (docs/serving.md §7).
+pub fn check_voice_name(name: &str) -> std::result::Result<(), String> {
+    if name.is_empty() {
+        return Err("the voice name before \"=\" is empty".into());
+    }
+    crate::artifacts::speaker::check_name(name)
+        .map_err(|why| why.replacen("the speaker name", "the voice name", 1))?;
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_alphanumeric() || matches!(c, '-' | '_' | '.')))
+    {
+        return Err(format!(
+            "the voice name {name:?} has {c:?}; a voice name holds letters, digits, '-', '_' \
+             and '.' only"
+        ));
+    }
+    Ok(())
 }
 
 /// `speak.precision`: the number format of inference as asked for (`auto` or a format), which

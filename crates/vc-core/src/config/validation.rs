@@ -214,6 +214,20 @@ impl Resolved {
                 format!("{} is not a non-negative number", t.lora_alpha),
             ));
         }
+        let scale = t.lora_alpha / t.lora_rank.max(1) as f64;
+        if scale > crate::artifacts::adapter::MAX_ADAPTER_SCALE {
+            return Err(bad(
+                "train.lora_alpha",
+                format!(
+                    "{} over train.lora_rank {} scales the adapters by {scale:e}, beyond {}: \
+                     the updates would swamp the weights (PEFT's default is α = r; ours 2r, \
+                     with 0 meaning 2r)",
+                    t.lora_alpha,
+                    t.lora_rank,
+                    crate::artifacts::adapter::MAX_ADAPTER_SCALE
+                ),
+            ));
+        }
         if t.lora_rank == 0 {
             // Adapter settings without adapters would silently train everything.
             for key in ["train.lora_alpha", "train.lora_targets", "train.lora_full"] {
@@ -287,7 +301,7 @@ impl Resolved {
         if let Some(e) = s
             .adapters
             .iter()
-            .find(|e| adapter_entry(e, |_| false).1.trim().is_empty())
+            .find(|e| matches!(adapter_entry(e, |_| false), Ok((_, dir)) if dir.trim().is_empty()))
         {
             return Err(bad(
                 "serve.adapters",
