@@ -4,16 +4,19 @@
 # a link-time libcuda stub, CUDA_COMPUTE_CAP=90, its run-time libraries checked), then every
 # target compiled with the same kernels (`cargo check --all-targets`; extra arguments go to it).
 # A fresh target dir takes ~15 min on 2 cores (most of it candle's CUDA kernels). PROFILE picks
-# the profile (default release, as users build it); CI passes PROFILE=dev and the test suite's
-# target dir, so that the dependencies the GPU features leave alone are not built again (the
-# uplifted target/debug/voiceclone is then the CUDA build: CI runs this stage last).
+# the profile (default release, as users build it). CI passes PROFILE=dev, the test suite's
+# target dir (the dependencies the GPU features leave alone are not checked again) and
+# CHECK_ONLY=1: every target compiled with the GPU features, without building and linking the
+# binary (scripts/release/build_cuda.sh does that, with its libraries checked, for a release).
 #   scripts/ci/check_cuda_build.sh
 #   CARGO_TARGET_DIR=/tmp/tc scripts/ci/check_cuda_build.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PROFILE=${PROFILE:-release}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target/cuda}
-bash scripts/release/build_cuda.sh
+if [[ -z ${CHECK_ONLY:-} ]]; then
+    bash scripts/release/build_cuda.sh
+fi
 source scripts/release/cuda_env.sh
 # The profile of the build above: the kernels are built once per profile.
 cargo check --locked --profile "$PROFILE" --workspace --features cuda,nccl --all-targets "$@"

@@ -10,7 +10,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 
 use super::data::Dataset;
 use super::metrics::{EvalMetrics, MetricsLog, StepMetrics};
@@ -132,14 +132,6 @@ pub fn run_with(
         let (train, _, _) = engine.data(c.grad_accum);
         SampleSetup::new(engine.options(), engine.heldout(), train, engine.world())?
     };
-    if c.early_stop > 0 && engine.heldout().is_none() {
-        bail!(
-            "train.early_stop = {} stops after evaluations without progress, but nothing is held \
-             out to evaluate on (train.val_fraction = 0, no train.val_manifest, or too few \
-             utterances to hold any out): hold some out, or set train.early_stop = 0",
-            c.early_stop
-        );
-    }
     let log = if reporter {
         before_first_write()?;
         for note in &samples.notes {
