@@ -422,11 +422,12 @@ pub fn choose(
     let (all, chosen) = choice::plan(&setup, pins, capacity);
     let Some(i) = chosen else {
         // CPU ranks share the machine's memory (unless train.gpu_memory gives each its own).
+        let shared = !target.cuda && config.train.gpu_memory == 0.0;
         let per_world = |world: usize| {
-            let shared = !target.cuda && config.train.gpu_memory == 0.0;
-            match shared {
-                true => capacity * target.world.max(1) / world.max(1),
-                false => capacity,
+            if shared {
+                capacity * target.world.max(1) / world.max(1)
+            } else {
+                capacity
             }
         };
         bail!(choice::refusal(

@@ -311,6 +311,57 @@ fn rows_of(n: usize, frames: usize) -> Vec<Value> {
         .collect()
 }
 
+/// The plan's bytes for `args` (`train …` on `ws`) beside what the run's processes allocate: the
+/// plan of the largest rank without the process's own share (code, stacks: not allocated through
+/// the allocator), and the peak of each process — `processes` of them — over two steps (memory a
+/// step leaks would show). Each process reports its peak in a file of its own.
+fn plan_and_peaks(ws: &Path, args: &[&str], processes: usize) -> (f64, Vec<f64>) {
+    let plan = plan_json(ws, &args[1..]);
+    let host = &plan["modes"][0]["host"];
+    let predicted = host["total"].as_f64().unwrap() - host["fixed"].as_f64().unwrap();
+    let mut run = args.to_vec();
+    run.extend_from_slice(&["--max-steps", "2", "--save-every", "0", "--no-export"]);
+    let peaks_dir = tempfile::tempdir().unwrap();
+    let out = command(ws, &run)
+        .env("VOICECLONE_TEST_REPORT_PEAK", peaks_dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let peaks: Vec<f64> = std::fs::read_dir(peaks_dir.path())
+        .unwrap()
+        .map(|f| {
+            let f = f.unwrap().path();
+            std::fs::read_to_string(&f).unwrap().trim().parse().unwrap()
+        })
+        .collect();
+    assert_eq!(
+        peaks.len(),
+        processes,
+        "not every process reported its peak"
+    );
+    (predicted, peaks)
+}
+
+/// `label: plan …, allocated …, ratio R` for the report of a plan test.
+fn report_line(label: &str, predicted: f64, peak: f64) -> String {
+    format!(
+        "{label}: plan {:.1} MB, allocated {:.1} MB, ratio {:.3}",
+        predicted / 1e6,
+        peak / 1e6,
+        predicted / peak
+    )
+}
+
+/// Prints the report and holds every ratio in it within 10 %.
+fn assert_within_a_tenth(report: &[String]) {
+    let text = report.join("\n");
+    println!("{text}");
+    for line in report {
+        let ratio: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+        assert!((0.9..=1.1).contains(&ratio), "{text}");
+    }
+}
+
 #[test]
 #[cfg_attr(not(feature = "test-hooks"), ignore = "needs --features test-hooks")]
 fn the_plan_predicts_what_runs_allocate() {
@@ -333,38 +384,15 @@ fn the_plan_predicts_what_runs_allocate() {
             let mut args = vec!["train", "--backend", backend];
             args.extend_from_slice(&base);
             args.extend_from_slice(extra);
-            let plan = plan_json(&ws, &args[1..]);
-            // The process's own share (code, stacks) is not allocated through the allocator.
-            let host = &plan["modes"][0]["host"];
-            let predicted = host["total"].as_f64().unwrap() - host["fixed"].as_f64().unwrap();
-            // Two steps: memory a step leaks would show in the peak.
-            args.extend_from_slice(&["--max-steps", "2", "--save-every", "0", "--no-export"]);
-            let out = command(&ws, &args)
-                .env("VOICECLONE_TEST_REPORT_PEAK", "1")
-                .output()
-                .unwrap();
-            assert!(out.status.success(), "{}", text(&out));
-            let err = String::from_utf8_lossy(&out.stderr).to_string();
-            let peak: f64 = err
-                .lines()
-                .find_map(|l| l.strip_prefix("peak allocated bytes: "))
-                .unwrap_or_else(|| panic!("no peak reported: {err}"))
-                .parse()
-                .unwrap();
-            let ratio = predicted / peak;
-            report.push(format!(
-                "{backend} {extra:?}: plan {:.1} MB, allocated {:.1} MB, ratio {ratio:.3}",
-                predicted / 1e6,
-                peak / 1e6
+            let (predicted, peaks) = plan_and_peaks(&ws, &args, 1);
+            report.push(report_line(
+                &format!("{backend} {extra:?}"),
+                predicted,
+                peaks[0],
             ));
         }
     }
-    let text = report.join("\n");
-    println!("{text}");
-    for line in &report {
-        let ratio: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
-        assert!((0.9..=1.1).contains(&ratio), "{text}");
-    }
+    assert_within_a_tenth(&report);
 }
 
 /// What a LoRA rank costs (docs/training.md §13): the factors, their gradients and optimizer
@@ -395,7 +423,7 @@ fn the_plan_counts_what_a_lora_rank_costs() {
     for backend in ["kernels", "autograd"] {
         for rank in ["8", "256"] {
             let _ = std::fs::remove_dir_all(ws.join("checkpoints"));
-            let mut args = vec![
+            let args = [
                 "train",
                 "--backend",
                 backend,
@@ -407,36 +435,15 @@ fn the_plan_counts_what_a_lora_rank_costs() {
                 "2",
                 "--no-shuffle",
             ];
-            let plan = plan_json(&ws, &args[1..]);
-            let host = &plan["modes"][0]["host"];
-            let predicted = host["total"].as_f64().unwrap() - host["fixed"].as_f64().unwrap();
-            args.extend_from_slice(&["--max-steps", "2", "--save-every", "0", "--no-export"]);
-            let out = command(&ws, &args)
-                .env("VOICECLONE_TEST_REPORT_PEAK", "1")
-                .output()
-                .unwrap();
-            assert!(out.status.success(), "{}", text(&out));
-            let err = String::from_utf8_lossy(&out.stderr).to_string();
-            let peak: f64 = err
-                .lines()
-                .find_map(|l| l.strip_prefix("peak allocated bytes: "))
-                .unwrap_or_else(|| panic!("no peak reported: {err}"))
-                .parse()
-                .unwrap();
-            let ratio = predicted / peak;
-            report.push(format!(
-                "{backend} rank {rank}: plan {:.1} MB, allocated {:.1} MB, ratio {ratio:.3}",
-                predicted / 1e6,
-                peak / 1e6
+            let (predicted, peaks) = plan_and_peaks(&ws, &args, 1);
+            report.push(report_line(
+                &format!("{backend} rank {rank}"),
+                predicted,
+                peaks[0],
             ));
         }
     }
-    let text = report.join("\n");
-    println!("{text}");
-    for line in &report {
-        let ratio: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
-        assert!((0.9..=1.1).contains(&ratio), "{text}");
-    }
+    assert_within_a_tenth(&report);
 }
 
 /// The plan of a sharded run (docs/distributed.md §7) held to what its ranks allocate: the
@@ -460,48 +467,22 @@ fn the_plan_predicts_what_sharded_ranks_allocate() {
         ("autograd", &["--cpu-ranks", "2", "--shard", "grad-op"]),
         ("autograd", &["--cpu-ranks", "4", "--shard-group", "2"]),
     ];
-    {
-        for (backend, extra) in cases {
-            let ws = tmp.path().join("ws");
-            let _ = std::fs::remove_dir_all(&ws);
-            workspace_for(&ws, &model, &rows_of(8, 40), 512);
-            let mut args = vec!["train", "--backend", backend];
-            args.extend_from_slice(&base);
-            args.extend_from_slice(extra);
-            let plan = plan_json(&ws, &args[1..]);
-            let host = &plan["modes"][0]["host"];
-            let predicted = host["total"].as_f64().unwrap() - host["fixed"].as_f64().unwrap();
-            args.extend_from_slice(&["--max-steps", "2", "--save-every", "0", "--no-export"]);
-            // Every process reports its peak in a file of its own (the launcher's, far
-            // smaller, among them).
-            let peaks_dir = tempfile::tempdir().unwrap();
-            let out = command(&ws, &args)
-                .env("VOICECLONE_TEST_REPORT_PEAK", peaks_dir.path())
-                .output()
-                .unwrap();
-            assert!(out.status.success(), "{}", text(&out));
-            let peaks: Vec<f64> = std::fs::read_dir(peaks_dir.path())
-                .unwrap()
-                .map(|f| {
-                    let f = f.unwrap().path();
-                    std::fs::read_to_string(&f).unwrap().trim().parse().unwrap()
-                })
-                .collect();
-            let ranks: usize = extra[1].parse().unwrap();
-            assert_eq!(peaks.len(), ranks + 1, "not every rank reported its peak");
-            let peak = peaks.iter().copied().fold(0f64, f64::max);
-            let ratio = predicted / peak;
-            report.push(format!(
-                "{backend} {extra:?}: plan {:.1} MB, largest rank allocated {:.1} MB, ratio {ratio:.3}",
-                predicted / 1e6,
-                peak / 1e6
-            ));
-        }
+    for (backend, extra) in cases {
+        let ws = tmp.path().join("ws");
+        let _ = std::fs::remove_dir_all(&ws);
+        workspace_for(&ws, &model, &rows_of(8, 40), 512);
+        let mut args = vec!["train", "--backend", backend];
+        args.extend_from_slice(&base);
+        args.extend_from_slice(extra);
+        // Every rank and the launcher (its peak far smaller) report.
+        let ranks: usize = extra[1].parse().unwrap();
+        let (predicted, peaks) = plan_and_peaks(&ws, &args, ranks + 1);
+        let peak = peaks.iter().copied().fold(0f64, f64::max);
+        report.push(report_line(
+            &format!("{backend} {extra:?}, largest rank"),
+            predicted,
+            peak,
+        ));
     }
-    let text = report.join("\n");
-    println!("{text}");
-    for line in &report {
-        let ratio: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
-        assert!((0.9..=1.1).contains(&ratio), "{text}");
-    }
+    assert_within_a_tenth(&report);
 }

@@ -58,7 +58,7 @@ pub fn report_file(dir: &Path, rank: usize) -> PathBuf {
 pub struct RankReport {
     pub message: String,
     /// What failed, in words stable across attempts: the kind of an I/O error in the chain
-    /// (`"I/O: StorageFull"`), or a class the rank names (`"non-finite loss"`, `"panic"`).
+    /// (`"I/O: StorageFull"`), or a class the rank names (`"non-finite"`, `"panic"`).
     pub kind: String,
     /// The last optimizer step this rank had completed ([`note_step`]).
     pub step: Option<usize>,
