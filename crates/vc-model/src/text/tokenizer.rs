@@ -17,7 +17,9 @@
 //! standard one.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
 
 use anyhow::{anyhow, bail, Context, Result};
 use serde::Deserialize;
@@ -38,10 +40,23 @@ pub const QWEN2_PRETOKENIZE_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\
 /// Tokenizer classes whose files this module knows how to rebuild from vocab + merges.
 const QWEN2_TOKENIZER_CLASSES: [&str; 2] = ["Qwen2Tokenizer", "Qwen2TokenizerFast"];
 
-/// Text → token ids, exactly as the official processor computes them.
+/// Text → token ids, exactly as the official processor computes them. Cloning shares one
+/// tokenizer: it is never changed once built.
+#[derive(Clone)]
 pub struct TextTokenizer {
-    inner: Tokenizer,
+    inner: Arc<Tokenizer>,
+    /// The largest id it can produce, found once when built.
+    max_id: u32,
 }
+
+/// The files a tokenizer was built from, as they were: each path with its length and
+/// modification time, so that a file replaced on disk is read again.
+type FilesKey = Vec<(PathBuf, u64, Option<SystemTime>)>;
+
+/// The tokenizers this process has built. Building one from the official files takes most of a
+/// training rank's set-up (docs/performance.md §13): every trainer, synthesizer and sample
+/// speaker of a process shares the first.
+static BUILT: Mutex<Vec<(FilesKey, TextTokenizer)>> = Mutex::new(Vec::new());
 
 impl std::fmt::Debug for TextTokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -58,7 +73,24 @@ impl TextTokenizer {
         Self::from_files(&TokenizerFiles::resolve(source)?)
     }
 
+    /// Builds the tokenizer of `files`, or shares the one this process already built from them
+    /// while they are unchanged on disk.
     pub fn from_files(files: &TokenizerFiles) -> Result<Self> {
+        let key = files_key(files);
+        // Held while building: a second thread asking for the same files waits for the first
+        // instead of building it again.
+        let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, t)) = built.iter().find(|(k, _)| *k == key) {
+            return Ok(t.clone());
+        }
+        let t = Self::build(files)?;
+        if !key.is_empty() {
+            built.push((key, t.clone()));
+        }
+        Ok(t)
+    }
+
+    fn build(files: &TokenizerFiles) -> Result<Self> {
         match files {
             TokenizerFiles::Json { tokenizer, config } => {
                 Self::from_tokenizer_json(tokenizer, config.as_deref())
@@ -87,7 +119,11 @@ impl TextTokenizer {
             inner.add_tokens(&missing);
             check_added_ids(&inner, &added, config_path)?;
         }
-        Ok(TextTokenizer { inner })
+        let max_id = inner.get_vocab(true).values().copied().max().unwrap_or(0);
+        Ok(TextTokenizer {
+            inner: Arc::new(inner),
+            max_id,
+        })
     }
 
     /// The `Qwen2Converter` conversion of the slow tokenizer files (see the module docs).
@@ -113,6 +149,8 @@ impl TextTokenizer {
         // tokens sequentially, so gaps in the id range cannot shift them.
         reserve_added_ids(&mut vocab, &added, vocab_path, config_path)?;
         let merges = read_merges(merges_path)?;
+        // Every added token has its id in the vocabulary now (above).
+        let max_id = vocab.values().copied().max().unwrap_or(0);
         let bpe = BPE::builder()
             .vocab_and_merges(vocab, merges)
             .build()
@@ -142,7 +180,10 @@ impl TextTokenizer {
         let tokens: Vec<AddedToken> = added.iter().map(|(_, t)| t.clone()).collect();
         inner.add_tokens(&tokens);
         check_added_ids(&inner, &added, config_path)?;
-        Ok(TextTokenizer { inner })
+        Ok(TextTokenizer {
+            inner: Arc::new(inner),
+            max_id,
+        })
     }
 
     /// Token ids of `text`, no special tokens added (docs/model.md §3.1). Literal special-token
@@ -169,13 +210,32 @@ impl TextTokenizer {
 
     /// The largest id the tokenizer can produce; must index the talker's text embedding.
     pub fn max_token_id(&self) -> u32 {
-        self.inner
-            .get_vocab(true)
-            .values()
-            .copied()
-            .max()
-            .unwrap_or(0)
+        self.max_id
     }
+}
+
+/// The identity of `files` on disk; empty (nothing shared) where one cannot be read, so that
+/// building reports the error.
+fn files_key(files: &TokenizerFiles) -> FilesKey {
+    let paths: Vec<&Path> = match files {
+        TokenizerFiles::Json { tokenizer, config } => std::iter::once(tokenizer.as_path())
+            .chain(config.as_deref())
+            .collect(),
+        TokenizerFiles::VocabMerges {
+            vocab,
+            merges,
+            config,
+        } => vec![vocab, merges, config],
+    };
+    let mut key = Vec::with_capacity(paths.len());
+    for p in paths {
+        let Ok(meta) = std::fs::metadata(p) else {
+            return Vec::new();
+        };
+        let path = std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+        key.push((path, meta.len(), meta.modified().ok()));
+    }
+    key
 }
 
 /// The parts of `tokenizer_config.json` that change tokenization.
@@ -242,12 +302,12 @@ impl TokenizerConfig {
 fn read_vocab(path: &Path) -> Result<Vocab> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let map: HashMap<String, u32> = serde_json::from_str(&text)
+    let map: Vocab = serde_json::from_str(&text)
         .with_context(|| format!("{} is not a JSON object of token → id", path.display()))?;
     if map.is_empty() {
         bail!("{} is empty", path.display());
     }
-    Ok(map.into_iter().collect())
+    Ok(map)
 }
 
 /// Parses `merges.txt` as the slow `Qwen2Tokenizer` does: a first `#version` line and blank
@@ -363,6 +423,34 @@ mod tests {
         assert_eq!(tok.encode("").unwrap(), Vec::<u32>::new());
         assert_eq!(tok.decode(&[5, 20]).unwrap(), " ab<|x|>");
         assert_eq!(tok.max_token_id(), 20);
+    }
+
+    /// One build per process for unchanged files; a file that changes on disk is read again,
+    /// and files that cannot be built are not remembered.
+    #[test]
+    fn unchanged_files_share_one_tokenizer() {
+        let dir = tempfile::tempdir().unwrap();
+        toy(dir.path(), "{}");
+        let files = TokenizerFiles::VocabMerges {
+            vocab: dir.path().join("vocab.json"),
+            merges: dir.path().join("merges.txt"),
+            config: dir.path().join("tokenizer_config.json"),
+        };
+        let a = TextTokenizer::from_files(&files).unwrap();
+        let b = TextTokenizer::from_files(&files).unwrap();
+        assert!(Arc::ptr_eq(&a.inner, &b.inner));
+        // A longer config (its length changes the key whatever the clock's resolution).
+        std::fs::write(
+            dir.path().join("tokenizer_config.json"),
+            r#"{"added_tokens_decoder": {"20": {"content": "<|x|>", "special": true}}}"#,
+        )
+        .unwrap();
+        let c = TextTokenizer::from_files(&files).unwrap();
+        assert!(!Arc::ptr_eq(&a.inner, &c.inner));
+        assert_eq!((a.max_token_id(), c.max_token_id()), (8, 20));
+        std::fs::write(dir.path().join("merges.txt"), "#version: 0.2\nx y\n").unwrap();
+        assert!(TextTokenizer::from_files(&files).is_err());
+        assert!(TextTokenizer::from_files(&files).is_err());
     }
 
     #[test]
