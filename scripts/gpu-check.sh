@@ -11,7 +11,7 @@
 # wheels give it).
 #
 # DRY_RUN=1 runs the same script on the CPU (CI does, scripts/ci/gpu_check_dry_run.sh): BIN a CPU
-# build, --cpu-ranks N for --gpus N, the driver's memory queries skipped, the 61 M "medium" model
+# build, --cpu-ranks N for --gpus N, the driver's memory queries skipped, a 15 M "small" model
 # for the 0.6B-shaped one, and no verdict from the comparisons whose limits are a GPU's.
 #
 # Checks in order of worth, one summary line each ($OUT/summary.txt, and $OUT/summary.json); a
@@ -59,11 +59,11 @@ due() {
 
 if [[ $DRY == 1 ]]; then
   GPUS=--cpu-ranks
-  MODEL_KIND=model-medium
+  MODEL_KIND=model-small
   # Utterances of the big model's workspace, and steps of its runs: a CPU's few.
   BIG_FRAMES=12
   BIG_STEPS=2
-  echo "dry run on the CPU: --cpu-ranks for --gpus, the medium model for the 0.6B-shaped one"
+  echo "dry run on the CPU: --cpu-ranks for --gpus, the small model for the 0.6B-shaped one"
 else
   GPUS=--gpus
   MODEL_KIND=model-0.6b

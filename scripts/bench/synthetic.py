@@ -10,6 +10,8 @@ torch, whichever is there, for the random weights).
   synthetic.py model-medium SRC DST         the 61 M "medium" shape of scripts/reference/
                                             bench_train.py (real vocabularies, hidden 256, 4 + 2
                                             layers), the same way
+  synthetic.py model-small SRC DST          real vocabularies, hidden 64, 2 + 1 layers (the CPU
+                                            dry run of scripts/gpu-check.sh)
 """
 import json
 import os
@@ -66,6 +68,12 @@ SHAPES = {
                           head_dim=64, intermediate_size=768, text_hidden_size=256), [12, 10, 10],
                      dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                           head_dim=64, intermediate_size=768)),
+    # The CPU dry run of scripts/gpu-check.sh: every command and flag of the big-model checks,
+    # at a size two CPU cores train in a second.
+    "model-small": (dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=16, intermediate_size=192, text_hidden_size=64), [4, 2, 2],
+                    dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=16, intermediate_size=192)),
 }
 
 

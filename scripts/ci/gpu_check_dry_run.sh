@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The CPU dry run of scripts/gpu-check.sh (docs/distributed.md §10): the same script with a CPU
-# build, --cpu-ranks for --gpus, the driver's memory queries skipped and the medium model for the
+# build, --cpu-ranks for --gpus, the driver's memory queries skipped and the small model for the
 # 0.6B-shaped one, so that the script itself — its commands, flags, paths and parsing — cannot be
 # what fails on the GPU. Its checks' verdicts hold on the CPU (parity, overlap, resume, speak);
 # the memory comparisons whose limits are a GPU's print DRY.
