@@ -116,7 +116,9 @@ impl TextTokenizer {
                 .filter(|(_, t)| inner.token_to_id(&t.content).is_none())
                 .map(|(_, t)| t.clone())
                 .collect();
-            inner.add_tokens(&missing);
+            inner
+                .add_tokens(missing)
+                .map_err(|e| anyhow!("{}: cannot add its added tokens: {e}", path.display()))?;
             check_added_ids(&inner, &added, config_path)?;
         }
         let max_id = inner.get_vocab(true).values().copied().max().unwrap_or(0);
@@ -175,10 +177,17 @@ impl TextTokenizer {
         let mut inner = Tokenizer::new(bpe);
         inner
             .with_normalizer(Some(NFC))
+            .map_err(|e| anyhow!("cannot set the NFC normalizer: {e}"))?
             .with_pre_tokenizer(Some(Sequence::new(vec![split.into(), byte_level.into()])))
             .with_decoder(Some(ByteLevel::default()));
-        let tokens: Vec<AddedToken> = added.iter().map(|(_, t)| t.clone()).collect();
-        inner.add_tokens(&tokens);
+        inner
+            .add_tokens(added.iter().map(|(_, t)| t.clone()))
+            .map_err(|e| {
+                anyhow!(
+                    "{}: cannot add its added tokens: {e}",
+                    config_path.display()
+                )
+            })?;
         check_added_ids(&inner, &added, config_path)?;
         Ok(TextTokenizer {
             inner: Arc::new(inner),
