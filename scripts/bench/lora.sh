@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# LoRA against a full fine-tune (docs/training.md §13), for the README:
+# LoRA against a full fine-tune (docs/training.md §13), for docs/usage.md §5:
 #
 # 1. `table`: trained values and state bytes of the released models' shapes (configs/models/) for a
 #    full fine-tune and for adapters of rank 8, 16 and 32 (default targets, nothing trained

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The memory tables of README.md and docs/training.md §11: `voiceclone train --plan --json` for
+# The memory tables of docs/usage.md §5 and docs/training.md §11: `voiceclone train --plan --json` for
 # the released models' shapes (configs/models/) on N = 1, 2, 4, 8 GPUs at the default batch and
 # without a manifest (every utterance as long as prep.max_seconds allows), one markdown table
 # per model: predicted GB per GPU for each memory mode (and the host's share per rank with the

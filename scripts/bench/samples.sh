@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What an evaluation costs (docs/training.md §14.4), for the README: on the 0.6B-shaped random
+# What an evaluation costs (docs/training.md §14.4), for docs/usage.md §5: on the 0.6B-shaped random
 # model (scripts/bench/synthetic.py: the real talker and code predictor, the fixture's small speech
 # tokenizer and speaker encoder unless CODEC names another tokenizer), on the CPU, at the
 # defaults (batch 4 × 8 micro-batches, an evaluation at every checkpoint, train.save_every = 50):

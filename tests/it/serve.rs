@@ -4,7 +4,7 @@
 //! give what each gives alone. This module also holds what every `serve_*` test uses: the server
 //! process, the HTTP client and the readers of its responses; registered voices are tested in
 //! `serve_voices`, the error answers in `serve_errors`, a full queue, hang-ups and SIGTERM in
-//! `serve_lifecycle`, and the README's examples in `serve_readme`.
+//! `serve_lifecycle`, and the examples of docs/usage.md §8 in `serve_usage_examples`.
 //!
 //! The client here is a few lines of HTTP/1.1 over a `TcpStream`, so the tests see every
 //! chunk as it arrives (with its time) and can hang up mid-stream.

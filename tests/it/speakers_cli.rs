@@ -278,7 +278,7 @@ fn two_speakers_train_export_and_speak_apart() {
     eprintln!("export rows vs x-vectors: max |diff| {worst:.3e} (bf16 rounding)");
     // VOICECLONE_KEEP_WORKSPACE=DIR keeps a copy of this workspace, so that the official package
     // can be run on its export by hand (`scripts/reference/check_export.py DIR/model --speaker
-    // alice --xvector DIR/data/speakers/alice.safetensors`; README, `voiceclone export`).
+    // alice --xvector DIR/data/speakers/alice.safetensors`; docs/usage.md §6).
     if let Some(keep) = std::env::var_os("VOICECLONE_KEEP_WORKSPACE") {
         let st = std::process::Command::new("cp")
             .arg("-r")

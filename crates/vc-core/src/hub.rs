@@ -109,7 +109,7 @@ impl ModelSource {
     }
 }
 
-/// How to get a hub model's files onto a machine that cannot reach the hub (docs: the README's
+/// How to get a hub model's files onto a machine that cannot reach the hub (docs/usage.md §1,
 /// "Models and the hub").
 fn not_cached_help(repo: &str) -> String {
     format!(

@@ -59,7 +59,7 @@ use vc_core::workspace::Workspace;
 const PREP_FORMAT_VERSION: u32 = 4;
 
 /// What the seconds of a recording that were not kept count as in the summary, besides the
-/// reasons of `segment::DropReason` (the README's `voiceclone prep` lists them all).
+/// reasons of `segment::DropReason` (docs/usage.md §2 lists them all).
 const TRIMMED: &str = "trimmed silence around utterances";
 const NOTHING_HEARD: &str = "no words heard by Whisper";
 const NOT_TRANSCRIBED: &str = "silence (not transcribed)";

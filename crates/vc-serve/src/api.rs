@@ -497,14 +497,15 @@ async fn register_voice(
             )
         })?;
     let body = http::read_body(req.into_body(), state.opts.max_body_bytes).await?;
-    let parts = multipart::parse(&body, &boundary)
+    let parts = multipart::parse(body, boundary)
+        .await
         .map_err(|e| ApiError::invalid(None, "invalid_multipart", e))?;
     let mut file = None;
     let mut transcript = None;
     let mut name = None;
     for p in parts {
         let text = |p: &multipart::Part| {
-            String::from_utf8(p.data.clone()).map_err(|_| {
+            String::from_utf8(p.data.to_vec()).map_err(|_| {
                 ApiError::invalid(
                     Some(&p.name),
                     "invalid_value",
@@ -565,7 +566,7 @@ async fn register_voice(
     let max_seconds = state.opts.max_voice_seconds;
     let max_voices = state.opts.max_voices;
     let entry = tokio::task::spawn_blocking(move || -> Result<_, ApiError> {
-        let audio = vc_audio::decode_bytes(file.data, ext.as_deref()).map_err(|e| {
+        let audio = vc_audio::decode_bytes(file.data.into(), ext.as_deref()).map_err(|e| {
             ApiError::invalid(
                 Some("file"),
                 "invalid_audio",

@@ -1,4 +1,4 @@
-//! The README's `voiceclone serve` examples run as written against a running server
+//! The `voiceclone serve` examples of docs/usage.md §8 run as written against a running server
 //! (docs/serving.md): its curl commands and its `openai` Python code, real clients nobody here
 //! wrote, get the WAV (and PCM) that `voiceclone speak` writes; each client is skipped with a
 //! message when absent, unless `VOICECLONE_REQUIRE_ASSETS=1`.
@@ -13,14 +13,21 @@ use crate::serve::{
     assert_same_samples, pcm_samples, ref_wav, speak, wav_samples, workspace, Server,
 };
 
-/// The code blocks of the README's `voiceclone serve` section: (language, text).
-fn readme_serve_blocks() -> Vec<(String, String)> {
-    let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
-    let start = readme
-        .find("## `voiceclone serve")
-        .expect("README has a voiceclone serve section");
-    let section = &readme[start..];
+/// The code blocks of the `voiceclone serve` section of docs/usage.md: (language, text).
+fn serve_blocks() -> Vec<(String, String)> {
+    let usage =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/usage.md"))
+            .unwrap();
+    // Its heading: `## 8. ` and the command line in backquotes.
+    let start = usage
+        .match_indices("\n## ")
+        .map(|(i, _)| i + 1)
+        .find(|&i| {
+            let line = usage[i..].lines().next().unwrap_or("");
+            line.contains(". `voiceclone serve")
+        })
+        .expect("docs/usage.md has a voiceclone serve section");
+    let section = &usage[start..];
     let section = &section[..section[3..].find("\n## ").map_or(section.len(), |i| i + 3)];
     let mut blocks = Vec::new();
     let mut rest = section;
@@ -71,7 +78,7 @@ fn have_curl() -> bool {
     ok
 }
 
-/// The README's shell block with `curl` that holds `what`.
+/// The section's shell block with `curl` that holds `what`.
 fn curl_block(blocks: &[(String, String)], what: &str) -> String {
     blocks
         .iter()
@@ -81,7 +88,7 @@ fn curl_block(blocks: &[(String, String)], what: &str) -> String {
         .clone()
 }
 
-/// Runs a README shell block as written (in `ws`, against `server`).
+/// Runs one of its shell blocks as written (in `ws`, against `server`).
 fn run_block(block: &str, server: &Server, ws: &Path) -> std::process::Output {
     let here = block.replace("http://127.0.0.1:8000", &server.url());
     Command::new("bash")
@@ -92,10 +99,10 @@ fn run_block(block: &str, server: &Server, ws: &Path) -> std::process::Output {
 }
 
 /// Acceptance 1: real clients nobody here wrote — curl and the official `openai` Python
-/// package — running the README's examples; the WAV they get is `speak`'s.
+/// package — running the examples; the WAV they get is `speak`'s.
 #[test]
-fn readme_examples_run_against_the_server() {
-    let blocks = readme_serve_blocks();
+fn the_examples_run_against_the_server() {
+    let blocks = serve_blocks();
     let curl = format!(
         "{}\n{}",
         curl_block(&blocks, "/v1/audio/speech"),
@@ -119,7 +126,7 @@ fn readme_examples_run_against_the_server() {
         let o = run_block(&curl, &server, ws.path());
         assert!(
             o.status.success(),
-            "the README's curl commands failed: {}",
+            "the documented curl commands failed: {}",
             stderr(&o)
         );
         let got = wav_samples(&file("hello.wav"));
@@ -144,7 +151,7 @@ fn readme_examples_run_against_the_server() {
             .unwrap();
         assert!(
             o.status.success(),
-            "the README's Python failed: {}",
+            "the documented Python failed: {}",
             stderr(&o)
         );
         let got = wav_samples(&file("hello-openai.wav"));
@@ -170,15 +177,15 @@ fn readme_examples_run_against_the_server() {
 }
 
 /// A fine-tuned workspace (`model/` in the CustomVoice layout with its one speaker, as `train`
-/// exports it): the README's speech commands run as written and give `speak`'s WAV; its voice
+/// exports it): the documented speech commands run as written and give `speak`'s WAV; its voice
 /// registration, which needs a Base model, fails visibly (curl exits non-zero, the error's JSON
 /// in the output file) instead of writing the error into `voice.json` and exiting 0.
 #[test]
-fn readme_curl_examples_on_a_fine_tuned_workspace() {
+fn the_curl_examples_on_a_fine_tuned_workspace() {
     if !have_curl() {
         return;
     }
-    let blocks = readme_serve_blocks();
+    let blocks = serve_blocks();
     let ws = tempfile::tempdir().unwrap();
     let model_dir = ws.path().join("model");
     std::fs::create_dir_all(&model_dir).unwrap();
@@ -208,7 +215,7 @@ fn readme_curl_examples_on_a_fine_tuned_workspace() {
     let o = run_block(&curl_block(&blocks, "/v1/audio/speech"), &server, ws.path());
     assert!(
         o.status.success(),
-        "the README's speech commands failed on a fine-tuned workspace: {}",
+        "the documented speech commands failed on a fine-tuned workspace: {}",
         stderr(&o)
     );
     let got = wav_samples(&std::fs::read(ws.path().join("hello.wav")).unwrap());
