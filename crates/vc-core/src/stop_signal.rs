@@ -2,8 +2,8 @@
 //! that installed the handlers polls: the training loop stops after the current optimizer step
 //! and saves a checkpoint (docs/training.md §8.1), the rank launcher passes the request to its
 //! ranks (docs/distributed.md §5). A second Ctrl-C exits at once (the last complete checkpoint
-//! stays valid). A module of its own, below both of its users, so that the launcher does not
-//! depend on the trainer.
+//! stays valid). It sits below both of its users, so that the launcher does not depend on the
+//! trainer.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 

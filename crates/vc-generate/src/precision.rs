@@ -1,8 +1,7 @@
 //! The number formats of inference (`speak.precision`, docs/performance.md §2): [`Precision`],
 //! what `auto` picks for a checkpoint and a device, and what each format means for the candle
-//! path (activation and storage dtypes) and for the CPU inference path (its matrix format). Its
-//! own module because the command layer and the server resolve a precision before any model is
-//! loaded, and the choice is about numbers, not about the pipeline that uses them.
+//! path (activation and storage dtypes) and for the CPU inference path (its matrix format). The
+//! command layer and the server resolve a precision before any model is loaded.
 
 use candle_core::{DType, Device};
 

@@ -1,8 +1,8 @@
 //! How a trainer computes (docs/training.md §5.5): the [`Backend`] — the CPU kernels with their
 //! hand-written backward passes, or candle's autograd — and the [`Storage`] dtype of the autograd
 //! backend's weights, with what follows from the choice (where the weights and optimizer state
-//! live, how masters are kept, which dtypes store and compute). Its own module because both
-//! trainers, the memory plan and the command layer decide by it, apart from any one training loop.
+//! live, how masters are kept, which dtypes store and compute). Both trainers, the memory plan
+//! and the command layer decide by it.
 
 use anyhow::{bail, Result};
 use candle_core::{DType, Device};

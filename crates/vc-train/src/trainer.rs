@@ -2,8 +2,7 @@
 //! newest compatible checkpoint, takes optimizer steps (the corrected SFT objective, gradient
 //! accumulation and clipping, AdamW), validates on the held-out set and saves checkpoints; the one
 //! training loop ([`driver::run`]) drives it through [`driver::Engine`], as it drives one rank of a
-//! sharded run ([`crate::sharded`]). Its own module so that the crate root keeps only the map of
-//! the crate and what every run shares.
+//! sharded run ([`crate::sharded`]).
 
 use std::path::PathBuf;
 use std::time::Instant;

@@ -2,8 +2,8 @@
 //! and every other rank exchange on their control connections (the rendezvous greeting and
 //! answer, aborts, goodbyes, heartbeats) and [`Control`], the state those connections share: the
 //! first abort reason, the ring sockets it shuts down, the goodbyes rank 0 waits for, and when
-//! each peer was last heard from. Its own module because it runs beside the collectives, on
-//! threads of its own, and knows nothing of tensors or of the ring's algorithms.
+//! each peer was last heard from. It runs beside the collectives, on threads of its own, and
+//! knows nothing of tensors or of the ring's algorithms.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};

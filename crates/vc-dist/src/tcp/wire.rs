@@ -1,8 +1,8 @@
 //! The bytes the TCP collectives carry (docs/distributed.md §3): a tensor's values as raw
 //! little-endian bytes on the host and a tensor rebuilt from them, in every dtype the ring moves
 //! (f32, bf16, f64, u32), and plain values copied out of a received buffer whatever its
-//! alignment. Its own module because these conversions are the one place the ring meets dtypes;
-//! the ring itself moves bytes.
+//! alignment. These conversions are the one place the ring meets dtypes; the ring itself
+//! moves bytes.
 
 use anyhow::{bail, Result};
 use candle_core::{DType, Device, Tensor};

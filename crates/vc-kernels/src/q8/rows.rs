@@ -1,7 +1,7 @@
 //! Activation rows quantized to 8-bit blocks when they arrive ([`Q8Rows`]): the other operand
 //! of a `q8` product, with the per-block scales and the `128 · Σ q` that takes the weights'
-//! `+128` back (the **Activations** paragraph of the docs of [`super`]). Its own module: the
-//! weights' format and the products stay in `q8`; this is what each call quantizes afresh.
+//! `+128` back (the **Activations** paragraph of the docs of [`super`]). These are quantized
+//! afresh by every call; the weights' format and the products are in [`super`].
 
 use super::{abs_max, check_len, round_q, with_simd, Q8Error, BLOCK};
 

@@ -2,8 +2,8 @@
 //! with AVX-512 VNNI (alone and two tiles at once), AVX-VNNI and AVX2, and the vectorised
 //! quantization of bf16 weight rows. Each is an `unsafe fn` compiled for its features, called
 //! only through the safe dispatch of [`super`] once the CPU is known to have them (`Isa`) and
-//! the extents are checked. Its own module: the intrinsics and the `unsafe` they need in one
-//! place, built only on x86-64, apart from the format and the scalar reference.
+//! the extents are checked. Every intrinsic of `q8` and the `unsafe` it needs is here, built
+//! only on x86-64; the format and the scalar reference are in [`super`].
 
 use super::{Q8Rows, BLOCK, TILE, TILE_BLOCK_BYTES};
 use std::arch::x86_64::*;

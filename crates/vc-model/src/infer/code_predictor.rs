@@ -1,7 +1,7 @@
 //! The code predictor of the CPU inference path (docs/model.md §5): the small decoder that
 //! picks codebooks 1..15 of a frame once the talker has picked code 0, with its embedding
-//! tables, its heads and the projection into its width. Its own module: it is one of the two
-//! models built on [`super::decoder_stack`], loaded and run apart from the talker.
+//! tables, its heads and the projection into its width. It is one of the two models built on
+//! [`super::decoder_stack`], loaded and run apart from the talker.
 
 use anyhow::{ensure, Result};
 

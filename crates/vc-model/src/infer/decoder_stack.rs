@@ -1,8 +1,7 @@
 //! The Qwen3 decoder stack of the CPU inference path (docs/model.md §4.1): its layers' weights,
 //! its KV cache with the positions and left padding of each row, and the row loops one step runs
 //! (RMSNorm, RoPE, causal attention). The talker and the code predictor each own one stack, and
-//! [`super::row_step`] steps it row by row; it is its own module because it is the one place
-//! these loops and the cache's layout live, apart from the two models built on it.
+//! [`super::row_step`] steps it row by row. These loops and the cache's layout live here only.
 
 use anyhow::{bail, ensure, Result};
 

@@ -1,6 +1,6 @@
 //! The loops over one `f32` row that the decoder stack, its per-row step and the adapters
-//! share: a dot product written to vectorise and RMS normalisation (docs/model.md §4.1). Their
-//! own module so that the adapters, which the stack calls, need not reach back into the stack.
+//! share: a dot product written to vectorise and RMS normalisation (docs/model.md §4.1). The
+//! adapters, which the stack calls, use them without reaching back into the stack.
 
 /// RMSNorm of every `weight.len()`-wide row (docs/model.md §4.1: f32 statistics).
 pub(super) fn rms_norm_rows(x: &mut [f32], weight: &[f32], eps: f64) {

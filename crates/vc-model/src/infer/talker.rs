@@ -1,8 +1,7 @@
 //! The talker of the CPU inference path (docs/model.md §3.3, §4): the text and codec
 //! embeddings, the decoder stack that picks code 0 of each frame, its head, the code predictor
-//! it owns, and the low-rank adapters put on both stacks (docs/serving.md §7). Its own module:
-//! it is the entry point the generation loop holds, built on [`super::decoder_stack`] and
-//! [`super::code_predictor`].
+//! it owns, and the low-rank adapters put on both stacks (docs/serving.md §7): the entry point
+//! the generation loop holds, built on [`super::decoder_stack`] and [`super::code_predictor`].
 
 use std::collections::BTreeMap;
 

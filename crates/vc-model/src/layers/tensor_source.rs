@@ -1,8 +1,8 @@
 //! Where a model's weights come from: the [`TensorSource`] trait every model is built through (a
 //! loaded checkpoint, or the trainer's parameter store of trained and frozen tensors), the
 //! low-rank adapters a source may hold beside its matrices (docs/training.md §13), and a source
-//! that records the names read. Its own module: the candle models and the trainer share it, and
-//! none of it is part of the decoder block's arithmetic.
+//! that records the names read. The candle models and the trainer share it; none of it is part
+//! of the decoder block's arithmetic.
 
 use std::collections::BTreeSet;
 use std::sync::Mutex;

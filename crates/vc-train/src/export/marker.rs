@@ -1,8 +1,8 @@
 //! The directory marker of an export (`voiceclone-export.json`, docs/training.md §10): what
 //! makes a directory ours, so that a later export may replace it; what kind of export it holds,
 //! which base model it was made from, and whether it is already the export of a checkpoint; and
-//! the recovery of an export interrupted between its renames. Its own module because the
-//! trainer's setup and `speak --adapter` read markers without exporting anything.
+//! the recovery of an export interrupted between its renames. The trainer's setup and
+//! `speak --adapter` read markers without exporting anything.
 
 use std::fs;
 use std::path::{Path, PathBuf};

@@ -1,8 +1,8 @@
 //! The weight file of an exported model (docs/model.md §10.5): `model.safetensors` in bf16,
 //! streamed from the base model's shards with the checkpoint's trained tensors in place of the
 //! base ones, a LoRA checkpoint's adapters merged into their matrices, and each speaker's x-vector
-//! in its codec-embedding row. Its own module because it is the one part of an export that reads
-//! and converts tensors; the rest of [`super::export`] copies files and writes JSON.
+//! in its codec-embedding row. This is the one part of an export that reads and converts
+//! tensors; the rest of [`super::export`] copies files and writes JSON.
 
 use std::collections::BTreeMap;
 use std::fs;
