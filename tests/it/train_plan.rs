@@ -342,6 +342,25 @@ fn plan_and_peaks(ws: &Path, args: &[&str], processes: usize) -> (f64, Vec<f64>)
     (predicted, peaks)
 }
 
+/// [`plan_and_peaks`] of `train --backend BACKEND` and the `flags` in a fresh workspace
+/// `dir/ws` training `model` on eight utterances of 40 frames.
+fn fresh_run(
+    dir: &Path,
+    model: &Path,
+    backend: &str,
+    flags: &[&[&str]],
+    processes: usize,
+) -> (f64, Vec<f64>) {
+    let ws = dir.join("ws");
+    let _ = std::fs::remove_dir_all(&ws);
+    workspace_for(&ws, model, &rows_of(8, 40), 512);
+    let mut args = vec!["train", "--backend", backend];
+    for f in flags {
+        args.extend_from_slice(f);
+    }
+    plan_and_peaks(&ws, &args, processes)
+}
+
 /// `label: plan …, allocated …, ratio R` for the report of a plan test.
 fn report_line(label: &str, predicted: f64, peak: f64) -> String {
     format!(
@@ -378,13 +397,7 @@ fn the_plan_predicts_what_runs_allocate() {
             &["--recompute", "layers"],
             &["--reduce-dtype", "bf16"],
         ] {
-            let ws = tmp.path().join("ws");
-            let _ = std::fs::remove_dir_all(&ws);
-            workspace_for(&ws, &model, &rows_of(8, 40), 512);
-            let mut args = vec!["train", "--backend", backend];
-            args.extend_from_slice(&base);
-            args.extend_from_slice(extra);
-            let (predicted, peaks) = plan_and_peaks(&ws, &args, 1);
+            let (predicted, peaks) = fresh_run(tmp.path(), &model, backend, &[&base, extra], 1);
             report.push(report_line(
                 &format!("{backend} {extra:?}"),
                 predicted,
@@ -468,15 +481,9 @@ fn the_plan_predicts_what_sharded_ranks_allocate() {
         ("autograd", &["--cpu-ranks", "4", "--shard-group", "2"]),
     ];
     for (backend, extra) in cases {
-        let ws = tmp.path().join("ws");
-        let _ = std::fs::remove_dir_all(&ws);
-        workspace_for(&ws, &model, &rows_of(8, 40), 512);
-        let mut args = vec!["train", "--backend", backend];
-        args.extend_from_slice(&base);
-        args.extend_from_slice(extra);
         // Every rank and the launcher (its peak far smaller) report.
         let ranks: usize = extra[1].parse().unwrap();
-        let (predicted, peaks) = plan_and_peaks(&ws, &args, ranks + 1);
+        let (predicted, peaks) = fresh_run(tmp.path(), &model, backend, &[&base, extra], ranks + 1);
         let peak = peaks.iter().copied().fold(0f64, f64::max);
         report.push(report_line(
             &format!("{backend} {extra:?}, largest rank"),
