@@ -85,6 +85,9 @@ impl TextTokenizer {
         }
         let t = Self::build(files)?;
         if !key.is_empty() {
+            // The same files as they were before a change are not asked for again.
+            let paths = |k: &FilesKey| k.iter().map(|(p, ..)| p.clone()).collect::<Vec<_>>();
+            built.retain(|(k, _)| paths(k) != paths(&key));
             built.push((key, t.clone()));
         }
         Ok(t)
@@ -457,6 +460,17 @@ mod tests {
         let c = TextTokenizer::from_files(&files).unwrap();
         assert!(!Arc::ptr_eq(&a.inner, &c.inner));
         assert_eq!((a.max_token_id(), c.max_token_id()), (8, 20));
+        // The files' old build is not kept beside the new one.
+        let kept = BUILT.lock().unwrap();
+        let here = kept
+            .iter()
+            .filter(|(k, _)| {
+                k.iter()
+                    .any(|(p, ..)| p.starts_with(dir.path().canonicalize().unwrap()))
+            })
+            .count();
+        assert_eq!(here, 1);
+        drop(kept);
         std::fs::write(dir.path().join("merges.txt"), "#version: 0.2\nx y\n").unwrap();
         assert!(TextTokenizer::from_files(&files).is_err());
         assert!(TextTokenizer::from_files(&files).is_err());
