@@ -54,8 +54,10 @@ impl Prepared {
         backend: train::Backend,
     ) -> Result<TrainOptions> {
         Ok(TrainOptions {
-            references: references(ws, config)?,
-            whisper: train::samples::listener::for_workspace(ws, &config.prep),
+            evaluator: Some(Arc::new(vc_eval::Evaluation {
+                listener: vc_eval::samples::listener::for_workspace(ws, &config.prep),
+                references: references(ws, config)?,
+            })),
             files: self.files,
             model_spec: self.model_spec,
             manifest: self.manifest,

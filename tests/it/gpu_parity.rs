@@ -140,8 +140,10 @@ fn training_on_cuda_follows_the_official_trajectory_within_bf16() {
             device: dev.clone(),
             backend: vc_train::Backend::Autograd(vc_train::Storage::Bf16),
             hooks: std::sync::Arc::new(vc_train::hooks::NoHooks),
-            references: Vec::new(),
-            whisper: vc_train::samples::Listener::Missing("not in this test".into()),
+            evaluator: Some(std::sync::Arc::new(vc_eval::Evaluation {
+                listener: vc_eval::Listener::Missing("not in this test".into()),
+                references: Vec::new(),
+            })),
         };
         let mut trainer = vc_train::Trainer::new(opts, false).unwrap();
         trainer.schedule = vc_train::optim::Schedule {

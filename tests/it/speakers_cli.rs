@@ -103,8 +103,10 @@ fn every_batch_row_carries_its_own_speakers_x_vector() {
         device: Device::Cpu,
         backend: Backend::CpuKernels,
         hooks: std::sync::Arc::new(NoHooks),
-        references: Vec::new(),
-        whisper: vc_train::samples::Listener::Missing("not in this test".into()),
+        evaluator: Some(std::sync::Arc::new(vc_eval::Evaluation {
+            listener: vc_eval::Listener::Missing("not in this test".into()),
+            references: Vec::new(),
+        })),
     };
     let mut tr = Trainer::new(opts, false).unwrap();
     let h = hidden(MODEL);

@@ -219,8 +219,10 @@ fn checkpoints_resume_at_any_world_size() {
             device: candle_core::Device::Cpu,
             backend: vc_train::Backend::CpuKernels,
             hooks: Arc::new(vc_train::hooks::NoHooks),
-            references: Vec::new(),
-            whisper: vc_train::samples::Listener::Missing("not in this test".into()),
+            evaluator: Some(std::sync::Arc::new(vc_eval::Evaluation {
+                listener: vc_eval::Listener::Missing("not in this test".into()),
+                references: Vec::new(),
+            })),
         }
     };
     // Bound before the ranks start, as the launcher binds it.

@@ -483,13 +483,13 @@ fn the_wer_of_real_speech_is_low_against_its_text_and_high_against_another() {
         .find(|(f, _)| f.starts_with("02_"))
         .unwrap();
     let audio = vc_audio::load_mono(&dir.join(&file), 24_000).unwrap();
-    let (wer, heard) = vc_train::samples::intelligibility(&whisper, &audio, 24_000, &text).unwrap();
+    let (wer, heard) = vc_eval::samples::intelligibility(&whisper, &audio, 24_000, &text).unwrap();
     let wer = wer.unwrap();
     assert!(wer <= 0.15, "WER {wer}: heard {heard:?} for {text:?}");
     let reference = normalize_words(&text);
     let want = word_errors(&reference, &normalize_words(&heard)) as f64 / reference.len() as f64;
     assert!((wer - want).abs() < 1e-12);
-    let (other, _) = vc_train::samples::intelligibility(
+    let (other, _) = vc_eval::samples::intelligibility(
         &whisper,
         &audio,
         24_000,
@@ -499,7 +499,7 @@ fn the_wer_of_real_speech_is_low_against_its_text_and_high_against_another() {
     assert!(other.unwrap() >= 0.8, "{other:?}");
     // Silence is heard as nothing: every word missed.
     let (silent, heard) =
-        vc_train::samples::intelligibility(&whisper, &[], 24_000, "two words").unwrap();
+        vc_eval::samples::intelligibility(&whisper, &[], 24_000, "two words").unwrap();
     assert_eq!((silent, heard.as_str()), (Some(1.0), ""));
 }
 

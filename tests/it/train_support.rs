@@ -207,8 +207,10 @@ pub fn train_options(
         device: candle_core::Device::Cpu,
         backend,
         hooks: std::sync::Arc::new(vc_train::hooks::NoHooks),
-        references: Vec::new(),
-        whisper: vc_train::samples::Listener::Missing("not in this test".into()),
+        evaluator: Some(std::sync::Arc::new(vc_eval::Evaluation {
+            listener: vc_eval::Listener::Missing("not in this test".into()),
+            references: Vec::new(),
+        })),
     }
 }
 

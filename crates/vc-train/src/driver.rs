@@ -1,7 +1,7 @@
 //! The training loop, one for every way of training (docs/training.md §1): it asks an
 //! [`Engine`] — the single-device [`super::Trainer`] or one rank of a sharded run — for
 //! optimizer steps until the step budget or an agreed stop, and owns what is the same for all of
-//! them: the schedule of checkpoints, signals, metrics, the loss plot and the progress bar.
+//! them: the schedule of checkpoints, signals, metrics, evaluations and the progress bar.
 //!
 //! In a sharded run every rank runs this loop in lockstep: the step count, the checkpoint
 //! cadence and the stop decision (agreed through [`Engine::any_rank`]) are the same on every
@@ -13,9 +13,9 @@ use std::path::PathBuf;
 use anyhow::Result;
 
 use super::data::Dataset;
+use super::evaluation::{Pages, SamplePlan, SampleRun, SampleSpeaker};
 use super::metrics::{EvalMetrics, MetricsLog, StepMetrics};
 use super::sampler::Cursor;
-use super::samples::{self, SampleSetup};
 use super::selection::{self, Selection};
 use super::{checkpoint, Outcome, TrainOptions};
 use vc_core::config::Select;
@@ -128,10 +128,7 @@ pub fn run_with(
     }
     let hooks = engine.options().hooks.clone();
     let device = engine.options().device.clone();
-    let samples = {
-        let (train, _, _) = engine.data(c.grad_accum);
-        SampleSetup::new(engine.options(), engine.heldout(), train, engine.world())?
-    };
+    let samples = plan_samples(engine)?;
     let log = if reporter {
         before_first_write()?;
         for note in &samples.notes {
@@ -218,16 +215,17 @@ pub fn run_with(
                 // A new best is saved even between checkpoints, so that it can be chosen; an
                 // evaluation with samples always is, since they belong to its checkpoint.
                 save |=
-                    (improved && c.select == Select::ValLoss) || early || !samples.plan.is_empty();
+                    (improved && c.select == Select::ValLoss) || early || samples.speaker.is_some();
             }
             if save {
                 let dir = engine.save()?;
-                if let Some(e) = evaluated.as_mut().filter(|_| !samples.plan.is_empty()) {
+                if let (Some(e), Some(speaker)) = (evaluated.as_mut(), &samples.speaker) {
                     let status = |i: usize, n: usize| {
                         progress.set_message(format!("{} · speaking samples {i}/{n}", message(val)))
                     };
                     let warn = |line: String| progress.println(line);
-                    let scored = score_samples(engine, dir.as_deref(), e, &samples, status, warn)?;
+                    let scored =
+                        score_samples(engine, dir.as_deref(), e, &**speaker, status, warn)?;
                     progress.set_message(message(val));
                     if c.select == Select::Score {
                         early = scored && engine.selection().exhausted(c.select, c.early_stop);
@@ -237,7 +235,6 @@ pub fn run_with(
                     log.append_eval(e)?;
                 }
                 if let (Some(log), Some(dir)) = (&log, dir) {
-                    log.plot()?;
                     let shown = match opts_checkpoints.parent() {
                         Some(base) => vc_core::fsutil::display_relative(&dir, base),
                         None => dir.display().to_string(),
@@ -263,7 +260,7 @@ pub fn run_with(
                         c.keep,
                         &checkpoint::step_dir_name(m.step),
                     )?;
-                    write_report(engine.options(), log, Some(chosen))?;
+                    write_pages(engine.options(), log, Some(chosen))?;
                 }
             } else if let (Some(log), Some(e)) = (&log, &evaluated) {
                 log.append_eval(e)?;
@@ -273,7 +270,7 @@ pub fn run_with(
                 ));
                 // Not saved: the choice stands among the saved checkpoints.
                 let chosen = last_saved.map(|newest| engine.selection().chosen(c.select, newest));
-                write_report(engine.options(), log, chosen)?;
+                write_pages(engine.options(), log, chosen)?;
             }
             if let Some(e) = evaluated {
                 outcome.last_val_loss = Some(e.val_loss);
@@ -325,21 +322,17 @@ fn score_samples(
     engine: &mut dyn Engine,
     dir: Option<&std::path::Path>,
     e: &mut EvalMetrics,
-    setup: &SampleSetup,
+    speaker: &dyn SampleSpeaker,
     status: impl Fn(usize, usize) + Sync,
     warn: impl Fn(String),
 ) -> Result<bool> {
     let mut score = f64::NAN;
     if let (Some(dir), true) = (dir, engine.is_reporter()) {
         let started = std::time::Instant::now();
-        match speak_samples(engine.options(), dir, &setup.plan, &status) {
+        match speaker.speak(dir, &status) {
             Ok(spoken) => {
-                score = samples::score::score(&spoken.samples);
-                let problems = spoken
-                    .warnings
-                    .into_iter()
-                    .chain(samples::score::drift(&spoken.samples));
-                for problem in problems {
+                score = spoken.score;
+                for problem in spoken.warnings {
                     warn(format!(
                         "warning: {}: {problem}",
                         checkpoint::step_dir_name(e.step)
@@ -366,37 +359,44 @@ fn score_samples(
     Ok(true)
 }
 
-/// Speaks the samples of checkpoint `dir` (docs/training.md §14.4) on the CPU's pool.
-fn speak_samples(
-    opts: &TrainOptions,
-    dir: &std::path::Path,
-    plan: &[samples::plan::PlannedSample],
-    progress: impl FnMut(usize, usize) + Send,
-) -> Result<samples::Spoken> {
-    let job = samples::SampleJob {
-        files: &opts.files,
-        checkpoint: dir,
-        workspace: &opts.base_dir,
-        speaker_name: &opts.config.speaker_name,
-        plan,
-        whisper: match &opts.whisper {
-            samples::Listener::Whisper(w) => Some(w.as_ref()),
-            samples::Listener::Missing(_) => None,
-        },
+/// The samples of the run (docs/training.md §14.4), as its evaluator plans them; a run without
+/// an evaluator has none, and cannot choose by their score.
+fn plan_samples(engine: &dyn Engine) -> Result<SamplePlan> {
+    let opts = engine.options();
+    let Some(evaluator) = &opts.evaluator else {
+        if opts.config.select == Select::Score {
+            anyhow::bail!(
+                "train.select = \"score\" chooses by the samples' score, but this run has no \
+                 evaluator to speak them"
+            );
+        }
+        return Ok(SamplePlan {
+            speaker: None,
+            notes: Vec::new(),
+        });
     };
-    vc_kernels::pool::on_pool(|| samples::speak(&job, progress))
+    let (train, _, _) = engine.data(opts.config.grad_accum);
+    evaluator.plan_samples(&SampleRun {
+        options: opts,
+        heldout: engine.heldout(),
+        train,
+        world: engine.world(),
+    })
 }
 
-/// Rewrites `checkpoints/report.html` from the metrics (docs/training.md §14.6).
-fn write_report(opts: &TrainOptions, log: &MetricsLog, chosen: Option<usize>) -> Result<()> {
+/// Redraws `checkpoints/loss.svg` and `report.html` from the metrics (docs/training.md §9,
+/// §14.6), where the run has an evaluator.
+fn write_pages(opts: &TrainOptions, log: &MetricsLog, chosen: Option<usize>) -> Result<()> {
+    let Some(evaluator) = &opts.evaluator else {
+        return Ok(());
+    };
     let (steps, evals) = log.read_lines()?;
-    super::report::write(&super::report::ReportInput {
+    evaluator.write_pages(&Pages {
         checkpoints: &opts.checkpoints,
         steps: &steps,
         evals: &evals,
         chosen,
         select: opts.config.select,
-        references: &opts.references,
     })
 }
 

@@ -17,7 +17,8 @@
 //! text table's row-sparse gradients), [`moments`] and [`saved_state`] (the optimizer state's
 //! forms in memory and on disk), [`checkpoint_layout`] and [`safetensors_stream`] (checkpoint
 //! names, the streaming writer), [`plan`] (the memory plan), [`heldout`], [`validation`],
-//! [`samples`], [`selection`], [`report`] and [`plot`] (training you can watch), [`lock`] (one
+//! [`selection`] and [`evaluation`] (training you can watch: the interface the `vc-eval` crate
+//! implements), [`lock`] (one
 //! run per workspace), [`adapter_export`] (adapters alone in PEFT's format), [`hooks`] (test
 //! seams).
 
@@ -29,6 +30,7 @@ pub mod checkpoint_layout;
 pub mod cpu_ops;
 pub mod data;
 pub mod driver;
+pub mod evaluation;
 pub mod export;
 pub mod heldout;
 pub mod hooks;
@@ -40,12 +42,9 @@ pub mod moments;
 pub mod optim;
 pub mod params;
 pub mod plan;
-pub mod plot;
-pub mod report;
 pub mod run_setup;
 pub mod safetensors_stream;
 pub mod sampler;
-pub mod samples;
 pub mod saved_state;
 pub mod selection;
 pub mod sharded;
@@ -92,11 +91,9 @@ pub struct TrainOptions {
     pub backend: Backend,
     /// Test seams ([`hooks::NoHooks`] in production).
     pub hooks: Arc<dyn TrainHooks>,
-    /// Each speaker's reference clip (its lower-cased name as the export names it, and the
-    /// clip), shown beside the samples in the report (docs/training.md §14.6).
-    pub references: Vec<(String, PathBuf)>,
-    /// What transcribes the samples for their word error rate (docs/training.md §14.4).
-    pub whisper: samples::Listener,
+    /// The samples and pages of the run's evaluations (docs/training.md §14.4–§14.6); `None`:
+    /// validation losses in `metrics.jsonl` only.
+    pub evaluator: Option<Arc<dyn evaluation::Evaluator>>,
 }
 
 /// How a run ended.

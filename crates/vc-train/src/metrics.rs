@@ -1,6 +1,6 @@
-//! Training metrics: `checkpoints/metrics.jsonl` (one JSON object per optimizer step, and one
-//! per evaluation over the held-out set, docs/training.md §9, §14) and `checkpoints/loss.svg`,
-//! a plot of the losses ([`super::plot`]).
+//! Training metrics: `checkpoints/metrics.jsonl`, one JSON object per optimizer step and one
+//! per evaluation over the held-out set with its samples (docs/training.md §9, §14). The pages
+//! drawn from it are evaluation's ([`crate::evaluation::Evaluator::write_pages`]).
 
 use std::fs::{self, OpenOptions};
 use std::io::Write;
@@ -9,11 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
-use super::plot::{self, Chart, Series, COLORS};
-use super::samples::SampleMetrics;
-
 pub const METRICS_FILE: &str = "metrics.jsonl";
-pub const PLOT_FILE: &str = "loss.svg";
 
 /// One optimizer step.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -67,6 +63,35 @@ pub struct EvalMetrics {
     pub samples: Option<Vec<SampleMetrics>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub score: Option<f64>,
+}
+
+/// One sample of an evaluation, as `checkpoints/metrics.jsonl` records it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SampleMetrics {
+    pub text: String,
+    /// The speaker (its lower-cased name, as the export names it).
+    pub voice: String,
+    /// The WAV and its codes, relative to the workspace.
+    pub wav: String,
+    pub codes: String,
+    /// Frames generated, and the most it could take.
+    pub frames: usize,
+    pub cap: usize,
+    /// Whether it stopped with end of speech (not at `cap`).
+    pub eos: bool,
+    /// Cosine of its x-vector and the speaker's (both by the model's speaker encoder).
+    pub similarity: Option<f64>,
+    /// Frames per text token, and the speaker's own pace over this one: 1 = the speaker's
+    /// pace, above 1 faster (docs/training.md §14.4).
+    pub frames_per_token: f64,
+    pub rate_ratio: f64,
+    /// The held-out recording of the same text the rate is measured against (its audio as
+    /// the manifest names it); null for a text of `train.sample_texts`, measured against the
+    /// speaker's mean pace.
+    pub recording: Option<String>,
+    /// Word error rate of its transcript against `text` (null without a Whisper model).
+    pub wer: Option<f64>,
+    pub transcript: Option<String>,
 }
 
 /// A number of `metrics.jsonl`: serde_json writes a value that is not finite as `null`, which
@@ -154,14 +179,6 @@ impl MetricsLog {
         }
         Ok((steps, evals))
     }
-
-    /// Redraws `loss.svg` next to the metrics file.
-    pub fn plot(&self) -> Result<()> {
-        let (steps, evals) = self.read_lines()?;
-        let svg = loss_svg(&steps, &evals);
-        let dest = self.path.with_file_name(PLOT_FILE);
-        vc_core::fsutil::write_atomic(&dest, svg.as_bytes())
-    }
 }
 
 /// The lines of one kind ([`StepMetrics`] or [`EvalMetrics`]) of the metrics file at `path`.
@@ -175,47 +192,6 @@ pub fn read<M: serde::de::DeserializeOwned>(path: &Path) -> Result<Vec<M>> {
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect())
-}
-
-/// An SVG line plot against the step of loss, loss_talker and loss_sub per optimizer step, and
-/// of the validation loss at each evaluation (docs/training.md §14.2), dashed with its points
-/// marked.
-pub fn loss_svg(rows: &[StepMetrics], evals: &[EvalMetrics]) -> String {
-    let title = if evals.is_empty() {
-        "loss per optimizer step"
-    } else {
-        "loss per optimizer step, validation loss per evaluation"
-    };
-    let per_step = |name: &str, color, f: fn(&StepMetrics) -> f64| Series {
-        name: name.into(),
-        color,
-        dashed: false,
-        points: rows.iter().map(|m| (m.step as f64, f(m))).collect(),
-    };
-    let series = if rows.is_empty() {
-        Vec::new()
-    } else {
-        vec![
-            per_step("loss", COLORS[0], |m| m.loss),
-            per_step("loss_talker", COLORS[1], |m| m.loss_talker),
-            per_step("loss_sub", COLORS[2], |m| m.loss_sub),
-            Series {
-                name: "val_loss".into(),
-                color: COLORS[3],
-                dashed: true,
-                points: evals.iter().map(|e| (e.step as f64, e.val_loss)).collect(),
-            },
-        ]
-    };
-    plot::svg(&Chart {
-        title: format!("voiceclone train: {title}"),
-        x_label: "step",
-        series,
-        band: None,
-        from_zero: true,
-        empty: "no steps yet",
-        marker: None,
-    })
 }
 
 #[cfg(test)]
@@ -239,7 +215,7 @@ mod tests {
     }
 
     #[test]
-    fn resume_drops_later_steps_and_plot_has_the_losses_and_validations() {
+    fn resume_drops_later_steps_and_keeps_validations() {
         let dir = tempfile::tempdir().unwrap();
         let log = MetricsLog::open(dir.path(), 0).unwrap();
         for s in 1..=5 {
@@ -282,27 +258,5 @@ mod tests {
         assert_eq!(log.read_evals().unwrap(), [eval(2)]);
         let (steps, evals) = log.read_lines().unwrap();
         assert_eq!((steps, evals), (log.read_all().unwrap(), vec![eval(2)]));
-        log.plot().unwrap();
-        let svg = fs::read_to_string(dir.path().join(PLOT_FILE)).unwrap();
-        assert_eq!(svg.matches("<polyline").count(), 3);
-        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
-        // One evaluation: a marked point and its legend entry; two: a dashed line through both.
-        assert_eq!(svg.matches("fill=\"#d62728\"").count(), 1);
-        assert!(svg.contains(">val_loss</text>"));
-        log.append_eval(&EvalMetrics {
-            val_loss: 2.0,
-            ..eval(3)
-        })
-        .unwrap();
-        log.plot().unwrap();
-        let svg = fs::read_to_string(dir.path().join(PLOT_FILE)).unwrap();
-        assert_eq!(svg.matches("<polyline").count(), 4);
-        assert_eq!(
-            svg.matches("stroke-dasharray").count(),
-            2,
-            "the line and its legend"
-        );
-        assert_eq!(svg.matches("fill=\"#d62728\"").count(), 2);
-        assert!(loss_svg(&[], &[]).contains("no steps yet"));
     }
 }

@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 
 use anyhow::{Context, Result};
 
-use crate::data::{Dataset, Sample};
 use vc_core::artifacts::manifest::Manifest;
 use vc_model::text::TextTokenizer;
+use vc_train::data::{Dataset, Sample};
 
 /// The frame limit of a sample, as a multiple of its reference length.
 pub const CAP_FACTOR: f64 = 1.5;
@@ -67,8 +67,8 @@ pub fn plan(
             .min(max_frames.max(1))
     };
     // Measured as the export measures it; without it the sample takes the default pace.
-    let paces = crate::export::pace::measure(&train.manifest, tokenizer)
-        .map(|m| crate::export::pace::of_speakers(&m, &names))
+    let paces = vc_train::export::pace::measure(&train.manifest, tokenizer)
+        .map(|m| vc_train::export::pace::of_speakers(&m, &names))
         .unwrap_or_default();
     let pace = |voice: &str| paces.get(voice).map(|p| p.frames_per_token);
     let mut out = Vec::new();

@@ -4,7 +4,7 @@
 //! speaking rate and WER over checkpoints; every evaluation and sample with an audio player
 //! beside the speaker's reference clip; and the checkpoint `train.select` chose.
 //!
-//! No scripts and nothing fetched: charts are inline SVG ([`super::plot`]), audio players link
+//! No scripts and nothing fetched: charts are inline SVG ([`crate::plot`]), audio players link
 //! the WAV files next to the page. Every number printed comes from `metrics.jsonl` as it is
 //! (its full value in the cell's `data-v`); the charts draw the per-voice means of the samples.
 
@@ -14,12 +14,11 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
-use super::metrics::{EvalMetrics, StepMetrics};
-use super::plot::{self, escape, Chart, Series, COLORS};
-use super::samples::score::RATE_RANGE;
-use super::samples::SampleMetrics;
-use super::selection::Selection;
+use crate::plot::{self, escape, Chart, Series, COLORS};
+use crate::samples::score::RATE_RANGE;
 use vc_core::config::Select;
+use vc_train::metrics::{EvalMetrics, SampleMetrics, StepMetrics};
+use vc_train::selection::Selection;
 
 pub const REPORT_FILE: &str = "report.html";
 
