@@ -12,7 +12,7 @@ use vc_core::artifacts::codes::{
 };
 use vc_core::config::Config;
 use vc_core::workspace::Workspace;
-use vc_prep::codes::load_codec;
+use vc_prep::codes::{load_codec, CodecOptions};
 
 /// Existing outputs are only replaced with `--overwrite`, as everywhere else; checked before
 /// any model is loaded.
@@ -26,6 +26,11 @@ fn check_output(output: &std::path::Path, overwrite: bool) -> Result<()> {
 }
 
 pub fn run(ws: &Workspace, config: &Config, cmd: &CodecCommand) -> Result<()> {
+    let codec_options = CodecOptions::new(
+        &config.codes.tokenizer,
+        &config.model.base,
+        config.codes.batch_size,
+    );
     match cmd {
         CodecCommand::Encode {
             audio,
@@ -34,7 +39,7 @@ pub fn run(ws: &Workspace, config: &Config, cmd: &CodecCommand) -> Result<()> {
             ..
         } => {
             check_output(output, *overwrite)?;
-            let codec = load_codec(ws, config)?;
+            let codec = load_codec(ws, &codec_options)?;
             let samples = audio::load_mono(audio, codec.sample_rate())?;
             anyhow::ensure!(!samples.is_empty(), "{} contains no audio", audio.display());
             let frames = frames_from_rows(&codec.encode(&samples)?)?;
@@ -54,7 +59,7 @@ pub fn run(ws: &Workspace, config: &Config, cmd: &CodecCommand) -> Result<()> {
         } => {
             check_output(output, *overwrite)?;
             let frames = read_codes_file(codes)?;
-            let codec = load_codec(ws, config)?;
+            let codec = load_codec(ws, &codec_options)?;
             let samples = codec
                 .decode(&frames)
                 .with_context(|| format!("cannot decode {}", codes.display()))?;

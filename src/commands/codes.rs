@@ -8,7 +8,7 @@ use anyhow::Result;
 use crate::cli::CodesArgs;
 use vc_core::config::Config;
 use vc_core::workspace::Workspace;
-use vc_prep::codes;
+use vc_prep::codes::{self, CodecOptions};
 
 pub fn run(ws: &Workspace, config: &Config, args: &CodesArgs) -> Result<()> {
     let input = args.input.clone().unwrap_or_else(|| ws.manifest());
@@ -19,7 +19,12 @@ pub fn run(ws: &Workspace, config: &Config, args: &CodesArgs) -> Result<()> {
         );
     }
     let output: PathBuf = args.output.clone().unwrap_or_else(|| input.clone());
-    let summary = codes::code_manifest(ws, config, &input, &output, args.force)?;
+    let codec = CodecOptions::new(
+        &config.codes.tokenizer,
+        &config.model.base,
+        config.codes.batch_size,
+    );
+    let summary = codes::code_manifest(ws, &codec, &input, &output, args.force)?;
     for line in summary.report(&input, &output) {
         println!("{line}");
     }

@@ -55,7 +55,7 @@ pub fn run(ws: &Workspace, config: &Config, args: &EmbedArgs) -> Result<()> {
             mode: EmbedMode::Ref,
             output,
         };
-        return write_jobs(ws, config, &[job], |line| println!("{line}"));
+        return write_jobs(ws, &config.model.base, &[job], |line| println!("{line}"));
     }
     let names: Vec<String> = match &args.speaker {
         Some(name) => vec![name.clone()],
@@ -69,7 +69,7 @@ pub fn run(ws: &Workspace, config: &Config, args: &EmbedArgs) -> Result<()> {
         );
     }
     let jobs = if names.is_empty() {
-        let mut job = single_speaker_job(ws, config)?;
+        let mut job = single_speaker_job(ws, &config.embed)?;
         if let Some(o) = &args.output {
             job.output = o.clone();
         }
@@ -77,14 +77,14 @@ pub fn run(ws: &Workspace, config: &Config, args: &EmbedArgs) -> Result<()> {
     } else {
         let mut jobs = names
             .iter()
-            .map(|n| speaker_job(ws, config, n))
+            .map(|n| speaker_job(ws, &config.embed, n))
             .collect::<Result<Vec<_>>>()?;
         if let (Some(o), [job]) = (&args.output, jobs.as_mut_slice()) {
             job.output = o.clone();
         }
         jobs
     };
-    write_jobs(ws, config, &jobs, |line| println!("{line}"))
+    write_jobs(ws, &config.model.base, &jobs, |line| println!("{line}"))
 }
 
 /// Whether two paths name the same existing file.

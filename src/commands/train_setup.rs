@@ -14,7 +14,7 @@ use crate::cli::TrainArgs;
 use vc_core::config::{Config, EmbedMode};
 use vc_core::workspace::Workspace;
 use vc_model::files::ModelFiles;
-use vc_prep::codes;
+use vc_prep::codes::{self, CodecOptions};
 use vc_prep::xvectors::{self, XVectorJob};
 use vc_train::hooks::TrainHooks;
 use vc_train::{self as train, checkpoint, data, export, TrainOptions};
@@ -354,7 +354,12 @@ fn ensure_codes(ws: &Workspace, config: &Config, manifest: &Path) -> Result<()> 
         missing.len(),
         ws.relative(manifest)
     );
-    let summary = codes::code_manifest(ws, config, manifest, manifest, false)?;
+    let codec = CodecOptions::new(
+        &config.codes.tokenizer,
+        &config.model.base,
+        config.codes.batch_size,
+    );
+    let summary = codes::code_manifest(ws, &codec, manifest, manifest, false)?;
     for line in summary.report(manifest, manifest) {
         println!("{line}");
     }
@@ -371,8 +376,8 @@ fn ensure_speaker(ws: &Workspace, config: &Config, manifest: &Path) -> Result<Pa
     let report = |line: &str| println!("{line}");
     if config.embed.mode == EmbedMode::Mean {
         println!("no speaker embedding yet: running `voiceclone embed --mode mean` first");
-        let job = xvectors::single_speaker_job(ws, config)?;
-        xvectors::write_jobs(ws, config, &[job], report)?;
+        let job = xvectors::single_speaker_job(ws, &config.embed)?;
+        xvectors::write_jobs(ws, &config.model.base, &[job], report)?;
         return Ok(path);
     }
     let ref_audio = if ws.ref_wav().is_file() {
@@ -406,7 +411,7 @@ fn ensure_speaker(ws: &Workspace, config: &Config, manifest: &Path) -> Result<Pa
         mode: EmbedMode::Ref,
         output: path.clone(),
     };
-    xvectors::write_jobs(ws, config, &[job], report)?;
+    xvectors::write_jobs(ws, &config.model.base, &[job], report)?;
     Ok(path)
 }
 
@@ -425,9 +430,9 @@ fn ensure_speakers(ws: &Workspace, config: &Config, names: &[String]) -> Result<
         );
         let jobs = missing
             .iter()
-            .map(|n| xvectors::speaker_job(ws, config, n))
+            .map(|n| xvectors::speaker_job(ws, &config.embed, n))
             .collect::<Result<Vec<_>>>()?;
-        xvectors::write_jobs(ws, config, &jobs, |line| println!("{line}"))?;
+        xvectors::write_jobs(ws, &config.model.base, &jobs, |line| println!("{line}"))?;
     }
     Ok(ws.speakers_dir())
 }

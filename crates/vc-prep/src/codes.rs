@@ -13,6 +13,7 @@
 //!
 //! The step works on any [`AudioEncoder`] (tests use a fake); the speech tokenizer of the
 //! workspace's configuration is one ([`load_codec`]), for the command and the trainer alike.
+//! Commands resolve the configuration into [`CodecOptions`]; this crate never reads it whole.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -23,7 +24,6 @@ use vc_audio::{self as audio, OUTPUT_RATE};
 use vc_core::artifacts::codes::frames_from_rows;
 use vc_core::artifacts::manifest::{AudioCodes, Manifest, ManifestLine, ManifestRow};
 use vc_core::artifacts::CodeFrame;
-use vc_core::config::Config;
 use vc_core::progress::Progress;
 use vc_core::workspace::Workspace;
 use vc_model::codec::Codec;
@@ -36,36 +36,59 @@ pub trait AudioEncoder {
     fn codebook_size(&self) -> u32;
 }
 
-/// The speech tokenizer named by `codes.tokenizer`, or else the one inside `model.base`.
-pub fn load_codec(ws: &Workspace, config: &Config) -> Result<Codec> {
-    let spec = if config.codes.tokenizer.trim().is_empty() {
-        &config.model.base
-    } else {
-        &config.codes.tokenizer
-    };
-    let source = ws.model_source(spec)?;
+/// The configured speech tokenizer and how it is fed: what [`load_codec`] and
+/// [`code_manifest`] read of the `[codes]` keys and `model.base` (docs/usage.md §1).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CodecOptions {
+    /// The model spec (hub id or directory, as `Workspace::model_source` takes it) whose speech
+    /// tokenizer is loaded: a standalone tokenizer, or a base model with `speech_tokenizer/`.
+    pub tokenizer: String,
+    /// Clips per encoder call (`codes.batch_size`).
+    pub batch_size: usize,
+}
+
+impl CodecOptions {
+    /// The options of `codes.tokenizer` (`tokenizer`), `model.base` (`base`) and
+    /// `codes.batch_size`: the tokenizer named by `codes.tokenizer`, or, when that is empty or
+    /// blank, the one inside `model.base`.
+    pub fn new(tokenizer: &str, base: &str, batch_size: usize) -> Self {
+        let tokenizer = if tokenizer.trim().is_empty() {
+            base
+        } else {
+            tokenizer
+        };
+        Self {
+            tokenizer: tokenizer.to_string(),
+            batch_size,
+        }
+    }
+}
+
+/// The speech tokenizer of `codec.tokenizer`, resolved against the workspace.
+pub fn load_codec(ws: &Workspace, codec: &CodecOptions) -> Result<Codec> {
+    let source = ws.model_source(&codec.tokenizer)?;
     Codec::load(&source)
         .with_context(|| format!("cannot load the speech tokenizer of {}", source.describe()))
 }
 
-/// Codes the manifest `input` into `output` with the configured speech tokenizer, audio paths
+/// Codes the manifest `input` into `output` with the speech tokenizer of `codec`, audio paths
 /// relative to the workspace: what `voiceclone codes` runs, and `train` when lines lack codes.
 pub fn code_manifest(
     ws: &Workspace,
-    config: &Config,
+    codec: &CodecOptions,
     input: &Path,
     output: &Path,
     force: bool,
 ) -> Result<CodesSummary> {
-    let codec = load_codec(ws, config)?;
+    let encoder = load_codec(ws, codec)?;
     let opts = CodesOptions {
         input: input.to_path_buf(),
         output: output.to_path_buf(),
         base_dir: ws.root().to_path_buf(),
-        batch_size: config.codes.batch_size,
+        batch_size: codec.batch_size,
         force,
     };
-    run(&opts, &codec)
+    run(&opts, &encoder)
 }
 
 /// The codec as this step sees it: frames of exactly 16 codes.
@@ -314,6 +337,25 @@ mod tests {
 
     fn wav(dir: &Path, name: &str, samples: usize) {
         audio::wav::write_pcm16(&dir.join(name), &vec![0.1; samples], OUTPUT_RATE).unwrap();
+    }
+
+    #[test]
+    fn an_empty_tokenizer_key_means_the_one_inside_the_base_model() {
+        let base = "Qwen/Qwen3-TTS-12Hz-1.7B-Base";
+        for unset in ["", "  "] {
+            assert_eq!(
+                CodecOptions::new(unset, base, 8),
+                CodecOptions {
+                    tokenizer: base.to_string(),
+                    batch_size: 8
+                }
+            );
+        }
+        let own = CodecOptions::new("tokenizers/mine", base, 3);
+        assert_eq!(
+            (own.tokenizer.as_str(), own.batch_size),
+            ("tokenizers/mine", 3)
+        );
     }
 
     #[test]

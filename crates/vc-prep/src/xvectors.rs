@@ -3,7 +3,8 @@
 //! missing — `data/speaker.safetensors`, tensor `speaker_embedding`, shape `(enc_dim,)`, f32, or
 //! with named speakers (docs/training.md §3.3) `data/speakers/NAME.safetensors`. `embed.mode =
 //! "mean"` averages (in f32) the x-vectors of up to `embed.mean_clips` utterances instead of
-//! taking the reference clip's. A library step, so that the command and the trainer share it.
+//! taking the reference clip's. A library step, so that the command and the trainer share it;
+//! commands hand it the `[embed]` section and the model spec, never the whole configuration.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -13,21 +14,22 @@ use candle_core::Device;
 
 use vc_core::artifacts::manifest::Manifest;
 use vc_core::artifacts::speaker;
-use vc_core::config::{Config, EmbedMode};
+use vc_core::config::{EmbedConfig, EmbedMode};
 use vc_core::workspace::Workspace;
 use vc_model::speaker::SpeakerEncoder;
 
-/// Loads the speaker encoder of `model.base` once and writes every job's x-vector file, handing
-/// `report` a line for each as soon as it is written.
+/// Loads the speaker encoder of the model spec `model` (`model.base`) once and writes every
+/// job's x-vector file, recording `model` in its metadata, and handing `report` a line for each
+/// as soon as it is written.
 pub fn write_jobs(
     ws: &Workspace,
-    config: &Config,
+    model: &str,
     jobs: &[XVectorJob],
     mut report: impl FnMut(&str),
 ) -> Result<()> {
-    let encoder = LoadedSpeakerEncoder::load(ws, config)?;
+    let encoder = LoadedSpeakerEncoder::load(ws, model)?;
     for job in jobs {
-        report(&encoder.run(ws, config, job)?);
+        report(&encoder.run(ws, job)?);
     }
     Ok(())
 }
@@ -68,10 +70,10 @@ pub struct XVectorJob {
 }
 
 /// The job of a workspace without named speakers: `data/ref.wav`, or the average of its
-/// utterances, into `data/speaker.safetensors`.
-pub fn single_speaker_job(ws: &Workspace, config: &Config) -> Result<XVectorJob> {
+/// utterances, into `data/speaker.safetensors`, as `embed` (the `[embed]` section) says.
+pub fn single_speaker_job(ws: &Workspace, embed: &EmbedConfig) -> Result<XVectorJob> {
     let output = ws.speaker_file();
-    match config.embed.mode {
+    match embed.mode {
         EmbedMode::Ref => {
             let path = ws.ref_wav();
             if !path.is_file() {
@@ -92,17 +94,17 @@ pub fn single_speaker_job(ws: &Workspace, config: &Config) -> Result<XVectorJob>
         }
         EmbedMode::Mean => Ok(XVectorJob {
             speaker: None,
-            clips: mean_clips(ws, None, config.embed.mean_clips)?,
+            clips: mean_clips(ws, None, embed.mean_clips)?,
             mode: EmbedMode::Mean,
             output,
         }),
     }
 }
 
-/// The job of the named speaker `name`, with the configured `embed.mode`.
-pub fn speaker_job(ws: &Workspace, config: &Config, name: &str) -> Result<XVectorJob> {
+/// The job of the named speaker `name`, with the `embed.mode` of `embed` (the `[embed]` section).
+pub fn speaker_job(ws: &Workspace, embed: &EmbedConfig, name: &str) -> Result<XVectorJob> {
     let output = ws.speaker_file_of(name);
-    let clips = match config.embed.mode {
+    let clips = match embed.mode {
         EmbedMode::Ref => {
             let path = ws.ref_clip(name);
             if !path.is_file() {
@@ -116,12 +118,12 @@ pub fn speaker_job(ws: &Workspace, config: &Config, name: &str) -> Result<XVecto
             }
             vec![path]
         }
-        EmbedMode::Mean => mean_clips(ws, Some(name), config.embed.mean_clips)?,
+        EmbedMode::Mean => mean_clips(ws, Some(name), embed.mean_clips)?,
     };
     Ok(XVectorJob {
         speaker: Some(name.to_string()),
         clips,
-        mode: config.embed.mode,
+        mode: embed.mode,
         output,
     })
 }
@@ -169,17 +171,22 @@ fn mean_clips(ws: &Workspace, speaker: Option<&str>, n: usize) -> Result<Vec<Pat
         .collect()
 }
 
-/// The speaker encoder of `model.base`, loaded once for any number of jobs.
+/// The speaker encoder of a model spec (`model.base`), loaded once for any number of jobs.
 struct LoadedSpeakerEncoder {
     encoder: SpeakerEncoder,
+    /// The spec it was loaded from, as the written files' metadata records it.
+    model: String,
 }
 
 impl LoadedSpeakerEncoder {
-    fn load(ws: &Workspace, config: &Config) -> Result<Self> {
-        let source = ws.model_source(&config.model.base)?;
+    fn load(ws: &Workspace, model: &str) -> Result<Self> {
+        let source = ws.model_source(model)?;
         let encoder = SpeakerEncoder::from_model(&source, &Device::Cpu)
             .with_context(|| format!("cannot load the speaker encoder of {}", source.describe()))?;
-        Ok(Self { encoder })
+        Ok(Self {
+            encoder,
+            model: model.to_string(),
+        })
     }
 
     fn embed_clip(&self, clip: &Path) -> Result<Vec<f32>> {
@@ -191,7 +198,7 @@ impl LoadedSpeakerEncoder {
     }
 
     /// Computes and writes `job`'s x-vector file; returns the line that reports it.
-    fn run(&self, ws: &Workspace, config: &Config, job: &XVectorJob) -> Result<String> {
+    fn run(&self, ws: &Workspace, job: &XVectorJob) -> Result<String> {
         let vectors = job
             .clips
             .iter()
@@ -206,7 +213,7 @@ impl LoadedSpeakerEncoder {
                 "format".to_string(),
                 "voiceclone speaker embedding".to_string(),
             ),
-            ("model".to_string(), config.model.base.clone()),
+            ("model".to_string(), self.model.clone()),
             ("mode".to_string(), job.mode.name().to_string()),
         ]);
         match job.mode {
