@@ -40,7 +40,7 @@ fn run() -> anyhow::Result<()> {
         t0.elapsed().as_secs_f64(),
         s.describe_backend()
     );
-    let talker = s.cpu_talker().expect("the CPU inference path");
+    let talker = s.row_talker().expect("the row inference path");
     let h = talker.hidden_size();
     let mut rng = vc_core::rng::SplitMix64::new(1);
     let mut noise = |len: usize| -> Vec<f32> {

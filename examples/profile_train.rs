@@ -9,8 +9,8 @@ use vc_core::hub::ModelSource;
 use vc_model::files::ModelFiles;
 use vc_model::ops::Numerics;
 use vc_model::talker::Talker;
-use vc_train::loss::cross_entropy;
 use vc_train::params::ParamStore;
+use vc_train::stages::cross_entropy;
 
 fn timed<T>(
     what: &str,
@@ -41,7 +41,7 @@ fn main() -> anyhow::Result<()> {
     let files = ModelFiles::resolve(&ModelSource::Local(dir.into()))?;
     let weights = files.load_weights(DType::F32, &dev, |n| n.starts_with("talker."))?;
     let store = ParamStore::from_weights(&weights, |n| n.starts_with("talker."))?;
-    let talker = Talker::from_source(&store, &files.config, Numerics::CpuKernels)?;
+    let talker = Talker::from_source(&store, &files.config, Numerics::Kernels)?;
     let h = talker.config().hidden_size;
     let cp_vocab = files.config.talker_config.code_predictor_config.vocab_size as u32;
     let reps: usize = std::env::var("REPS")

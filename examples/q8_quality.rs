@@ -14,7 +14,7 @@
 use anyhow::Result;
 use vc_core::hub::ModelSource;
 use vc_model::files::ModelFiles;
-use vc_model::infer::CpuTalker;
+use vc_model::infer::RowTalker;
 use vc_model::linear::{Input, WeightFormat};
 use vc_model::weights::MappedWeights;
 
@@ -46,9 +46,9 @@ fn main() -> Result<()> {
     let steps: usize = std::env::args().nth(2).map_or(Ok(500), |s| s.parse())?;
     let files = ModelFiles::resolve(&ModelSource::Local(dir.clone().into()))?;
     let mapped = MappedWeights::open(&files.checkpoint.shards)?;
-    let f32m = CpuTalker::load(&mapped, &files.config, WeightFormat::F32)?;
+    let f32m = RowTalker::load(&mapped, &files.config, WeightFormat::F32)?;
     let t = std::time::Instant::now();
-    let q8m = CpuTalker::load(&mapped, &files.config, WeightFormat::Q8)?;
+    let q8m = RowTalker::load(&mapped, &files.config, WeightFormat::Q8)?;
     eprintln!("q8 load + quantize {:.2} s", t.elapsed().as_secs_f64());
     let cfg = &files.config.talker_config;
     let eos = cfg.codec_eos_token_id as usize;

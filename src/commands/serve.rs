@@ -51,7 +51,7 @@ pub fn run(ws: &Workspace, resolved: &config::Resolved) -> Result<()> {
     let started = std::time::Instant::now();
     let files = ModelFiles::resolve(&source)
         .with_context(|| format!("cannot load the model {}", source.describe()))?;
-    // The server runs the talker on the CPU inference path (continuous batching with per-row
+    // The server runs the talker on the row inference path (continuous batching with per-row
     // caches, docs/serving.md §3).
     let stored = Precision::stored(&files);
     use config::PrecisionSetting as P;
@@ -67,7 +67,7 @@ pub fn run(ws: &Workspace, resolved: &config::Resolved) -> Result<()> {
         P::Bf16Weights => (Precision::Bf16Weights, "as asked".into()),
         P::Q8 => (Precision::Q8, "as asked".into()),
         P::Bf16 => bail!(
-            "voiceclone serve runs on the CPU inference path: precision bf16 (the GPU path) is \
+            "voiceclone serve runs on the row inference path: precision bf16 (the GPU path) is \
              not available; use auto, f32, bf16-weights or q8 (speak.precision / --precision)"
         ),
     };

@@ -96,30 +96,41 @@ fn announce_and_run(
     state: train::optim::StateBytes,
     where_: &str,
 ) -> Result<train::Outcome> {
-    for w in trainer.warnings() {
+    announce(ws, config, trainer.run(), (tensors, values), where_);
+    println!("optimizer state: {state}");
+    train::driver::run_with(trainer, || move_aside_if_fresh(ws, args))
+}
+
+/// Says what a run starts from (on the reporting rank): what setting up found, and the
+/// checkpoint it continues or the data and trained set it starts on (`tensors` tensors of
+/// `values` values, trained `where_`).
+pub(super) fn announce(
+    ws: &Workspace,
+    config: &Config,
+    run: &train::run_state::RunState,
+    (tensors, values): (usize, usize),
+    where_: &str,
+) {
+    for w in &run.warnings {
         eprintln!("warning: {w}");
     }
-    let total = trainer.total_steps();
-    let (dataset, cursor, steps_per_epoch) = trainer.data(config.train.grad_accum);
-    match trainer.resumed_from() {
+    match &run.resumed_from {
         Some(dir) => print_resumed(
             ws,
-            &dir,
-            trainer.step_count(),
-            total,
-            trainer.data_changed(),
-            cursor.epoch,
+            dir,
+            run.step,
+            run.total_steps(),
+            run.data_changed,
+            run.sampler.cursor().epoch,
         ),
         None => print_start(
             config,
             tensors,
             values,
-            dataset,
-            trainer.heldout(),
-            steps_per_epoch,
+            &run.dataset,
+            run.heldout.as_ref(),
+            run.sampler.steps_per_epoch(config.train.grad_accum),
             where_,
         ),
     }
-    println!("optimizer state: {state}");
-    train::driver::run_with(trainer, || move_aside_if_fresh(ws, args))
 }

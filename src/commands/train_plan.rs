@@ -134,7 +134,7 @@ pub fn setup(ws: &Workspace, config: &Config, target: PlanTarget) -> Result<Setu
         (TrainBackend::Autograd, _) | (TrainBackend::Auto, true) => {
             Backend::Autograd(Storage::Bf16)
         }
-        (TrainBackend::Kernels | TrainBackend::Auto, false) => Backend::CpuKernels,
+        (TrainBackend::Kernels | TrainBackend::Auto, false) => Backend::Kernels,
         (TrainBackend::Kernels, true) => bail!("train.backend = \"kernels\" runs on the CPU only"),
     };
     Ok(Setup {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use candle_core::Device;
 
-use super::train_setup::{finish, move_aside_if_fresh, prepare, print_resumed, print_start};
+use super::train_setup::{finish, move_aside_if_fresh, prepare};
 use crate::cli::TrainArgs;
 use vc_core::config::Config;
 use vc_core::workspace::Workspace;
@@ -16,7 +16,7 @@ use vc_dist::launch::{self, LaunchSpec, RankReport};
 use vc_dist::tcp::{Endpoint, TcpCollective};
 use vc_dist::topology::{Emulation, Groups, Nodes, EMULATE_NETWORK};
 use vc_dist::{Collective, Mesh, RankEnv, ReduceOp};
-use vc_train::driver::{Engine, NonFinite};
+use vc_train::driver::NonFinite;
 use vc_train::sharded::ShardedTrainer;
 use vc_train::{self as train, Backend};
 
@@ -236,29 +236,13 @@ fn train_rank(
     let most = coll.all_reduce_host(&[state], ReduceOp::Max)?[0];
     let all = coll.all_reduce_host(&[state], ReduceOp::Sum)?[0];
     if rank == 0 {
-        for w in &trainer.warnings {
-            eprintln!("warning: {w}");
-        }
-        let total = trainer.total_steps();
-        match &trainer.resumed_from {
-            Some(dir) => print_resumed(
-                ws,
-                dir,
-                trainer.step,
-                total,
-                trainer.data_changed,
-                trainer.sampler.cursor().epoch,
-            ),
-            None => print_start(
-                config,
-                trainer.params.len(),
-                trainer.full_parameters(),
-                &trainer.dataset,
-                trainer.heldout(),
-                trainer.sampler.steps_per_epoch(config.train.grad_accum),
-                &super::train_setup::placement(backend, device, &config.train),
-            ),
-        }
+        super::train::announce(
+            ws,
+            config,
+            &trainer.run,
+            (trainer.params.len(), trainer.full_parameters()),
+            &super::train_setup::placement(backend, device, &config.train),
+        );
         println!(
             "{} ranks ({}), shard {}: masters, moments and gradients take at most {} bytes on a \
              rank ({:.3} GB; {} bytes in all), the largest unit gathered {} bytes",

@@ -146,8 +146,8 @@ fn training_on_cuda_follows_the_official_trajectory_within_bf16() {
             })),
         };
         let mut trainer = vc_train::Trainer::new(opts, false).unwrap();
-        trainer.schedule = vc_train::optim::Schedule {
-            peak: trainer.schedule.peak,
+        trainer.run.schedule = vc_train::optim::Schedule {
+            peak: trainer.run.schedule.peak,
             warmup: 0,
             total: usize::MAX / 2,
         };

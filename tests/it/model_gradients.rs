@@ -124,8 +124,8 @@ fn sft_loss(talker: &Talker, s: &Setup) -> Tensor {
 #[test]
 fn every_trained_parameter_gets_a_gradient() {
     for (name, numerics) in [
-        ("tiny-0b6", Numerics::CpuKernels),
-        ("tiny-1b7", Numerics::CpuKernels),
+        ("tiny-0b6", Numerics::Kernels),
+        ("tiny-1b7", Numerics::Kernels),
         ("tiny-0b6", Numerics::Autograd),
         ("tiny-1b7", Numerics::Autograd),
     ] {

@@ -15,7 +15,7 @@ use vc_model::talker::Talker;
 use vc_model::weights::Weights;
 
 const MODELS: [&str; 2] = ["tiny-0b6", "tiny-1b7"];
-const MODES: [Numerics; 3] = [Numerics::Fused, Numerics::Autograd, Numerics::CpuKernels];
+const MODES: [Numerics; 3] = [Numerics::Fused, Numerics::Autograd, Numerics::Kernels];
 
 /// docs/model.md §14: f32 logits of the official ops are within ~1.6e-5 of f64; allow ~100x.
 const LOGITS_TOL: f32 = 2e-3;

@@ -69,8 +69,8 @@ fn strings(v: &serde_json::Value) -> Vec<String> {
         .collect()
 }
 
-/// Both CPU precisions: f32, and bf16-stored matrices (the same weight values for these bf16
-/// checkpoints, f32 arithmetic), which must give the same codes.
+/// Both exact precisions of the row inference path: f32, and bf16-stored matrices (the same
+/// weight values for these bf16 checkpoints, f32 arithmetic), which must give the same codes.
 fn run_model(model: &str) {
     for precision in [Precision::F32, Precision::Bf16Weights] {
         run_model_in(model, precision);

@@ -101,7 +101,7 @@ fn every_batch_row_carries_its_own_speakers_x_vector() {
         checkpoints: dir.join("checkpoints"),
         config,
         device: Device::Cpu,
-        backend: Backend::CpuKernels,
+        backend: Backend::Kernels,
         hooks: std::sync::Arc::new(NoHooks),
         evaluator: Some(std::sync::Arc::new(vc_eval::Evaluation {
             listener: vc_eval::Listener::Missing("not in this test".into()),
@@ -111,20 +111,20 @@ fn every_batch_row_carries_its_own_speakers_x_vector() {
     let mut tr = Trainer::new(opts, false).unwrap();
     let h = hidden(MODEL);
     // Speakers sorted by lower-cased name; each sample knows its own.
-    assert_eq!(tr.dataset.speakers, ["alice", "Bob"]);
+    assert_eq!(tr.run.dataset.speakers, ["alice", "Bob"]);
     let by_hand: Vec<usize> = SPEAKERS.iter().map(|&n| usize::from(n == "Bob")).collect();
-    let got: Vec<usize> = tr.dataset.samples.iter().map(|s| s.speaker).collect();
+    let got: Vec<usize> = tr.run.dataset.samples.iter().map(|s| s.speaker).collect();
     assert_eq!(got, by_hand);
     // The speaker table: row s is speaker s's file.
-    assert_eq!(tr.speaker.dims(), &[2, h]);
-    let table: Vec<Vec<f32>> = tr.speaker.to_vec2().unwrap();
+    assert_eq!(tr.run.speaker.dims(), &[2, h]);
+    let table: Vec<Vec<f32>> = tr.run.speaker.to_vec2().unwrap();
     assert_eq!(table[0], xvector(h, seed_of("alice")));
     assert_eq!(table[1], xvector(h, seed_of("Bob")));
 
     // A batch mixing both speakers: rows 1, 0, 5, 2 of the manifest.
     let pick = [1usize, 0, 5, 2];
-    let samples: Vec<_> = pick.iter().map(|&i| &tr.dataset.samples[i]).collect();
-    let batch = Batch::build(&samples, &tr.layout);
+    let samples: Vec<_> = pick.iter().map(|&i| &tr.run.dataset.samples[i]).collect();
+    let batch = Batch::build(&samples, &tr.run.layout);
     let want: Vec<u32> = pick.iter().map(|&i| by_hand[i] as u32).collect();
     assert_eq!(batch.speakers, want);
     let bt = batch.to_tensors(&Device::Cpu).unwrap();
@@ -132,7 +132,7 @@ fn every_batch_row_carries_its_own_speakers_x_vector() {
 
     // The embeddings with the table, against those with no x-vector at all plus, by hand,
     // each row's own x-vector at position 6 (and nothing anywhere else).
-    let e = loss::input_embeddings(&tr.talker, &bt, &tr.speaker).unwrap();
+    let e = loss::input_embeddings(&tr.talker, &bt, &tr.run.speaker).unwrap();
     let zeros = Tensor::zeros((2, h), candle_core::DType::F32, &Device::Cpu).unwrap();
     let e0 = loss::input_embeddings(&tr.talker, &bt, &zeros).unwrap();
     let diff = (&e - &e0).unwrap();

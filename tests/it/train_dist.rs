@@ -217,7 +217,7 @@ fn checkpoints_resume_at_any_world_size() {
             checkpoints: ws.join("checkpoints"),
             config,
             device: candle_core::Device::Cpu,
-            backend: vc_train::Backend::CpuKernels,
+            backend: vc_train::Backend::Kernels,
             hooks: Arc::new(vc_train::hooks::NoHooks),
             evaluator: Some(std::sync::Arc::new(vc_eval::Evaluation {
                 listener: vc_eval::Listener::Missing("not in this test".into()),
@@ -253,7 +253,7 @@ fn checkpoints_resume_at_any_world_size() {
                         false,
                     )
                     .unwrap();
-                    assert_eq!(t.step, 3);
+                    assert_eq!(t.run.step, 3);
                     let v = |t: &candle_core::Tensor| -> Vec<f32> {
                         t.flatten_all().unwrap().to_vec1().unwrap()
                     };
@@ -291,7 +291,7 @@ fn checkpoints_resume_at_any_world_size() {
         }
     }
     let single = vc_train::Trainer::new(opts(c.path()), false).unwrap();
-    assert_eq!(single.step, 3);
+    assert_eq!(single.run.step, 3);
     for (i, p) in single.params.params.iter().enumerate() {
         for (kind, t) in [
             ("master", p.master().unwrap()),

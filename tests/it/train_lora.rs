@@ -12,7 +12,7 @@ use vc_train::{Backend, Storage, Trainer};
 use crate::dist_support::{as_of, assert_same_run, ok, train, workspace, SHARDED_TOLERANCE};
 use crate::train_support::*;
 
-const BACKENDS: [Backend; 2] = [Backend::CpuKernels, Backend::Autograd(Storage::Bf16)];
+const BACKENDS: [Backend; 2] = [Backend::Kernels, Backend::Autograd(Storage::Bf16)];
 
 /// [`constant_lr_trainer`] at lr 1e-3, with adapters of rank `lora` (0: a full fine-tune) and
 /// the head trained fully beside them.
@@ -89,7 +89,7 @@ fn a_fresh_adapter_is_the_base_model_and_only_adapters_train() {
                 )
                 .unwrap();
                 let storage = match backend {
-                    Backend::CpuKernels => DType::F32,
+                    Backend::Kernels => DType::F32,
                     _ => DType::BF16,
                 };
                 let frozen_before: Vec<Vec<f32>> = frozen

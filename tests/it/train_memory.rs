@@ -108,7 +108,7 @@ fn every_mode_trains_like_fp32() {
                 let start = masters(&t);
                 let mut losses = Vec::new();
                 for _ in 0..50 {
-                    let micro = t.sampler.next_step(1);
+                    let micro = t.run.sampler.next_step(1);
                     losses.push(t.step(&micro).unwrap().loss);
                 }
                 (losses, masters(&t), start)
@@ -121,7 +121,7 @@ fn every_mode_trains_like_fp32() {
             } else {
                 0.0
             };
-            for backend in [Backend::CpuKernels, bf16_path] {
+            for backend in [Backend::Kernels, bf16_path] {
                 let (l32, _, _) = if backend == bf16_path {
                     reference.clone()
                 } else {

@@ -88,8 +88,8 @@ fn trainer_with(
     let opts = train_options(dir, model, config, backend);
     let mut t = Trainer::new(opts, false).unwrap();
     // A constant learning rate, as in the reference trajectory.
-    t.schedule = Schedule {
-        peak: t.schedule.peak,
+    t.run.schedule = Schedule {
+        peak: t.run.schedule.peak,
         warmup: 0,
         total: usize::MAX / 2,
     };
@@ -99,8 +99,8 @@ fn trainer_with(
 #[test]
 fn loss_gradients_and_batch_match_the_official_modules() {
     for (model, backend) in [
-        ("tiny-0b6", Backend::CpuKernels),
-        ("tiny-1b7", Backend::CpuKernels),
+        ("tiny-0b6", Backend::Kernels),
+        ("tiny-1b7", Backend::Kernels),
         ("tiny-0b6", Backend::Autograd(Storage::F32)),
         ("tiny-1b7", Backend::Autograd(Storage::F32)),
     ] {
@@ -113,14 +113,15 @@ fn loss_gradients_and_batch_match_the_official_modules() {
         // Tokenization and the batch layout, exactly.
         let want_ids: Vec<Vec<u32>> = serde_json::from_value(r.json["text_ids"].clone()).unwrap();
         let got_ids: Vec<Vec<u32>> = tr
+            .run
             .dataset
             .samples
             .iter()
             .map(|s| s.text_ids.clone())
             .collect();
         assert_eq!(got_ids, want_ids, "{model}: text ids");
-        let samples: Vec<_> = tr.dataset.samples.iter().collect();
-        let batch = Batch::build(&samples, &tr.layout);
+        let samples: Vec<_> = tr.run.dataset.samples.iter().collect();
+        let batch = Batch::build(&samples, &tr.run.layout);
         let (b, s) = (batch.rows, batch.len);
         let mine = |v: Vec<i64>| -> Vec<Vec<i64>> { v.chunks(s).map(<[i64]>::to_vec).collect() };
         let u = |v: &[u32]| mine(v.iter().map(|&x| x as i64).collect());
@@ -177,7 +178,7 @@ fn loss_gradients_and_batch_match_the_official_modules() {
 
         // Embeddings and hidden states.
         let bt = batch.to_tensors(&Device::Cpu).unwrap();
-        let e = loss::input_embeddings(&tr.talker, &bt, &tr.speaker).unwrap();
+        let e = loss::input_embeddings(&tr.talker, &bt, &tr.run.speaker).unwrap();
         let de = max_abs(&e, &r.t["inputs_embeds"]);
         let hid = tr
             .talker
@@ -290,7 +291,7 @@ fn the_autograd_path_trains_like_the_cpu_kernels() {
     for model in ["tiny-0b6", "tiny-1b7"] {
         let r = refs(model);
         let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let mut kernels = trainer(model, &r, da.path(), Backend::CpuKernels);
+        let mut kernels = trainer(model, &r, da.path(), Backend::Kernels);
         let mut autograd = trainer(model, &r, db.path(), Backend::Autograd(Storage::F32));
         for step in 1..=3 {
             let a = kernels.step(&[vec![0, 1]]).unwrap();
@@ -358,8 +359,8 @@ fn the_autograd_path_trains_like_the_cpu_kernels() {
 #[test]
 fn lora_matches_peft_on_the_official_modules() {
     for (model, backend) in [
-        ("tiny-0b6", Backend::CpuKernels),
-        ("tiny-1b7", Backend::CpuKernels),
+        ("tiny-0b6", Backend::Kernels),
+        ("tiny-1b7", Backend::Kernels),
         ("tiny-0b6", Backend::Autograd(Storage::F32)),
         ("tiny-1b7", Backend::Autograd(Storage::F32)),
     ] {

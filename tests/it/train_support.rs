@@ -243,7 +243,7 @@ pub fn constant_lr_trainer(
     tweak(&mut config);
     let opts = train_options(dir, model, config, backend);
     let mut t = vc_train::Trainer::new(opts, false).unwrap();
-    t.schedule = vc_train::optim::Schedule {
+    t.run.schedule = vc_train::optim::Schedule {
         peak: lr,
         warmup: 0,
         total: usize::MAX / 2,

@@ -6,14 +6,13 @@
 use std::path::Path;
 
 use serde_json::Value;
-use vc_train::driver::Engine;
 use vc_train::{Backend, Storage, Trainer};
 
 use crate::dist_support::{ok, rel, train as train_cli};
 use crate::train_support::*;
 
 const BACKENDS: [Backend; 3] = [
-    Backend::CpuKernels,
+    Backend::Kernels,
     Backend::Autograd(Storage::Bf16),
     Backend::Autograd(Storage::F32),
 ];
@@ -53,7 +52,7 @@ fn trainer(
 }
 
 fn heldout_lines(t: &Trainer) -> Vec<usize> {
-    t.heldout().map_or(Vec::new(), |h| {
+    t.run.heldout.as_ref().map_or(Vec::new(), |h| {
         h.samples.iter().map(|s| s.line).collect::<Vec<_>>()
     })
 }
@@ -64,23 +63,23 @@ fn the_heldout_set_is_deterministic_recorded_refused_on_change_and_never_trained
     let rows = synthetic_rows(12, 4);
     let a = tempfile::tempdir().unwrap();
     workspace_in(a.path(), M, &rows, "");
-    let mut t = trainer(a.path(), M, Backend::CpuKernels, 0.25).unwrap();
+    let mut t = trainer(a.path(), M, Backend::Kernels, 0.25).unwrap();
     let held = heldout_lines(&t);
     assert_eq!(held.len(), 3, "a quarter of 12");
-    assert_eq!(t.dataset.samples.len(), 9);
+    assert_eq!(t.run.dataset.samples.len(), 9);
     // The same data and seed choose the same utterances in another workspace, also with the
     // manifest's lines in reverse order (line l of 12 becomes line 13 - l).
     let b = tempfile::tempdir().unwrap();
     workspace_in(b.path(), M, &rows, "");
     assert_eq!(
-        heldout_lines(&trainer(b.path(), M, Backend::CpuKernels, 0.25).unwrap()),
+        heldout_lines(&trainer(b.path(), M, Backend::Kernels, 0.25).unwrap()),
         held
     );
     let reversed: Vec<Value> = rows.iter().rev().cloned().collect();
     let r = tempfile::tempdir().unwrap();
     workspace_in(r.path(), M, &reversed, "");
     let mut mirrored: Vec<usize> =
-        heldout_lines(&trainer(r.path(), M, Backend::CpuKernels, 0.25).unwrap())
+        heldout_lines(&trainer(r.path(), M, Backend::Kernels, 0.25).unwrap())
             .iter()
             .map(|l| rows.len() + 1 - l)
             .collect();
@@ -92,12 +91,12 @@ fn the_heldout_set_is_deterministic_recorded_refused_on_change_and_never_trained
         "the split follows the content, not the line order"
     );
     // Every batch of every step of the run (3 shuffled epochs) leaves them out.
-    let total = t.total_steps();
+    let total = t.run.total_steps();
     let mut seen = std::collections::BTreeSet::new();
     for _ in 0..total {
-        for batch in vc_train::driver::Engine::next_step_batches(&mut t, 1) {
+        for batch in t.run.sampler.next_step(1) {
             for i in batch {
-                let line = t.dataset.samples[i].line;
+                let line = t.run.dataset.samples[i].line;
                 assert!(!held.contains(&line), "held-out line {line} in a batch");
                 seen.insert(line);
             }
@@ -105,7 +104,7 @@ fn the_heldout_set_is_deterministic_recorded_refused_on_change_and_never_trained
     }
     assert_eq!(seen.len(), 9, "every other utterance trains");
     // Recorded in the checkpoint: continued with the same split, refused with another.
-    let micro = vc_train::driver::Engine::next_step_batches(&mut t, 1);
+    let micro = t.run.sampler.next_step(1);
     t.step(&micro).unwrap();
     t.save().unwrap();
     drop(t);
@@ -115,13 +114,14 @@ fn the_heldout_set_is_deterministic_recorded_refused_on_change_and_never_trained
     .unwrap();
     assert_eq!(index["identity"]["heldout"]["utterances"], 3);
     assert_eq!(
-        trainer(a.path(), M, Backend::CpuKernels, 0.25)
+        trainer(a.path(), M, Backend::Kernels, 0.25)
             .unwrap()
+            .run
             .step,
         1
     );
     for fraction in [0.0, 0.5] {
-        let e = trainer(a.path(), M, Backend::CpuKernels, fraction)
+        let e = trainer(a.path(), M, Backend::Kernels, fraction)
             .err()
             .unwrap_or_else(|| panic!("val_fraction {fraction} resumed another split"));
         let e = format!("{e:#}");
@@ -151,9 +151,9 @@ fn the_validation_loss_is_the_training_objective_on_the_heldout_utterances() {
         let only: Vec<Value> = held.iter().map(|&l| rows[l - 1].clone()).collect();
         workspace_in(b.path(), model, &only, "");
         let mut r = trainer(b.path(), model, backend, 0.0).unwrap();
-        assert!(r.heldout().is_none());
+        assert!(r.run.heldout.is_none());
         let mut order: Vec<usize> = (0..3).collect();
-        order.sort_by_key(|&i| (r.dataset.samples[i].seq_len(), i));
+        order.sort_by_key(|&i| (r.run.dataset.samples[i].seq_len(), i));
         let (mut total, mut talker, mut sub) = (0.0, 0.0, 0.0);
         for batch in [&order[..2], &order[2..]] {
             let (l, _) = r.batch_loss(batch).unwrap();
@@ -173,8 +173,8 @@ fn the_validation_loss_is_the_training_objective_on_the_heldout_utterances() {
         let c = tempfile::tempdir().unwrap();
         workspace_in(c.path(), model, &rows, "");
         let mut twin = trainer(c.path(), model, backend, 0.25).unwrap();
-        let micro = vc_train::driver::Engine::next_step_batches(&mut t, 1);
-        let twin_micro = vc_train::driver::Engine::next_step_batches(&mut twin, 1);
+        let micro = t.run.sampler.next_step(1);
+        let twin_micro = twin.run.sampler.next_step(1);
         assert_eq!(micro, twin_micro);
         let (m, w) = (t.step(&micro).unwrap(), twin.step(&twin_micro).unwrap());
         assert_eq!((m.loss, m.grad_norm), (w.loss, w.grad_norm), "{tag}");

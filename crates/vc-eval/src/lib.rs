@@ -1,4 +1,4 @@
-//! Evaluation of a training run (docs/training.md §14.4–§14.6): the samples each evaluated
+//! Evaluation of a training run (docs/training.md §14.4–14.6): the samples each evaluated
 //! checkpoint speaks and their measures — speaker similarity, speaking rate, end of speech,
 //! word error rate — with the score that can choose the checkpoint, and the pages a person
 //! watches the run on. The trainer reaches it through [`vc_train::evaluation::Evaluator`],

@@ -5,8 +5,8 @@
 //!
 //! A row gives exactly the frames [`super::talker_loop::generate`] gives it alone (`b = 1`):
 //! the same prefill, the same processors and draws from its own stream in the same order, and
-//! per-row arithmetic that does not depend on the other rows (`Decoder::step_rows`). Runs on
-//! the CPU inference path ([`infer::CpuTalker`]).
+//! per-row arithmetic that does not depend on the other rows
+//! ([`infer::RowDecoderStack::step_rows`]). Runs on the row inference path ([`infer::RowTalker`]).
 
 use std::collections::BTreeSet;
 
@@ -54,10 +54,10 @@ pub enum StepOutcome {
 
 impl Row {
     /// Prefills `prompt` alone (as `talker_loop::generate` does for one row), computing with
-    /// `adapter` (put on `talker` with `infer::CpuTalker::add_adapter`) when one is given;
+    /// `adapter` (put on `talker` with `infer::RowTalker::add_adapter`) when one is given;
     /// `guard` ends the row besides EOS.
     pub fn start(
-        talker: &infer::CpuTalker,
+        talker: &infer::RowTalker,
         prompt: &TalkerPrompt,
         pad: &candle_core::Tensor,
         opts: LoopOptions,
@@ -120,7 +120,7 @@ pub struct Stepper {
 }
 
 impl Stepper {
-    pub fn new(talker: &infer::CpuTalker) -> Self {
+    pub fn new(talker: &infer::RowTalker) -> Self {
         Stepper {
             cp_cache: talker.code_predictor.new_cache(),
         }
@@ -132,7 +132,7 @@ impl Stepper {
     /// [`StepOutcome::Eos`]) must not be stepped again.
     pub fn step(
         &mut self,
-        talker: &infer::CpuTalker,
+        talker: &infer::RowTalker,
         rows: &mut [&mut Row],
     ) -> Result<Vec<StepOutcome>> {
         let n = rows.len();

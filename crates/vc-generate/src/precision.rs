@@ -1,6 +1,6 @@
 //! The number formats of inference (`speak.precision`, docs/performance.md §2): [`Precision`],
 //! what `auto` picks for a checkpoint and a device, and what each format means for the candle
-//! path (activation and storage dtypes) and for the CPU inference path (its matrix format). The
+//! path (activation and storage dtypes) and for the row inference path (its matrix format). The
 //! command layer and the server resolve a precision before any model is loaded.
 
 use candle_core::{DType, Device};
@@ -74,8 +74,8 @@ impl Precision {
         }
     }
 
-    /// The matrix format of the CPU inference path, or `None` where the candle path runs.
-    pub(crate) fn cpu_format(self, device: &Device) -> Option<WeightFormat> {
+    /// The matrix format of the row inference path, or `None` where the candle path runs.
+    pub(crate) fn row_format(self, device: &Device) -> Option<WeightFormat> {
         if !device.is_cpu() {
             return None;
         }

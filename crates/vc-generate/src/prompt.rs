@@ -11,8 +11,8 @@ use vc_model::talker::Talker;
 use vc_model::text::{AssistantPrompt, RefPrompt};
 
 /// What the prompt builder needs of a talker: its embeddings (docs/model.md §3.3, §5.4), as
-/// tensors on its device. Implemented by the candle talker and by the CPU inference talker
-/// ([`vc_model::infer::CpuTalker`]).
+/// tensors on its device. Implemented by the candle talker and by the talker of the row
+/// inference path ([`vc_model::infer::RowTalker`]).
 pub trait Embed {
     /// `text_projection(text_embedding(ids))` `(n, H)`.
     fn text_embed(&self, ids: &[u32]) -> Result<Tensor>;
@@ -47,15 +47,15 @@ impl Embed for Talker {
     }
 }
 
-impl Embed for vc_model::infer::CpuTalker {
+impl Embed for vc_model::infer::RowTalker {
     fn text_embed(&self, ids: &[u32]) -> Result<Tensor> {
         let h = self.hidden_size();
-        let v = vc_model::infer::CpuTalker::text_embed(self, ids)?;
+        let v = vc_model::infer::RowTalker::text_embed(self, ids)?;
         Ok(Tensor::from_vec(v, (ids.len(), h), &Device::Cpu)?)
     }
     fn codec_embed(&self, ids: &[u32]) -> Result<Tensor> {
         let h = self.hidden_size();
-        let v = vc_model::infer::CpuTalker::codec_embed(self, ids)?;
+        let v = vc_model::infer::RowTalker::codec_embed(self, ids)?;
         Ok(Tensor::from_vec(v, (ids.len(), h), &Device::Cpu)?)
     }
     fn frame_embed(&self, codes: &Tensor) -> Result<Tensor> {
@@ -67,7 +67,7 @@ impl Embed for vc_model::infer::CpuTalker {
                     .map_err(|_| anyhow::anyhow!("a frame has {} codes, expected 16", r.len()))
             })
             .collect::<Result<Vec<_>>>()?;
-        let v = vc_model::infer::CpuTalker::frame_embed(self, &frames)?;
+        let v = vc_model::infer::RowTalker::frame_embed(self, &frames)?;
         Ok(Tensor::from_vec(
             v,
             (frames.len(), self.hidden_size()),

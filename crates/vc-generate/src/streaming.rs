@@ -69,7 +69,7 @@ impl Synthesizer {
     /// Speaks `req` with `opts` (request line 0 of [`Self::synthesize`]: row `c` draws from
     /// `RowRng::new(seed, 0, c)`), calling `sink` with the samples of every chunk of frames
     /// as it is decoded (`opts.stream_chunk_frames`) and with the pause between text chunks.
-    /// Off the CPU inference path (the candle modules, on a GPU), the request is synthesised
+    /// Off the row inference path (the candle modules), the request is synthesised
     /// whole and handed over once.
     pub fn stream(
         &self,
@@ -77,7 +77,7 @@ impl Synthesizer {
         opts: &DecodeOptions,
         mut sink: impl FnMut(&[f32]) -> Result<()> + Send,
     ) -> Result<Streamed> {
-        let Some(talker) = self.cpu_talker() else {
+        let Some(talker) = self.row_talker() else {
             let speech = self
                 .synthesize(std::slice::from_ref(req), opts, |_, _, _| {})?
                 .pop()

@@ -157,8 +157,8 @@ pub struct RowPlan {
 enum TalkerBackend {
     /// The candle modules (CUDA, and `bf16` on a CPU).
     Candle(Box<Talker>),
-    /// The CPU inference path ([`infer::CpuTalker`]).
-    Cpu(Box<infer::CpuTalker>),
+    /// The row inference path ([`infer::RowTalker`]).
+    Row(Box<infer::RowTalker>),
 }
 
 /// Pause inserted between the chunks of a split text (seconds).
@@ -185,13 +185,13 @@ impl Synthesizer {
     pub fn from_files(files: ModelFiles, precision: Precision, device: &Device) -> Result<Self> {
         let source = files.source.clone();
         let tokenizer = files.text_tokenizer()?;
-        let backend = match precision.cpu_format(device) {
+        let backend = match precision.row_format(device) {
             Some(format) => {
                 let mapped = MappedWeights::open(&files.checkpoint.shards)?
                     .with_overlay(files.overlay.clone());
-                let talker = infer::CpuTalker::load(&mapped, &files.config, format)
+                let talker = infer::RowTalker::load(&mapped, &files.config, format)
                     .with_context(|| format!("cannot build the talker of {}", source.describe()))?;
-                TalkerBackend::Cpu(Box::new(talker))
+                TalkerBackend::Row(Box::new(talker))
             }
             None => {
                 ensure!(
@@ -237,7 +237,7 @@ impl Synthesizer {
     fn embedder_of(backend: &TalkerBackend) -> &dyn Embed {
         match backend {
             TalkerBackend::Candle(t) => t.as_ref(),
-            TalkerBackend::Cpu(t) => t.as_ref(),
+            TalkerBackend::Row(t) => t.as_ref(),
         }
     }
 
@@ -253,7 +253,7 @@ impl Synthesizer {
         let isa = vc_kernels::isa::Isa::detected();
         match &self.backend {
             TalkerBackend::Candle(_) => format!("{} on {:?} (candle)", self.precision, self.device),
-            TalkerBackend::Cpu(t) => {
+            TalkerBackend::Row(t) => {
                 let bytes: usize = t.matrices().iter().map(|(_, w)| w.bytes()).sum();
                 let per_frame = t.step_weight_bytes() + t.code_predictor.weight_bytes_per_frame();
                 let kernels = match self.precision {
@@ -278,10 +278,10 @@ impl Synthesizer {
         }
     }
 
-    /// The CPU inference talker, when that path runs.
-    pub fn cpu_talker(&self) -> Option<&infer::CpuTalker> {
+    /// The talker of the row inference path, when that path runs.
+    pub fn row_talker(&self) -> Option<&infer::RowTalker> {
         match &self.backend {
-            TalkerBackend::Cpu(t) => Some(t),
+            TalkerBackend::Row(t) => Some(t),
             TalkerBackend::Candle(_) => None,
         }
     }
@@ -290,7 +290,7 @@ impl Synthesizer {
     pub fn candle_talker(&self) -> Option<&Talker> {
         match &self.backend {
             TalkerBackend::Candle(t) => Some(t),
-            TalkerBackend::Cpu(_) => None,
+            TalkerBackend::Row(_) => None,
         }
     }
 
@@ -303,7 +303,7 @@ impl Synthesizer {
         self.config().talker_config.spk_id.keys().cloned().collect()
     }
 
-    /// Keeps `adapter` beside the base model on the CPU inference path, factored
+    /// Keeps `adapter` beside the base model on the row inference path, factored
     /// (docs/serving.md §7), and returns its speakers as voices, in row order. The base must be
     /// the Base model the adapter was trained on (the caller checks its identity); adapters
     /// that also replace whole modules (`train.lora_full`) would need a copy of each such module
@@ -330,9 +330,9 @@ impl Synthesizer {
             "{what} holds no speaker (its speakers.safetensors is empty)"
         );
         let h = self.config().talker_config.hidden_size;
-        let TalkerBackend::Cpu(talker) = &mut self.backend else {
+        let TalkerBackend::Row(talker) = &mut self.backend else {
             bail!(
-                "{what}: adapters kept beside the base model run on the CPU inference path \
+                "{what}: adapters kept beside the base model run on the row inference path \
                  (precision f32, bf16-weights or q8), not {}",
                 self.precision
             );
@@ -462,7 +462,7 @@ impl Synthesizer {
                     &mut rngs,
                     observe,
                 )?,
-                TalkerBackend::Cpu(t) => talker_loop::generate(
+                TalkerBackend::Row(t) => talker_loop::generate(
                     t.as_ref(),
                     &prompts,
                     &self.special.pad,

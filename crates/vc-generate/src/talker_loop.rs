@@ -47,7 +47,7 @@ impl<F: FnMut(usize)> StepObserver for F {}
 pub use vc_model::infer::SubCodePick;
 
 /// A talker with its code predictor as the frame loop drives it: the candle modules
-/// ([`Talker`], CUDA and `bf16`) or the CPU inference path ([`infer::CpuTalker`]).
+/// ([`Talker`], CUDA and `bf16`) or the row inference path ([`infer::RowTalker`]).
 pub trait FrameModel {
     /// Caches and the last hidden state of a running batch.
     type State;
@@ -131,8 +131,8 @@ impl FrameModel for Talker {
     }
 }
 
-/// State of the CPU inference talker in the loop.
-pub struct CpuState {
+/// State of [`infer::RowTalker`] in the loop: the whole batch's caches and last hidden states.
+pub struct RowTalkerState {
     cache: infer::Cache,
     cp_cache: infer::Cache,
     /// `(B, H)`.
@@ -140,14 +140,19 @@ pub struct CpuState {
     rows: usize,
 }
 
-impl FrameModel for infer::CpuTalker {
-    type State = CpuState;
+impl FrameModel for infer::RowTalker {
+    type State = RowTalkerState;
 
     fn num_code_groups(&self) -> usize {
         self.code_predictor.num_code_groups()
     }
 
-    fn start(&self, embeds: &Tensor, mask: Option<&Tensor>, capacity: usize) -> Result<CpuState> {
+    fn start(
+        &self,
+        embeds: &Tensor,
+        mask: Option<&Tensor>,
+        capacity: usize,
+    ) -> Result<RowTalkerState> {
         let (b, l, h) = embeds.dims3()?;
         let x: Vec<f32> = embeds.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
         let valid: Option<Vec<Vec<bool>>> = match mask {
@@ -166,7 +171,7 @@ impl FrameModel for infer::CpuTalker {
         for r in 0..b {
             last.extend_from_slice(&hidden[(r * l + l - 1) * h..(r * l + l) * h]);
         }
-        Ok(CpuState {
+        Ok(RowTalkerState {
             cache,
             cp_cache: self.code_predictor.new_cache(),
             last,
@@ -174,7 +179,7 @@ impl FrameModel for infer::CpuTalker {
         })
     }
 
-    fn code0_logits(&self, st: &mut CpuState) -> Result<Vec<Vec<f32>>> {
+    fn code0_logits(&self, st: &mut RowTalkerState) -> Result<Vec<Vec<f32>>> {
         let logits = self.codec_logits(&st.last, st.rows);
         let v = logits.len() / st.rows.max(1);
         Ok(logits.chunks_exact(v).map(<[f32]>::to_vec).collect())
@@ -182,14 +187,14 @@ impl FrameModel for infer::CpuTalker {
 
     fn sub_codes(
         &self,
-        st: &mut CpuState,
+        st: &mut RowTalkerState,
         c0: &[u32],
         pick: &mut SubCodePick<'_>,
     ) -> Result<Vec<Vec<u32>>> {
         self.predict_sub_codes(&st.last, c0, &mut st.cp_cache, pick)
     }
 
-    fn feed(&self, st: &mut CpuState, frames: &[[u32; 16]], text: &Tensor) -> Result<()> {
+    fn feed(&self, st: &mut RowTalkerState, frames: &[[u32; 16]], text: &Tensor) -> Result<()> {
         let mut x = self.frame_embed(frames)?;
         let t: Vec<f32> = text.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
         ensure!(t.len() == x.len(), "text vectors do not match the frames");

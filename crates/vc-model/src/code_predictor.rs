@@ -202,7 +202,7 @@ impl CodePredictor {
         let x = self.project(x)?;
         let out = self.decoder.forward(&x, None, None)?; // (N, G, Hc)
         let numerics = self.decoder.numerics();
-        let logits = if numerics == Numerics::CpuKernels {
+        let logits = if numerics == Numerics::Kernels {
             autograd_ops::shifted_heads(&out, &Tensor::stack(&self.lm_head, 0)?)?
         } else {
             let logits = (0..g - 1)

@@ -168,7 +168,7 @@ impl DecoderLayer {
         let h = rms_norm(&x, &self.post_attention_layernorm, eps, self.numerics)?;
         let n = self.numerics;
         let (gate, up) = (self.gate_proj.forward(&h, n)?, self.up_proj.forward(&h, n)?);
-        let mlp = if n == Numerics::CpuKernels {
+        let mlp = if n == Numerics::Kernels {
             autograd_ops::swiglu(&gate, &up)?
         } else {
             (gate.silu()? * up)?
@@ -183,7 +183,7 @@ impl DecoderLayer {
         cache: Option<&mut KvCache>,
     ) -> Result<Tensor> {
         if let (None, Some(rope)) = (&cache, step.rope.token_major()) {
-            // Only built for Numerics::CpuKernels.
+            // Only built for Numerics::Kernels.
             return self.attention_cpu_grad(x, step, rope);
         }
         let c = &self.cfg;
@@ -240,7 +240,7 @@ impl DecoderLayer {
         let c = &self.cfg;
         let hd = c.head_dim;
         let eps = c.rms_norm_eps;
-        let n = Numerics::CpuKernels;
+        let n = Numerics::Kernels;
         let q = rope.norm_rope(&self.q_proj.forward(x, n)?, &self.q_norm, eps)?;
         let k = rope.norm_rope(&self.k_proj.forward(x, n)?, &self.k_norm, eps)?;
         let v = self.v_proj.forward(x, n)?;

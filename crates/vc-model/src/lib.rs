@@ -7,7 +7,7 @@
 //! | [`text`] | the tokenizer and the prompt strings |
 //! | [`ops`], [`layers`] | numeric primitives in three modes, the Qwen3 decoder block and its KV cache (`layers::kv_cache`: the cache, positions and masks; `layers::tensor_source`: where weights come from) |
 //! | [`talker`], [`code_predictor`] | the two decoders of a frame (candle tensors: training, GPU) |
-//! | [`infer`], [`linear`], [`bf16_matmul`] | the CPU inference path on plain rows (`infer::decoder_stack`, `infer::code_predictor`, `infer::talker`, `infer::row_step`, `infer::adapters`, `infer::row_math`), its weight formats |
+//! | [`infer`], [`linear`], [`bf16_matmul`] | the row inference path, loops on plain f32 rows (`infer::decoder_stack`, `infer::code_predictor`, `infer::talker`, `infer::row_step`, `infer::adapters`, `infer::row_math`), its weight formats |
 //! | [`speaker`], [`mel`] | the speaker encoder and its log-mel front end |
 //! | [`codec`] | the 12 Hz speech tokenizer, encoder and decoder, offline and streaming |
 //! | [`autograd_ops`] | training ops with hand-written backward passes (their loops: `vc_kernels::grad`) |

@@ -1,4 +1,4 @@
-//! Weights of the CPU inference path ([`super::infer`]) that are not candle tensors: a matrix in
+//! Weights of the row inference path ([`super::infer`]) that are not candle tensors: a matrix in
 //! the format its precision asks for — f32, bf16 (in place in the mapped checkpoint where the
 //! file stores bf16) or 8-bit blocks quantized at load time — and embedding tables, whose rows
 //! are widened to f32 when gathered (docs/performance.md §2.2).
@@ -14,7 +14,7 @@ use super::weights::{Bf16Data, MappedWeights};
 use vc_kernels::bf16_dot::{self, Dense, Rows};
 use vc_kernels::q8::{Q8Matrix, Q8Rows};
 
-/// How the matrices of the CPU inference path are held.
+/// How the matrices of the row inference path are held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WeightFormat {
     /// f32 (exact for every checkpoint; a bf16-stored matrix is held as [`Self::Bf16`] holds

@@ -7,7 +7,7 @@
 //!   plain tensor ops. In candle 0.11 `candle_nn::ops::{rms_norm, softmax_last_dim}` and
 //!   `candle_nn::rotary_emb::rope` record **no backward op** (gradients silently stop there),
 //!   so this mode builds the same functions from plain ops. It is what CUDA runs.
-//! - [`Numerics::CpuKernels`]: training on the CPU in f32 through the kernels with hand-written
+//! - [`Numerics::Kernels`]: training on the CPU in f32 through the kernels with hand-written
 //!   backward passes in [`super::autograd_ops`] (one autograd node per layer function).
 //!
 //! All modes follow the official numerics (docs/model.md §4.1, §12): RMSNorm statistics in
@@ -26,7 +26,7 @@ pub enum Numerics {
     /// Plain tensor ops under candle's autograd, on any device.
     Autograd,
     /// The CPU f32 training kernels with hand-written backward passes.
-    CpuKernels,
+    Kernels,
 }
 
 impl Numerics {
@@ -37,7 +37,7 @@ impl Numerics {
 
     /// Checks that this mode can run on `device` with activations in `dtype`.
     pub fn check(self, device: &Device, dtype: DType) -> Result<()> {
-        if self == Numerics::CpuKernels && !(device.is_cpu() && dtype == DType::F32) {
+        if self == Numerics::Kernels && !(device.is_cpu() && dtype == DType::F32) {
             candle_core::bail!(
                 "the CPU training kernels need f32 tensors on the CPU, not {dtype:?} on {device:?}"
             );
@@ -48,11 +48,11 @@ impl Numerics {
 
 /// `x @ w^T (+ b)` for `x` of shape `(..., in)` and `w` of shape `(out, in)` (PyTorch layout).
 ///
-/// A weight stored narrower than the activations (bf16 matrices with f32 activations, the
-/// CPU inference mode) is widened in the product only: products and sums stay in the
+/// A weight stored narrower than the activations (bf16 matrices with f32 activations,
+/// `bf16-weights`) is widened in the product only: products and sums stay in the
 /// activation dtype (see [`super::bf16_matmul`]).
 pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>, numerics: Numerics) -> Result<Tensor> {
-    if numerics == Numerics::CpuKernels {
+    if numerics == Numerics::Kernels {
         return super::autograd_ops::linear(x, w, b);
     }
     let dims = x.dims();
@@ -90,7 +90,7 @@ pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64, numerics: Numerics) -> Re
         // The fused kernel also accumulates in f32 but multiplies by the weight before the cast
         // back; the difference only shows in bf16 and is below bf16 resolution.
         Numerics::Fused => candle_nn::ops::rms_norm(&x.contiguous()?, weight, eps as f32),
-        Numerics::CpuKernels => super::autograd_ops::rms_norm(x, weight, eps),
+        Numerics::Kernels => super::autograd_ops::rms_norm(x, weight, eps),
         Numerics::Autograd => {
             let dtype = x.dtype();
             let xf = x.to_dtype(DType::F32)?;
@@ -109,7 +109,7 @@ pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64, numerics: Numerics) -> Re
 pub fn softmax_last_dim(x: &Tensor, numerics: Numerics) -> Result<Tensor> {
     match numerics {
         Numerics::Fused => candle_nn::ops::softmax_last_dim(&x.contiguous()?),
-        Numerics::Autograd | Numerics::CpuKernels => {
+        Numerics::Autograd | Numerics::Kernels => {
             // The max only stabilises the exponent; its gradient cancels, so it is detached.
             let max = x.max_keepdim(D::Minus1)?.detach();
             let e = x.broadcast_sub(&max)?.exp()?;
@@ -159,7 +159,7 @@ impl Rope {
             .broadcast_mul(&self.inv_freq)?; // (B, S, half)
         let (cos, sin) = (freqs.cos()?, freqs.sin()?);
         // The CPU training kernels rotate token-major `(B, S, heads·head_dim)` tensors directly.
-        let token_major = if numerics == Numerics::CpuKernels {
+        let token_major = if numerics == Numerics::Kernels {
             Some(RopeHalfTables::new(&cos, &sin)?)
         } else {
             None
@@ -179,7 +179,7 @@ impl Rope {
                 )
             }
             // Full width `cat(freqs, freqs)`, shaped (B, 1, S, head_dim) to broadcast over heads.
-            Numerics::Autograd | Numerics::CpuKernels => {
+            Numerics::Autograd | Numerics::Kernels => {
                 let full = |t: &Tensor| -> Result<Tensor> {
                     Tensor::cat(&[t, t], D::Minus1)?
                         .to_dtype(dtype)?
@@ -207,7 +207,7 @@ pub struct RopeTables {
 }
 
 impl RopeTables {
-    /// The CPU training kernels' tables ([`Numerics::CpuKernels`] only).
+    /// The CPU training kernels' tables ([`Numerics::Kernels`] only).
     pub fn token_major(&self) -> Option<&RopeHalfTables> {
         self.token_major.as_ref()
     }
@@ -216,7 +216,7 @@ impl RopeTables {
     pub fn apply(&self, x: &Tensor) -> Result<Tensor> {
         match self.numerics {
             Numerics::Fused => candle_nn::rotary_emb::rope(&x.contiguous()?, &self.cos, &self.sin),
-            Numerics::Autograd | Numerics::CpuKernels => {
+            Numerics::Autograd | Numerics::Kernels => {
                 x.broadcast_mul(&self.cos)? + rotate_half(x)?.broadcast_mul(&self.sin)?
             }
         }
@@ -347,7 +347,7 @@ mod tests {
         let w = Var::from_tensor(&randn(&[8], 6)).unwrap();
         for (numerics, expect) in [
             (Numerics::Autograd, true),
-            (Numerics::CpuKernels, true),
+            (Numerics::Kernels, true),
             (Numerics::Fused, false),
         ] {
             let y = rms_norm(x.as_tensor(), w.as_tensor(), 1e-6, numerics).unwrap();
@@ -369,14 +369,12 @@ mod tests {
             .unwrap()
             .broadcast_add(&b)
             .unwrap();
-        for numerics in [Numerics::Fused, Numerics::Autograd, Numerics::CpuKernels] {
+        for numerics in [Numerics::Fused, Numerics::Autograd, Numerics::Kernels] {
             let y = linear(&x, &w, Some(&b), numerics).unwrap();
             assert_eq!(y.dims(), &[2, 3, 5]);
             assert!(max_diff(&y, &manual) < 1e-5, "{numerics:?}");
         }
-        assert!(Numerics::CpuKernels
-            .check(&Device::Cpu, DType::BF16)
-            .is_err());
+        assert!(Numerics::Kernels.check(&Device::Cpu, DType::BF16).is_err());
         assert!(Numerics::Autograd.check(&Device::Cpu, DType::BF16).is_ok());
         let ids = Tensor::new(&[[1u32, 0], [4, 4]], &Device::Cpu).unwrap();
         let e = embedding(&w, &ids).unwrap();

@@ -274,7 +274,7 @@ fn to_tensor(
 }
 
 // ---------------------------------------------------------------------------------------------
-// Memory-mapped checkpoints read in place (the CPU inference path, docs/performance.md §2.2)
+// Memory-mapped checkpoints read in place (the row inference path, docs/performance.md §2.2)
 // ---------------------------------------------------------------------------------------------
 
 /// One tensor's place in a mapped file.
@@ -288,9 +288,10 @@ struct MappedEntry {
     end: usize,
 }
 
-/// Checkpoint files kept memory-mapped, for CPU inference: bf16 matrices are used where they
-/// lie in the page cache ([`Bf16Data`]), without a converted copy; other tensors are converted
-/// on request. Lookups check shapes and name the tensor and the file, like [`Weights::get`].
+/// Checkpoint files kept memory-mapped, for the row inference path: bf16 matrices are used where
+/// they lie in the page cache ([`Bf16Data`]), without a converted copy; other tensors are
+/// converted on request. Lookups check shapes and name the tensor and the file, like
+/// [`Weights::get`].
 pub struct MappedWeights {
     maps: Vec<Arc<Mmap>>,
     files: Vec<PathBuf>,

@@ -85,11 +85,11 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
-    /// Starts the generation thread over `synth`'s CPU inference path.
+    /// Starts the generation thread over `synth`'s row inference path.
     pub fn start(synth: Arc<Synthesizer>, max_batch: usize, max_queue: usize) -> Result<Self> {
         anyhow::ensure!(
-            synth.cpu_talker().is_some(),
-            "voiceclone serve runs the talker on the CPU inference path (precision f32, \
+            synth.row_talker().is_some(),
+            "voiceclone serve runs the talker on the row inference path (precision f32, \
              bf16-weights or q8); {} is not one of them",
             synth.precision()
         );
@@ -197,7 +197,7 @@ struct Active {
 }
 
 fn start_chunk(synth: &Synthesizer, job: &Job, chunk: usize) -> Result<Row> {
-    let talker = synth.cpu_talker().expect("checked in Scheduler::start");
+    let talker = synth.row_talker().expect("checked in Scheduler::start");
     let plan = &job.rows[chunk];
     let _ = job.events.send(GenEvent::ChunkStart {
         chunk,
@@ -223,7 +223,7 @@ fn generation_loop(
     max_batch: usize,
     delay: Option<std::time::Duration>,
 ) {
-    let talker = synth.cpu_talker().expect("checked in Scheduler::start");
+    let talker = synth.row_talker().expect("checked in Scheduler::start");
     let mut stepper = Stepper::new(talker);
     let mut active: Vec<Active> = Vec::new();
     loop {

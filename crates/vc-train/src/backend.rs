@@ -18,7 +18,7 @@ use vc_model::ops::Numerics;
 pub enum Backend {
     /// CPU, f32: the kernels with hand-written backward passes, the trained `Var`s are their
     /// own masters and are updated in place, the text embedding's gradient is row-sparse.
-    CpuKernels,
+    Kernels,
     /// Any device: candle's autograd over plain tensor ops, `Var`s stored in `Storage` copied
     /// from separate fp32 masters, dense gradients, AdamW in tensor ops. What CUDA runs (with
     /// bf16 storage); on the CPU the arithmetic is f32 on the stored values.
@@ -39,7 +39,7 @@ impl Backend {
     /// The backend for `device`: the kernels on the CPU, autograd with bf16 storage elsewhere.
     pub fn auto(device: &Device) -> Self {
         if device.is_cpu() {
-            Backend::CpuKernels
+            Backend::Kernels
         } else {
             Backend::Autograd(Storage::Bf16)
         }
@@ -49,7 +49,7 @@ impl Backend {
     pub fn resolve(choice: TrainBackend, device: &Device) -> Result<Self> {
         Ok(match choice {
             TrainBackend::Auto => Self::auto(device),
-            TrainBackend::Kernels if device.is_cpu() => Backend::CpuKernels,
+            TrainBackend::Kernels if device.is_cpu() => Backend::Kernels,
             TrainBackend::Kernels => bail!(
                 "train.backend = \"kernels\" runs on the CPU only (this run trains on \
                  {device:?}); use \"auto\" or \"autograd\""
@@ -62,7 +62,7 @@ impl Backend {
     /// How `voiceclone train` names it (`train.backend`).
     pub fn name(self) -> &'static str {
         match self {
-            Backend::CpuKernels => "kernels",
+            Backend::Kernels => "kernels",
             Backend::Autograd(Storage::Bf16) => "autograd",
             Backend::Autograd(Storage::F32) => "autograd-f32",
         }
@@ -70,14 +70,14 @@ impl Backend {
 
     pub fn numerics(self) -> Numerics {
         match self {
-            Backend::CpuKernels => Numerics::CpuKernels,
+            Backend::Kernels => Numerics::Kernels,
             Backend::Autograd(_) => Numerics::Autograd,
         }
     }
 
     /// Whether the gradient sums run as in-place CPU kernels.
     pub fn in_place(self) -> bool {
-        self == Backend::CpuKernels
+        self == Backend::Kernels
     }
 
     /// Whether the optimizer step runs as the CPU kernels on host copies: always with the CPU
@@ -92,7 +92,7 @@ impl Backend {
             device: opts.device.clone(),
             // The CPU kernels keep everything on the host already.
             offload: opts.config.offload == vc_core::config::Offload::Optimizer
-                && self != Backend::CpuKernels,
+                && self != Backend::Kernels,
         }
     }
 
@@ -103,7 +103,7 @@ impl Backend {
     pub fn masters(self, state: OptimizerState, shape: &[usize]) -> Masters {
         match self {
             _ if saved_state::compensated(state, shape) => Masters::Compensated,
-            Backend::CpuKernels => Masters::Shared,
+            Backend::Kernels => Masters::Shared,
             Backend::Autograd(_) => Masters::Separate,
         }
     }
@@ -111,7 +111,7 @@ impl Backend {
     /// The dtype weights are stored in (the trained tensors' compute copies, the frozen ones).
     pub fn storage_dtype(self) -> DType {
         match self {
-            Backend::CpuKernels | Backend::Autograd(Storage::F32) => DType::F32,
+            Backend::Kernels | Backend::Autograd(Storage::F32) => DType::F32,
             Backend::Autograd(Storage::Bf16) => DType::BF16,
         }
     }

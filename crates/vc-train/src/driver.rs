@@ -12,27 +12,20 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 
-use super::data::Dataset;
 use super::evaluation::{Pages, SamplePlan, SampleRun, SampleSpeaker};
 use super::metrics::{EvalMetrics, MetricsLog, StepMetrics};
-use super::sampler::Cursor;
-use super::selection::{self, Selection};
+use super::run_state::RunState;
+use super::selection::{self};
 use super::{checkpoint, Outcome, TrainOptions};
 use vc_core::config::Select;
 use vc_core::progress::Progress;
 use vc_core::stop_signal as signal;
 
-/// What the loop drives.
+/// What the loop drives: a trainer around the run's shared state.
 pub trait Engine: Send {
-    fn options(&self) -> &TrainOptions;
-    /// Optimizer steps taken so far (restored from a checkpoint on resume).
-    fn step_count(&self) -> usize;
-    /// Optimizer steps of the whole run.
-    fn total_steps(&self) -> usize;
-    /// The checkpoint this run continued from.
-    fn resumed_from(&self) -> Option<PathBuf>;
-    /// The micro-batches (sample indices) of the next optimizer step.
-    fn next_step_batches(&mut self, grad_accum: usize) -> Vec<Vec<usize>>;
+    /// Where the run stands.
+    fn run(&self) -> &RunState;
+    fn run_mut(&mut self) -> &mut RunState;
     /// One optimizer step; nothing changes when it fails.
     fn step(&mut self, micro: &[Vec<usize>]) -> Result<StepMetrics>;
     /// Saves a checkpoint of the current state: its directory on the reporting rank.
@@ -49,18 +42,6 @@ pub trait Engine: Send {
     fn is_reporter(&self) -> bool;
     /// Ranks of the run (1 on one device).
     fn world(&self) -> usize;
-    /// What setting up found and repaired that the user should hear of.
-    fn warnings(&self) -> &[String];
-    /// Whether the data changed since the checkpoint this run resumed from.
-    fn data_changed(&self) -> bool;
-    /// The training data, the data cursor, and the optimizer steps of an epoch.
-    fn data(&self, grad_accum: usize) -> (&Dataset, Cursor, usize);
-    /// The held-out set (docs/training.md §14), if the run has one.
-    fn heldout(&self) -> Option<&Dataset>;
-    /// What the validations found so far, as the next checkpoint will record it (resumed from
-    /// the checkpoint's; docs/training.md §14.3).
-    fn selection(&self) -> &Selection;
-    fn set_selection(&mut self, s: Selection);
 }
 
 /// A loss or gradient norm that is not finite: the step was not applied. Restarting would only
@@ -93,13 +74,13 @@ pub fn run_with(
     engine: &mut dyn Engine,
     before_first_write: impl FnOnce() -> Result<()>,
 ) -> Result<Outcome> {
-    let total = engine.total_steps();
-    let start_step = engine.step_count();
+    let total = engine.run().total_steps();
+    let start_step = engine.run().step;
     let mut outcome = Outcome {
         start_step,
         step: start_step,
         total_steps: total,
-        checkpoint: engine.resumed_from(),
+        checkpoint: engine.run().resumed_from.clone(),
         interrupted: false,
         first_loss: None,
         last_loss: None,
@@ -107,27 +88,30 @@ pub fn run_with(
         early_stopped: false,
         frames_per_second: None,
     };
-    let opts_checkpoints = engine.options().checkpoints.clone();
-    let c = engine.options().config.clone();
+    let opts_checkpoints = engine.run().opts.checkpoints.clone();
+    let c = engine.run().opts.config.clone();
     let reporter = engine.is_reporter();
-    if reporter && engine.resumed_from().is_some() {
+    if reporter && engine.run().resumed_from.is_some() {
         // The choice under this run's `train.select`, which may differ from the last run's.
-        if let Some(note) =
-            selection::point_best(&opts_checkpoints, engine.selection(), c.select, start_step)?
-        {
+        if let Some(note) = selection::point_best(
+            &opts_checkpoints,
+            &engine.run().selection,
+            c.select,
+            start_step,
+        )? {
             eprintln!("note: {note}");
         }
     }
     if start_step >= total {
         return Ok(outcome);
     }
-    if engine.selection().exhausted(c.select, c.early_stop) {
+    if engine.run().selection.exhausted(c.select, c.early_stop) {
         // The checkpoint's run already stopped early under this patience.
         outcome.early_stopped = true;
         return Ok(outcome);
     }
-    let hooks = engine.options().hooks.clone();
-    let device = engine.options().device.clone();
+    let hooks = engine.run().opts.hooks.clone();
+    let device = engine.run().opts.device.clone();
     let samples = plan_samples(engine)?;
     let log = if reporter {
         before_first_write()?;
@@ -150,14 +134,14 @@ pub fn run_with(
     };
     signal::install();
     // The newest saved step, which the report names when nothing better is chosen.
-    let mut last_saved = engine.resumed_from().map(|_| start_step);
+    let mut last_saved = engine.run().resumed_from.as_ref().map(|_| start_step);
     // Where a failure happens, for the launcher's restart rule (docs/distributed.md §5.1).
     vc_dist::launch::note_step(start_step);
     let result = (|| -> Result<()> {
         let (mut frames, mut seconds) = (0usize, 0f64);
         let mut val: Option<f64> = None;
-        while engine.step_count() < total {
-            let micro = engine.next_step_batches(c.grad_accum);
+        while engine.run().step < total {
+            let micro = engine.run_mut().next_step_batches();
             let m = super::run_step(&device, || engine.step(&micro))
                 .map_err(|e| with_hint(e, &opts_checkpoints, c.lr))?;
             if let Some(log) = &log {
@@ -206,12 +190,12 @@ pub fn run_with(
             }
             let mut early = false;
             if let Some(e) = &evaluated {
-                let mut sel = engine.selection().clone();
+                let mut sel = engine.run().selection.clone();
                 let improved = sel.observe(e.step, e.val_loss);
                 if c.select != Select::Score {
                     early = sel.exhausted(c.select, c.early_stop);
                 }
-                engine.set_selection(sel);
+                engine.run_mut().selection = sel;
                 // A new best is saved even between checkpoints, so that it can be chosen; an
                 // evaluation with samples always is, since they belong to its checkpoint.
                 save |=
@@ -228,7 +212,7 @@ pub fn run_with(
                         score_samples(engine, dir.as_deref(), e, &**speaker, status, warn)?;
                     progress.set_message(message(val));
                     if c.select == Select::Score {
-                        early = scored && engine.selection().exhausted(c.select, c.early_stop);
+                        early = scored && engine.run().selection.exhausted(c.select, c.early_stop);
                     }
                 }
                 if let (Some(log), Some(e)) = (&log, &evaluated) {
@@ -252,7 +236,7 @@ pub fn run_with(
                     ));
                     outcome.checkpoint = Some(dir);
                     last_saved = Some(m.step);
-                    let chosen = engine.selection().chosen(c.select, m.step);
+                    let chosen = engine.run().selection.chosen(c.select, m.step);
                     selection::write_best(&opts_checkpoints, chosen)?;
                     // What the commit spared as the chosen one before may go now.
                     checkpoint::prune(
@@ -260,7 +244,7 @@ pub fn run_with(
                         c.keep,
                         &checkpoint::step_dir_name(m.step),
                     )?;
-                    write_pages(engine.options(), log, Some(chosen))?;
+                    write_pages(&engine.run().opts, log, Some(chosen))?;
                 }
             } else if let (Some(log), Some(e)) = (&log, &evaluated) {
                 log.append_eval(e)?;
@@ -269,8 +253,9 @@ pub fn run_with(
                     m.step, m.loss, e.val_loss
                 ));
                 // Not saved: the choice stands among the saved checkpoints.
-                let chosen = last_saved.map(|newest| engine.selection().chosen(c.select, newest));
-                write_pages(engine.options(), log, chosen)?;
+                let chosen =
+                    last_saved.map(|newest| engine.run().selection.chosen(c.select, newest));
+                write_pages(&engine.run().opts, log, chosen)?;
             }
             if let Some(e) = evaluated {
                 outcome.last_val_loss = Some(e.val_loss);
@@ -280,7 +265,7 @@ pub fn run_with(
                 break;
             }
             if early {
-                let sel = engine.selection();
+                let sel = &engine.run().selection;
                 progress.println(if c.select == Select::Score {
                     format!(
                         "early stop after step {}: {} evaluation(s) without a sample score \
@@ -349,20 +334,20 @@ fn score_samples(
         return Ok(false);
     }
     e.score = Some(score);
-    let mut sel = engine.selection().clone();
+    let mut sel = engine.run().selection.clone();
     sel.observe_score(e.step, score);
     if let (Some(dir), true) = (dir, engine.is_reporter()) {
         // The checkpoint was written before its samples were scored.
         checkpoint::write_selection(dir, &sel)?;
     }
-    engine.set_selection(sel);
+    engine.run_mut().selection = sel;
     Ok(true)
 }
 
 /// The samples of the run (docs/training.md §14.4), as its evaluator plans them; a run without
 /// an evaluator has none, and cannot choose by their score.
 fn plan_samples(engine: &dyn Engine) -> Result<SamplePlan> {
-    let opts = engine.options();
+    let opts = &engine.run().opts;
     let Some(evaluator) = &opts.evaluator else {
         if opts.config.select == Select::Score {
             anyhow::bail!(
@@ -375,17 +360,16 @@ fn plan_samples(engine: &dyn Engine) -> Result<SamplePlan> {
             notes: Vec::new(),
         });
     };
-    let (train, _, _) = engine.data(opts.config.grad_accum);
     evaluator.plan_samples(&SampleRun {
         options: opts,
-        heldout: engine.heldout(),
-        train,
+        heldout: engine.run().heldout.as_ref(),
+        train: &engine.run().dataset,
         world: engine.world(),
     })
 }
 
-/// Redraws `checkpoints/loss.svg` and `report.html` from the metrics (docs/training.md §9,
-/// §14.6), where the run has an evaluator.
+/// Redraws `checkpoints/loss.svg` and `report.html` from the metrics, where the run has an
+/// evaluator (docs/training.md §9, docs/training.md §14.6).
 fn write_pages(opts: &TrainOptions, log: &MetricsLog, chosen: Option<usize>) -> Result<()> {
     let Some(evaluator) = &opts.evaluator else {
         return Ok(());

@@ -1,5 +1,5 @@
-//! What the training loop asks of evaluation beyond the validation loss (docs/training.md
-//! §14.4–§14.6): samples spoken with each evaluated checkpoint and measured, and the pages a
+//! What the training loop asks of evaluation beyond the validation loss
+//! (docs/training.md §14.4–14.6): samples spoken with each evaluated checkpoint and measured, and the pages a
 //! person watches the run on (`loss.svg`, `report.html`). The `vc-eval` crate does that work —
 //! it speaks with the synthesizer and listens with Whisper — so the trainer holds only this
 //! interface and builds without either.

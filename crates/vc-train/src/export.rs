@@ -33,7 +33,7 @@ use vc_core::hub::ModelSource;
 use vc_core::workspace::Workspace;
 use vc_model::files::{self as mf, ModelFiles};
 
-pub mod marker;
+mod marker;
 pub mod pace;
 pub mod weights;
 

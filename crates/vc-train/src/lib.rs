@@ -3,30 +3,30 @@
 //! cosine schedule, exactly resumable checkpoints, metrics, and the export to the official model
 //! layout.
 //!
-//! Modules, one job each: [`data`] (manifest → samples), [`sampler`] (epoch order, cursor),
-//! [`batch`] (layout), [`loss`] (objective), [`trainable`], [`params`] and [`units`] (trained set), [`lora`]
-//! (low-rank adapters),
-//! [`optim`] (AdamW, clipping, schedule), [`checkpoint`], [`metrics`], [`export`] (its
-//! directory marker in [`export::marker`], its weight file in [`export::weights`]), the one
-//! training loop ([`driver`]) and what it drives: the single-device step ([`trainer`], its
-//! [`Trainer`]) or one rank of a sharded run ([`sharded`]); [`backend`] (how either computes:
-//! the CPU kernels or autograd, and the weights' storage dtype).
-//!
-//! Around them: [`run_setup`] (what a run is, set up alike by both trainers), [`stages`] (the
-//! forward pass cut at the units), [`cpu_ops`] and [`sparse`] (the optimizer's CPU kernels, the
-//! text table's row-sparse gradients), [`moments`] and [`saved_state`] (the optimizer state's
-//! forms in memory and on disk), [`checkpoint_layout`] and [`safetensors_stream`] (checkpoint
-//! names, the streaming writer), [`plan`] (the memory plan), [`heldout`], [`validation`],
-//! [`selection`] and [`evaluation`] (training you can watch: the interface the `vc-eval` crate
-//! implements), [`lock`] (one
-//! run per workspace), [`adapter_export`] (adapters alone in PEFT's format), [`hooks`] (test
-//! seams).
+//! Modules:
+//! - the data: [`data`] (manifest → samples, the speaker table), [`sampler`] (epoch order,
+//!   cursor), [`batch`] (the official layout), [`heldout`] and [`validation`] (the held-out set
+//!   and its loss);
+//! - the step: [`loss`] (the objective), [`stages`] (the forward pass cut at the [`units`]),
+//!   [`trainable`], [`params`] and [`lora`] (the trained set, its masters, adapters),
+//!   [`Backend`] (how a step computes: the kernels or autograd, and the storage dtype),
+//!   [`Trainer`] (the single-device step), [`sharded`] (one rank of a sharded run), [`sparse`]
+//!   (the text table's row-sparse gradient);
+//! - the optimizer: [`optim`] (AdamW, clipping, schedule), [`cpu_ops`] (its host kernels),
+//!   [`moments`] and [`saved_state`] (its state's forms in memory and in checkpoints);
+//! - checkpoints: [`checkpoint`] (format, writing, recovery, resuming),
+//!   [`safetensors_stream`] (the streaming writer);
+//! - the run: [`run_setup`] (what a run is), [`run_state`] (where it stands, held once for
+//!   every trainer), [`driver`] (the one loop), [`metrics`], [`selection`] (the chosen
+//!   checkpoint), [`evaluation`] (what the loop asks of the `vc-eval` crate), [`plan`] (the
+//!   memory plan), [`lock`] (one run per workspace), [`hooks`] (test seams);
+//! - export: [`export`] (the official model layout) and [`adapter_export`] (adapters alone in
+//!   PEFT's format).
 
 pub mod adapter_export;
-pub mod backend;
+mod backend;
 pub mod batch;
 pub mod checkpoint;
-pub mod checkpoint_layout;
 pub mod cpu_ops;
 pub mod data;
 pub mod driver;
@@ -43,6 +43,7 @@ pub mod optim;
 pub mod params;
 pub mod plan;
 pub mod run_setup;
+pub mod run_state;
 pub mod safetensors_stream;
 pub mod sampler;
 pub mod saved_state;
@@ -53,7 +54,7 @@ pub mod stages;
 #[cfg(test)]
 pub(crate) mod test_support;
 pub mod trainable;
-pub mod trainer;
+mod trainer;
 pub mod units;
 pub mod validation;
 
@@ -91,7 +92,7 @@ pub struct TrainOptions {
     pub backend: Backend,
     /// Test seams ([`hooks::NoHooks`] in production).
     pub hooks: Arc<dyn TrainHooks>,
-    /// The samples and pages of the run's evaluations (docs/training.md §14.4–§14.6); `None`:
+    /// The samples and pages of the run's evaluations (docs/training.md §14.4–14.6); `None`:
     /// validation losses in `metrics.jsonl` only.
     pub evaluator: Option<Arc<dyn evaluation::Evaluator>>,
 }

@@ -12,8 +12,7 @@
 use candle_core::{Result, Tensor};
 
 use super::batch::BatchTensors;
-pub use super::stages::{cross_entropy, TextRows, SUB_LOSS_WEIGHT};
-use super::stages::{sub_loss, EmbeddingUnit, HeadUnit};
+use super::stages::{sub_loss, EmbeddingUnit, HeadUnit, TextRows, SUB_LOSS_WEIGHT};
 use vc_model::layers::StepContext;
 use vc_model::talker::Talker;
 

@@ -3,23 +3,20 @@
 //! the speaker, the trained set, the identity that decides which checkpoints may be continued,
 //! and the checkpoint index.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use candle_core::Tensor;
 use sha2::{Digest, Sha256};
 
-use super::checkpoint::{self, Identity, Index, ModelIdentity, OptimizerInfo, ParamInfo, RngInfo};
+use super::checkpoint::{self, Identity, Index, ModelIdentity};
 use super::data::{self, Dataset};
 use super::heldout::Split;
 use super::lora::Lora;
-use super::optim::{AdamW, Schedule};
 use super::sampler::{Cursor, Sampler};
-use super::selection::Selection;
 use super::trainable;
 use super::units::unit_of;
-use super::{safetensors_stream, TrainOptions};
+use super::{safetensors_stream, Backend, TrainOptions};
 use vc_model::config::Qwen3TtsConfig;
 
 /// The parts of a run that do not depend on how it is computed.
@@ -47,6 +44,9 @@ impl RunSetup {
     /// Reads the data, the speaker and the trained set (from the checkpoint headers; no weights
     /// are loaded).
     pub fn new(opts: &TrainOptions) -> Result<Self> {
+        if opts.backend == Backend::Kernels && !opts.device.is_cpu() {
+            anyhow::bail!("the CPU training kernels cannot run on {:?}", opts.device);
+        }
         let cfg = opts.files.config.clone();
         let c = &opts.config;
         let tokenizer = opts.files.text_tokenizer()?;
@@ -151,26 +151,6 @@ impl RunSetup {
             sampler,
         })
     }
-
-    /// The learning-rate schedule of `opts` over `total` steps.
-    pub fn schedule(opts: &TrainOptions, total: usize) -> Schedule {
-        Schedule {
-            peak: opts.config.lr,
-            warmup: opts.config.warmup_steps,
-            total,
-        }
-    }
-
-    /// Optimizer steps of the whole run: `epochs` × steps per epoch, capped by `max_steps`.
-    pub fn total_steps(opts: &TrainOptions, sampler: &Sampler) -> usize {
-        let c = &opts.config;
-        let full = c.epochs * sampler.steps_per_epoch(c.grad_accum);
-        if c.max_steps > 0 {
-            full.min(c.max_steps)
-        } else {
-            full
-        }
-    }
 }
 
 /// The checkpoint a run continues from.
@@ -217,54 +197,6 @@ pub fn find_resume(
         cursor,
         data_changed,
     }))
-}
-
-/// What the index of a checkpoint records besides the parameters' layout.
-pub struct IndexParts<'a> {
-    pub identity: &'a Identity,
-    pub dataset: &'a Dataset,
-    pub cursor: Cursor,
-    pub step: usize,
-    pub adamw: &'a AdamW,
-    pub adam_step: u64,
-    pub state: vc_core::config::OptimizerState,
-    pub loss: Option<f64>,
-    pub world_size: usize,
-    /// What the run's validations found so far (docs/training.md §14.3).
-    pub selection: &'a Selection,
-}
-
-impl IndexParts<'_> {
-    pub fn index(&self, params: BTreeMap<String, ParamInfo>) -> Index {
-        let cursor = self.cursor;
-        Index {
-            format: checkpoint::FORMAT.into(),
-            version: checkpoint::VERSION,
-            world_size: self.world_size,
-            step: self.step,
-            epoch: cursor.epoch,
-            cursor,
-            rng: RngInfo {
-                algorithm: "splitmix64".into(),
-                state: cursor.rng_state,
-            },
-            config_digest: self.identity.digest(),
-            identity: self.identity.clone(),
-            data_sha256: self.dataset.digest.clone(),
-            optimizer: OptimizerInfo {
-                name: "adamw".into(),
-                beta1: self.adamw.beta1,
-                beta2: self.adamw.beta2,
-                eps: self.adamw.eps,
-                weight_decay: self.adamw.weight_decay,
-                step: self.adam_step,
-                state: self.state,
-            },
-            loss: self.loss,
-            selection: (*self.selection != Selection::default()).then(|| self.selection.clone()),
-            params,
-        }
-    }
 }
 
 /// The sampler of `dataset` continuing at `cursor` (a checkpoint's).

@@ -211,7 +211,7 @@ impl HeadUnit {
         let hidden = hidden.reshape(((), h))?;
         let rows = hidden.index_select(&b.label_rows, 0)?;
         let logits = vc_model::ops::linear(&rows, &self.codec_head, None, self.numerics)?;
-        let kernels = self.numerics == Numerics::CpuKernels;
+        let kernels = self.numerics == Numerics::Kernels;
         let l_talker = cross_entropy(&logits, &b.labels, kernels)?;
         Ok((l_talker, hidden.index_select(&b.frame_rows, 0)?))
     }
@@ -245,7 +245,7 @@ pub fn sub_loss(
         .t()?
         .contiguous()?
         .flatten_all()?;
-    let kernels = cp.decoder.numerics() == Numerics::CpuKernels;
+    let kernels = cp.decoder.numerics() == Numerics::Kernels;
     cross_entropy(&logits.reshape(((), vocab))?, &targets, kernels)
 }
 

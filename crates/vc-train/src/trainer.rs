@@ -10,66 +10,38 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Tensor, Var};
 
-use crate::batch::{Batch, LayoutIds};
-use crate::checkpoint::{self, Identity, Index, TrainingState};
-use crate::data::{self, Dataset};
+use crate::batch::Batch;
+use crate::checkpoint::{self, Index, TrainingState};
+use crate::data::{self};
 use crate::metrics::{EvalMetrics, StepMetrics};
-use crate::optim::{self, AdamState, AdamW, Grad, Schedule};
+use crate::optim::{self, AdamState, Grad};
 use crate::params::{ArithSource, ParamStore};
-use crate::run_setup::{self, IndexParts, RunSetup};
-use crate::sampler::{Cursor, Sampler};
+use crate::run_setup::RunSetup;
+use crate::run_state::RunState;
 use crate::sparse::{self, RowGrad};
 use crate::{
-    driver, loss, saved_state, selection, trainable, validation, Backend, Outcome, TrainOptions,
-    TEXT_EMBEDDING,
+    driver, loss, saved_state, trainable, validation, Backend, TrainOptions, TEXT_EMBEDDING,
 };
-use vc_model::config::Qwen3TtsConfig;
 use vc_model::talker::Talker;
 
 /// A set-up training run: model, trained parameters, optimizer state, data order.
 pub struct Trainer {
-    pub cfg: Qwen3TtsConfig,
+    /// Where the run stands, as every trainer holds it.
+    pub run: RunState,
     pub talker: Talker,
     pub params: ParamStore,
     pub adam: AdamState,
-    pub adamw: AdamW,
-    pub dataset: Dataset,
-    /// The held-out set (docs/training.md §14), never trained on.
-    heldout: Option<Dataset>,
-    pub sampler: Sampler,
-    /// The speaker table `(S, H)`: row s is the x-vector of `dataset.speakers[s]`.
-    pub speaker: Tensor,
-    pub identity: Identity,
-    pub step: usize,
-    pub layout: LayoutIds,
-    /// The learning-rate schedule (public so that tests can pin a constant rate).
-    pub schedule: Schedule,
     /// Index of the text embedding among the parameters when its gradient is kept row-sparse
     /// (the CPU kernels; see [`sparse`]).
     sparse_text: Option<usize>,
     backend: Backend,
-    opts: TrainOptions,
-    /// Checkpoint the run resumed from.
-    pub resumed_from: Option<PathBuf>,
-    /// Set when the data changed since the checkpoint (the epoch restarted).
-    pub data_changed: bool,
-    /// What setting up found and repaired that the user should hear of (damaged checkpoints
-    /// moved aside).
-    pub warnings: Vec<String>,
-    last_loss: Option<f64>,
-    /// What the validations found so far (docs/training.md §14.3), saved in each checkpoint.
-    selection: selection::Selection,
 }
 
 impl Trainer {
     /// Loads the model and the data, and the newest compatible checkpoint unless `fresh`.
     pub fn new(opts: TrainOptions, fresh: bool) -> Result<Self> {
         let backend = opts.backend;
-        if backend == Backend::CpuKernels && !opts.device.is_cpu() {
-            bail!("the CPU training kernels cannot run on {:?}", opts.device);
-        }
         let setup = RunSetup::new(&opts)?;
-        let cfg = setup.cfg.clone();
         let place = backend.placement(&opts);
         // The trained tensors in f32 (the masters), the frozen ones straight in the storage
         // dtype and then as the model computes with them: a LoRA run holds its frozen base in
@@ -96,27 +68,19 @@ impl Trainer {
                 n.starts_with(trainable::TRAINABLE_PREFIX) && !trained.contains(n)
             })
             .context("cannot load the base model")?;
+        drop(trained);
         let arith = backend.arith_dtype(&opts.device);
         params.add_frozen(&frozen, arith)?;
         drop(frozen);
-        let talker =
-            Talker::from_source(&ArithSource::new(&params, arith), &cfg, backend.numerics())?;
+        let talker = Talker::from_source(
+            &ArithSource::new(&params, arith),
+            &setup.cfg,
+            backend.numerics(),
+        )?;
         let mode = opts.config.optimizer_state;
         let mut adam =
             AdamState::zeros(&params.params, |p| saved_state::eight_bit(mode, p.shape()))?;
-        let RunSetup {
-            dataset,
-            heldout,
-            notes,
-            speaker,
-            identity,
-            mut sampler,
-            ..
-        } = setup;
-        let (mut step, mut last_loss) = (0, None);
-        let mut warnings = checkpoint::recover(&opts.checkpoints)?.warnings();
-        warnings.extend(notes);
-        let resume = run_setup::find_resume(&opts, &identity, &dataset, fresh)?;
+        let (run, resume) = RunState::start(opts, setup, true, || Ok(()), fresh)?;
         if let Some(r) = &resume {
             let mut reader = checkpoint::RowReader::open(&r.dir)?;
             let saved = r.index.optimizer.state;
@@ -129,54 +93,20 @@ impl Trainer {
                 adam.m[i] = m;
                 adam.v[i] = v;
             }
-            warnings.extend(
-                saved_state::Conversion {
-                    from: saved,
-                    to: mode,
-                }
-                .message(),
-            );
             adam.step = r.index.optimizer.step;
-            step = r.index.step;
-            sampler = run_setup::resumed_sampler(&opts, &dataset, r.cursor);
-            last_loss = r.index.loss;
         }
         let sparse_text = match backend {
-            Backend::CpuKernels => params.params.iter().position(|p| p.name == TEXT_EMBEDDING),
+            Backend::Kernels => params.params.iter().position(|p| p.name == TEXT_EMBEDDING),
             Backend::Autograd(_) => None,
         };
-        let total = RunSetup::total_steps(&opts, &sampler);
         Ok(Self {
-            sparse_text,
-            backend,
-            layout: LayoutIds::from_config(&cfg),
-            schedule: RunSetup::schedule(&opts, total),
-            cfg,
+            run,
             talker,
             params,
             adam,
-            adamw: AdamW::new(opts.config.weight_decay),
-            dataset,
-            heldout,
-            sampler,
-            speaker,
-            identity,
-            step,
-            resumed_from: resume.as_ref().map(|r| r.dir.clone()),
-            data_changed: resume.as_ref().is_some_and(|r| r.data_changed),
-            warnings,
-            selection: resume
-                .as_ref()
-                .and_then(|r| r.index.selection.clone())
-                .unwrap_or_default(),
-            opts,
-            last_loss,
+            sparse_text,
+            backend,
         })
-    }
-
-    /// Optimizer steps of the whole run: `epochs` × steps per epoch, capped by `max_steps`.
-    pub fn total_steps(&self) -> usize {
-        RunSetup::total_steps(&self.opts, &self.sampler)
     }
 
     /// What the optimizer state takes, in the run's memory modes.
@@ -184,18 +114,18 @@ impl Trainer {
         optim::StateBytes::of(
             &self.params.params,
             &self.adam,
-            crate::reduce_dtype(self.opts.config.reduce_dtype),
+            crate::reduce_dtype(self.run.opts.config.reduce_dtype),
         )
     }
 
     /// Rebuilds the model from the stored weights when it computes in another dtype than they
     /// are stored in: the cast copies it holds were taken before the last update.
     fn refresh_model(&mut self) -> Result<()> {
-        let arith = self.backend.arith_dtype(&self.opts.device);
+        let arith = self.backend.arith_dtype(&self.run.opts.device);
         if self.backend.storage_dtype() != arith {
             self.talker = Talker::from_source(
                 &ArithSource::new(&self.params, arith),
-                &self.cfg,
+                &self.run.cfg,
                 self.backend.numerics(),
             )?;
         }
@@ -210,17 +140,19 @@ impl Trainer {
     /// The loss of one micro-batch of samples (indices into the dataset).
     pub fn batch_loss(&mut self, indices: &[usize]) -> Result<(loss::Loss, usize)> {
         self.refresh_model()?;
-        let samples: Vec<&data::Sample> =
-            indices.iter().map(|&i| &self.dataset.samples[i]).collect();
+        let samples: Vec<&data::Sample> = indices
+            .iter()
+            .map(|&i| &self.run.dataset.samples[i])
+            .collect();
         self.samples_loss(&samples)
     }
 
     /// The loss of `samples` as one micro-batch, on the model as it is.
     fn samples_loss(&self, samples: &[&data::Sample]) -> Result<(loss::Loss, usize)> {
-        let batch = Batch::build(samples, &self.layout);
-        let tensors = batch.to_tensors(&self.opts.device)?;
+        let batch = Batch::build(samples, &self.run.layout);
+        let tensors = batch.to_tensors(&self.run.opts.device)?;
         Ok((
-            loss::sft_loss(&self.talker, &tensors, &self.speaker)?,
+            loss::sft_loss(&self.talker, &tensors, &self.run.speaker)?,
             batch.frames,
         ))
     }
@@ -228,14 +160,14 @@ impl Trainer {
     /// The validation loss over the held-out set with the current weights: the training
     /// objective per micro-batch of [`validation::micro_batches`], averaged; nothing changes.
     pub fn validate(&mut self) -> Result<Option<EvalMetrics>> {
-        if self.heldout.is_none() {
+        if self.run.heldout.is_none() {
             return Ok(None);
         }
         let t0 = Instant::now();
         self.refresh_model()?;
-        let heldout = self.heldout.as_ref().expect("checked above");
+        let heldout = self.run.heldout.as_ref().expect("checked above");
         let mut sums = validation::LossSums::default();
-        for batch in validation::micro_batches(heldout, self.opts.config.batch_size) {
+        for batch in validation::micro_batches(heldout, self.run.opts.config.batch_size) {
             let samples: Vec<&data::Sample> = batch.iter().map(|&i| &heldout.samples[i]).collect();
             let (l, _) = self.samples_loss(&samples)?;
             sums.add(
@@ -245,7 +177,7 @@ impl Trainer {
             );
         }
         Ok(Some(sums.metrics(
-            self.step,
+            self.run.step,
             heldout.samples.len(),
             t0.elapsed().as_secs_f64(),
         )))
@@ -258,24 +190,26 @@ impl Trainer {
         &self,
         indices: &[usize],
     ) -> Result<(loss::Loss, usize, Option<(Vec<u32>, Var)>)> {
-        let samples: Vec<&data::Sample> =
-            indices.iter().map(|&i| &self.dataset.samples[i]).collect();
-        let batch = Batch::build(&samples, &self.layout);
-        let tensors = batch.to_tensors(&self.opts.device)?;
+        let samples: Vec<&data::Sample> = indices
+            .iter()
+            .map(|&i| &self.run.dataset.samples[i])
+            .collect();
+        let batch = Batch::build(&samples, &self.run.layout);
+        let tensors = batch.to_tensors(&self.run.opts.device)?;
         let Some(i) = self.sparse_text else {
-            let l = loss::sft_loss(&self.talker, &tensors, &self.speaker)?;
+            let l = loss::sft_loss(&self.talker, &tensors, &self.run.speaker)?;
             return Ok((l, batch.frames, None));
         };
         let (uniq, local) = sparse::distinct(&batch.text_ids);
-        let dev = &self.opts.device;
+        let dev = &self.run.opts.device;
         let table = self.params.params[i].var.as_tensor();
         let rows = Var::from_tensor(&table.index_select(&Tensor::new(uniq.as_slice(), dev)?, 0)?)?;
         let ids = Tensor::from_vec(local, (batch.rows, batch.len), dev)?;
-        let text = loss::TextRows {
+        let text = crate::stages::TextRows {
             table: rows.as_tensor(),
             ids: &ids,
         };
-        let l = loss::sft_loss_with(&self.talker, &tensors, &self.speaker, Some(text))?;
+        let l = loss::sft_loss_with(&self.talker, &tensors, &self.run.speaker, Some(text))?;
         Ok((l, batch.frames, Some((uniq, rows))))
     }
 
@@ -283,11 +217,11 @@ impl Trainer {
     /// Nothing changes when it fails (a non-finite loss or gradient norm, or any error).
     pub fn step(&mut self, micro: &[Vec<usize>]) -> Result<StepMetrics> {
         let t0 = Instant::now();
-        let epoch = self.sampler.cursor().epoch;
+        let epoch = self.run.sampler.cursor().epoch;
         let n = micro.len() as f64;
         let in_place = self.backend.in_place();
-        let grad_dtype = crate::reduce_dtype(self.opts.config.reduce_dtype);
-        self.opts.hooks.step_start(self.step + 1, 0);
+        let grad_dtype = crate::reduce_dtype(self.run.opts.config.reduce_dtype);
+        self.run.opts.hooks.step_start(self.run.step + 1, 0);
         self.refresh_model()?;
         let mut acc: Vec<Option<Tensor>> = vec![None; self.params.params.len()];
         let (mut sum, mut sum_talker, mut sum_sub, mut frames) = (0.0, 0.0, 0.0, 0);
@@ -298,19 +232,19 @@ impl Trainer {
         for indices in micro {
             let (l, f, rows) = self.micro_loss(indices)?;
             let value = l.total.to_scalar::<f32>()? as f64;
-            let value = self.opts.hooks.loss(self.step + 1, 0, value);
+            let value = self.run.opts.hooks.loss(self.run.step + 1, 0, value);
             if !value.is_finite() {
                 let lines: Vec<String> = indices
                     .iter()
-                    .map(|&i| self.dataset.samples[i].line.to_string())
+                    .map(|&i| self.run.dataset.samples[i].line.to_string())
                     .collect();
                 bail!(driver::NonFinite(format!(
                     "the loss became {value} at step {} (epoch {}, manifest lines {} of {}); \
                      this step was not applied and nothing was saved for it",
-                    self.step + 1,
+                    self.run.step + 1,
                     epoch + 1,
                     lines.join(", "),
-                    self.dataset.manifest.display()
+                    self.run.dataset.manifest.display()
                 )));
             }
             sum += value;
@@ -348,7 +282,7 @@ impl Trainer {
                 Some(g) => Ok(Some(g)),
                 // The row-sparse text embedding has no dense gradient.
                 None if Some(i) == sparse => Ok(None),
-                None => Tensor::zeros(p.shape(), DType::F32, &self.opts.device).map(Some),
+                None => Tensor::zeros(p.shape(), DType::F32, &self.run.opts.device).map(Some),
             })
             .collect::<candle_core::Result<_>>()?;
         let mut sum_sq = 0f64;
@@ -364,11 +298,11 @@ impl Trainer {
             bail!(driver::NonFinite(format!(
                 "the gradient norm became {grad_norm} at step {}; this step was not applied and \
                  nothing was saved for it",
-                self.step + 1
+                self.run.step + 1
             )));
         }
-        let clip = optim::clip_factor(grad_norm, self.opts.config.clip_norm);
-        let lr = self.schedule.lr(self.step + 1);
+        let clip = optim::clip_factor(grad_norm, self.run.opts.config.clip_norm);
+        let lr = self.run.schedule.lr(self.run.step + 1);
         let grads: Vec<Grad> = dense
             .into_iter()
             .map(|g| match g {
@@ -376,19 +310,19 @@ impl Trainer {
                 None => Grad::Rows(text_rows.as_ref().expect("sparse rows")),
             })
             .collect();
-        self.adamw.step(
+        self.run.adamw.step(
             &mut self.adam,
             &mut self.params.params,
             &grads,
             lr,
             clip,
-            self.backend.optimizer_on_host(&self.opts.config),
+            self.backend.optimizer_on_host(&self.run.opts.config),
         )?;
-        self.step += 1;
+        self.run.step += 1;
         let loss = sum / n;
-        self.last_loss = Some(loss);
+        self.run.last_loss = Some(loss);
         Ok(StepMetrics {
-            step: self.step,
+            step: self.run.step,
             epoch,
             loss,
             loss_talker: sum_talker / n,
@@ -404,83 +338,37 @@ impl Trainer {
 
     /// Saves a checkpoint of the current state (and a copy of the speaker embedding).
     pub fn save(&self) -> Result<PathBuf> {
-        let index = IndexParts {
-            identity: &self.identity,
-            dataset: &self.dataset,
-            cursor: self.sampler.cursor(),
-            step: self.step,
-            adamw: &self.adamw,
-            adam_step: self.adam.step,
-            state: self.opts.config.optimizer_state,
-            loss: self.last_loss,
-            world_size: 1,
-            selection: &self.selection,
-        }
-        .index(Index::describe_params(&self.params));
+        let index = self
+            .run
+            .index(Index::describe_params(&self.params), self.adam.step, 1);
         let state = TrainingState {
             params: &self.params,
             adam: &self.adam,
-            mode: self.opts.config.optimizer_state,
+            mode: self.run.opts.config.optimizer_state,
         };
-        let speakers = checkpoint::SpeakerSnapshot::new(&self.identity.speakers, &self.speaker)?;
+        let speakers =
+            checkpoint::SpeakerSnapshot::new(&self.run.identity.speakers, &self.run.speaker)?;
         checkpoint::save(
-            &self.opts.checkpoints,
+            &self.run.opts.checkpoints,
             &index,
             &state,
-            self.opts.config.keep,
-            self.opts.hooks.as_ref(),
+            self.run.opts.config.keep,
+            self.run.opts.hooks.as_ref(),
             |dir| speakers.write(dir),
         )
     }
 
-    /// Trains until the total step count (or a stop signal); saves checkpoints on the way and
-    /// at the end ([`driver::run`]).
-    pub fn run(&mut self) -> Result<Outcome> {
-        driver::run(self)
-    }
-
     pub fn options(&self) -> &TrainOptions {
-        &self.opts
+        &self.run.opts
     }
 }
 
 impl driver::Engine for Trainer {
-    fn warnings(&self) -> &[String] {
-        &self.warnings
+    fn run(&self) -> &RunState {
+        &self.run
     }
-    fn data_changed(&self) -> bool {
-        self.data_changed
-    }
-    fn data(&self, grad_accum: usize) -> (&Dataset, Cursor, usize) {
-        (
-            &self.dataset,
-            self.sampler.cursor(),
-            self.sampler.steps_per_epoch(grad_accum),
-        )
-    }
-    fn heldout(&self) -> Option<&Dataset> {
-        self.heldout.as_ref()
-    }
-    fn selection(&self) -> &selection::Selection {
-        &self.selection
-    }
-    fn set_selection(&mut self, s: selection::Selection) {
-        self.selection = s;
-    }
-    fn options(&self) -> &TrainOptions {
-        &self.opts
-    }
-    fn step_count(&self) -> usize {
-        self.step
-    }
-    fn total_steps(&self) -> usize {
-        Trainer::total_steps(self)
-    }
-    fn resumed_from(&self) -> Option<PathBuf> {
-        self.resumed_from.clone()
-    }
-    fn next_step_batches(&mut self, grad_accum: usize) -> Vec<Vec<usize>> {
-        self.sampler.next_step(grad_accum)
+    fn run_mut(&mut self) -> &mut RunState {
+        &mut self.run
     }
     fn step(&mut self, micro: &[Vec<usize>]) -> Result<StepMetrics> {
         Trainer::step(self, micro)

@@ -1,5 +1,5 @@
 //! The Whisper model `prep` transcribed the manifest with (`data/prep/whisper.json`): written by
-//! `prep` after every successful run, read by `train` so that the samples' WER is measured by
+//! `prep` after every successful run, read when `train` evaluates (the `vc-eval` crate) so that the samples' WER is measured by
 //! the same model when the configuration names none (docs/training.md §14.4).
 
 use std::path::Path;

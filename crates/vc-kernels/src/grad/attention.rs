@@ -9,6 +9,12 @@ use rayon::prelude::*;
 
 use super::super::simd::with_avx2;
 
+/// `a·b` of the training attention (scores, and `dO·V` in the backward). Plain `*` and `+`, not
+/// `mul_add`: it runs inside [`with_avx2`], and without fused multiply-adds both builds give the
+/// same bits ([`super::super::simd`]), so a run does not depend on the machine's ISA. The eight
+/// lanes fold in a fixed tree (lane `l` with `l + 4`, then pairs), three dependent adds where
+/// summing them in order takes seven; any fixed order keeps runs reproducible and resumes exact
+/// (docs/training.md §5.4, §7.3).
 #[inline(always)]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 8];

@@ -172,7 +172,12 @@ fn kernel_generic(w: &[bf16], x: &[f32], out: &mut [f32], m: usize, k: usize) {
     }
 }
 
-/// Dot product with 8 independent accumulators (lets the compiler keep SIMD lanes busy).
+/// Dot product of [`kernel_generic`], the fallback where AVX2 + FMA are missing (or under Miri):
+/// eight lanes of fused multiply-adds (`mul_add`, asked for explicitly, [`super::super::simd`]),
+/// each product rounded once as in the AVX2 kernel it stands in for. The lanes are then summed
+/// in order, not as `hsum` adds them, so the two paths agree up to the summation order, not bit
+/// for bit: what the module promises and what its test checks against an f64 product
+/// (docs/model.md §14 tolerances).
 #[inline(always)]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     const L: usize = 8;

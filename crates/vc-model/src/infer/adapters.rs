@@ -1,4 +1,4 @@
-//! Low-rank adapters kept factored on the CPU inference path (docs/serving.md §7): one base
+//! Low-rank adapters kept factored on the row inference path (docs/serving.md §7): one base
 //! model in memory, several adapters beside it, and each batch row computing with its own. A
 //! decoder-layer matrix becomes a [`AdaptedProjection`]: the base matrix in the precision's format and,
 //! per adapter that changes it, `scale · B·A` as its two f32 factors.
@@ -16,7 +16,7 @@ use vc_kernels::team;
 
 use crate::linear::{Input, LinearWeight};
 
-/// An adapter put on a [`super::CpuTalker`], numbered in the order they were added.
+/// An adapter put on a [`super::RowTalker`], numbered in the order they were added.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct AdapterId(pub(super) usize);
 

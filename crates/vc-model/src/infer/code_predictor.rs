@@ -1,19 +1,19 @@
-//! The code predictor of the CPU inference path (docs/model.md §5): the small decoder that
+//! The code predictor of the row inference path (docs/model.md §5): the small decoder that
 //! picks codebooks 1..15 of a frame once the talker has picked code 0, with its embedding
 //! tables, its heads and the projection into its width. It is one of the two models built on
 //! [`super::decoder_stack`], loaded and run apart from the talker.
 
 use anyhow::{ensure, Result};
 
-use super::decoder_stack::{Cache, CpuDecoderStack};
+use super::decoder_stack::{Cache, RowDecoderStack};
 use crate::config::Qwen3TtsConfig;
 use crate::layers::DecoderStackConfig;
 use crate::linear::{Input, LinearWeight, Table, WeightFormat};
 use crate::weights::MappedWeights;
 
 /// The code predictor (docs/model.md §5) for inference.
-pub struct CpuCodePredictor {
-    pub decoder: CpuDecoderStack,
+pub struct RowCodePredictor {
+    pub decoder: RowDecoderStack,
     /// Codebook i+1's table (talker width).
     embeddings: Vec<Table>,
     /// `lm_head[j]` predicts codebook j+1.
@@ -27,7 +27,7 @@ pub struct CpuCodePredictor {
 /// per batch row; returns one code per row.
 pub type SubCodePick<'a> = dyn FnMut(usize, Vec<Vec<f32>>) -> Result<Vec<u32>> + 'a;
 
-impl CpuCodePredictor {
+impl RowCodePredictor {
     pub(super) fn load(
         src: &MappedWeights,
         cfg: &Qwen3TtsConfig,
@@ -41,7 +41,7 @@ impl CpuCodePredictor {
             "code_predictor_config.num_code_groups must be at least 2"
         );
         let n = c.num_code_groups - 1;
-        let decoder = CpuDecoderStack::load(
+        let decoder = RowDecoderStack::load(
             src,
             &format!("{P}.model"),
             DecoderStackConfig::code_predictor(c)?,

@@ -1,4 +1,4 @@
-//! The Qwen3 decoder stack of the CPU inference path (docs/model.md §4.1): its layers' weights,
+//! The Qwen3 decoder stack of the row inference path (docs/model.md §4.1): its layers' weights,
 //! its KV cache with the positions and left padding of each row, and the row loops one step runs
 //! (RMSNorm, RoPE, causal attention). The talker and the code predictor each own one stack, and
 //! [`super::row_step`] steps it row by row. These loops and the cache's layout live here only.
@@ -14,7 +14,7 @@ use crate::linear::{Input, LinearWeight, WeightFormat};
 use crate::weights::MappedWeights;
 
 /// One decoder layer's weights.
-pub(super) struct CpuLayer {
+pub(super) struct RowLayer {
     input_norm: Vec<f32>,
     post_norm: Vec<f32>,
     q_norm: Vec<f32>,
@@ -29,7 +29,7 @@ pub(super) struct CpuLayer {
 }
 
 /// The projections of a layer, named as in the checkpoint after `layers.N.`, in the order
-/// [`CpuLayer::projections`] gives them.
+/// [`RowLayer::projections`] gives them.
 const PROJECTIONS: [&str; 7] = [
     "self_attn.q_proj",
     "self_attn.k_proj",
@@ -40,7 +40,7 @@ const PROJECTIONS: [&str; 7] = [
     "mlp.down_proj",
 ];
 
-impl CpuLayer {
+impl RowLayer {
     /// The projections with their names ([`PROJECTIONS`]).
     fn projections(&self) -> impl Iterator<Item = (&'static str, &AdaptedProjection)> {
         let all = [
@@ -64,8 +64,8 @@ impl CpuLayer {
 }
 
 /// A Qwen3 decoder stack (layers, final norm, RoPE frequencies).
-pub struct CpuDecoderStack {
-    pub(super) layers: Vec<CpuLayer>,
+pub struct RowDecoderStack {
+    pub(super) layers: Vec<RowLayer>,
     pub(super) norm: Vec<f32>,
     pub(super) cfg: DecoderStackConfig,
     pub(super) inv_freq: Vec<f32>,
@@ -155,7 +155,7 @@ impl Cache {
     }
 }
 
-impl CpuDecoderStack {
+impl RowDecoderStack {
     /// Loads `{prefix}.layers.N.*` and `{prefix}.norm.weight`.
     pub fn load(
         src: &MappedWeights,
@@ -186,7 +186,7 @@ impl CpuDecoderStack {
                         .map(AdaptedProjection::new)
                 };
                 let vec = |name: &str, n: usize| src.f32(&format!("{p}.{name}"), &[n]);
-                Ok(CpuLayer {
+                Ok(RowLayer {
                     input_norm: vec("input_layernorm.weight", h)?,
                     post_norm: vec("post_attention_layernorm.weight", h)?,
                     q_norm: vec("self_attn.q_norm.weight", hd)?,
@@ -329,7 +329,7 @@ impl CpuDecoderStack {
     #[allow(clippy::too_many_arguments)]
     fn layer(
         &self,
-        l: &CpuLayer,
+        l: &RowLayer,
         li: usize,
         x: &mut [f32],
         b: usize,
@@ -402,7 +402,7 @@ impl CpuDecoderStack {
     /// adapter `adapters[t]` (empty: none).
     pub(super) fn qkv(
         &self,
-        l: &CpuLayer,
+        l: &RowLayer,
         x: &[f32],
         rows: usize,
         rope: &RopeRows<'_>,
@@ -438,7 +438,7 @@ impl CpuDecoderStack {
     /// `o_proj` and the residual, then the MLP block.
     pub(super) fn finish_layer(
         &self,
-        l: &CpuLayer,
+        l: &RowLayer,
         x: &mut [f32],
         att: &[f32],
         rows: usize,

@@ -18,7 +18,13 @@ pub(super) fn rms_norm_row(row: &mut [f32], weight: &[f32], eps: f64) {
         .for_each(|(v, w)| *v = *v * inv * w);
 }
 
-/// Dot product with 8 independent accumulators (vectorisable).
+/// Dot product with 8 independent accumulators (vectorisable), the lanes then summed in order,
+/// then the tail. Plain `*` and `+`, not `mul_add`: this crate compiles for baseline x86-64,
+/// where a fused multiply-add is a library call. No reference fixes the order (the official
+/// model sums its own way; docs/model.md §14 tolerances allow for it). What matters is that
+/// attention scores, RMSNorm statistics and adapter factors all go through this one function,
+/// so that [`super::row_step`] gives a row the bits of its one-row forward (docs/serving.md §3).
+/// A new order changes every float the row inference path computes.
 pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
     const L: usize = 8;
     let mut acc = [0f32; L];

@@ -2,7 +2,7 @@
 //! `voiceclone serve` (docs/serving.md §3), where requests join and leave the running batch at
 //! frame boundaries, so their caches have different lengths.
 //!
-//! Every row gets exactly the arithmetic of [`CpuDecoderStack::forward`] on that row alone with one new
+//! Every row gets exactly the arithmetic of [`RowDecoderStack::forward`] on that row alone with one new
 //! token: the matrix products are shared (one pass over the weights for all rows) but the
 //! kernels compute each output row on its own, in the same order whatever the number of rows
 //! (`crates/vc-kernels/src/`), and norms, RoPE and attention run per row through the same functions. So a
@@ -13,12 +13,12 @@ use anyhow::{ensure, Result};
 use vc_kernels::{libm, team};
 
 use super::adapters::AdapterId;
-use super::decoder_stack::{attend, plan, Cache, CpuDecoderStack, CpuLayer, RopeRows};
+use super::decoder_stack::{attend, plan, Cache, RopeRows, RowDecoderStack, RowLayer};
 use super::row_math::rms_norm_rows;
 
-impl CpuDecoderStack {
+impl RowDecoderStack {
     /// `x` `(n, H)`: one new token for each of `n` rows, row `i` with its own one-row cache
-    /// `caches[i]` (prefilled by [`CpuDecoderStack::forward`] with `b = 1`) and the adapter that cache
+    /// `caches[i]` (prefilled by [`RowDecoderStack::forward`] with `b = 1`) and the adapter that cache
     /// binds it to. Returns the final-norm hidden states `(n, H)` and appends each token to its
     /// row's cache.
     pub fn step_rows(&self, x: &[f32], caches: &mut [&mut Cache]) -> Result<Vec<f32>> {
@@ -72,11 +72,11 @@ impl CpuDecoderStack {
         Ok(x)
     }
 
-    /// [`CpuDecoderStack::layer`] for one token per row, each row attending to its own cache.
+    /// [`RowDecoderStack::layer`] for one token per row, each row attending to its own cache.
     #[allow(clippy::too_many_arguments)]
     fn layer_rows(
         &self,
-        l: &CpuLayer,
+        l: &RowLayer,
         li: usize,
         x: &mut [f32],
         rope: &RopeRows<'_>,

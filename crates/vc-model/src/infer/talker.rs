@@ -1,4 +1,4 @@
-//! The talker of the CPU inference path (docs/model.md §3.3, §4): the text and codec
+//! The talker of the row inference path (docs/model.md §3.3, §4): the text and codec
 //! embeddings, the decoder stack that picks code 0 of each frame, its head, the code predictor
 //! it owns, and the low-rank adapters put on both stacks (docs/serving.md §7): the entry point
 //! the generation loop holds, built on [`super::decoder_stack`] and [`super::code_predictor`].
@@ -11,30 +11,30 @@ use vc_core::artifacts::adapter::Factors;
 use vc_kernels::libm;
 
 use super::adapters::AdapterId;
-use super::code_predictor::{CpuCodePredictor, SubCodePick};
-use super::decoder_stack::{Cache, CpuDecoderStack};
+use super::code_predictor::{RowCodePredictor, SubCodePick};
+use super::decoder_stack::{Cache, RowDecoderStack};
 use crate::config::Qwen3TtsConfig;
 use crate::layers::DecoderStackConfig;
 use crate::linear::{Input, LinearWeight, Table, WeightFormat};
 use crate::weights::MappedWeights;
 
-/// The talker (docs/model.md §3.3, §4) with its code predictor, for inference on the CPU.
-pub struct CpuTalker {
+/// The talker (docs/model.md §3.3, §4) with its code predictor, on the row inference path.
+pub struct RowTalker {
     text_embedding: Table,
     fc1: LinearWeight,
     fc1_bias: Vec<f32>,
     fc2: LinearWeight,
     fc2_bias: Vec<f32>,
     codec_embedding: Table,
-    pub decoder: CpuDecoderStack,
+    pub decoder: RowDecoderStack,
     codec_head: LinearWeight,
-    pub code_predictor: CpuCodePredictor,
+    pub code_predictor: RowCodePredictor,
     format: WeightFormat,
     /// Adapters put on with [`Self::add_adapter`].
     adapters: usize,
 }
 
-impl CpuTalker {
+impl RowTalker {
     /// Builds the talker from a mapped checkpoint with its matrices in `format`. The text
     /// projection (used only for prompts) is never quantized: q8 keeps it bf16.
     pub fn load(src: &MappedWeights, cfg: &Qwen3TtsConfig, format: WeightFormat) -> Result<Self> {
@@ -73,7 +73,7 @@ impl CpuTalker {
             )?,
             fc2_bias: src.f32(&name("text_projection.linear_fc2.bias"), &[h])?,
             codec_embedding: table("model.codec_embedding.weight", t.vocab_size, h)?,
-            decoder: CpuDecoderStack::load(
+            decoder: RowDecoderStack::load(
                 src,
                 &name("model"),
                 DecoderStackConfig::talker(t)?,
@@ -86,7 +86,7 @@ impl CpuTalker {
                 h,
                 format,
             )?,
-            code_predictor: CpuCodePredictor::load(src, cfg, format)?,
+            code_predictor: RowCodePredictor::load(src, cfg, format)?,
             format,
             adapters: 0,
         })
@@ -186,7 +186,7 @@ impl CpuTalker {
         self.decoder.new_cache(capacity)
     }
 
-    /// Final-norm hidden states `(b, s, H)` (see [`CpuDecoderStack::forward`]).
+    /// Final-norm hidden states `(b, s, H)` (see [`RowDecoderStack::forward`]).
     pub fn forward(
         &self,
         x: &[f32],

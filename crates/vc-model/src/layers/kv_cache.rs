@@ -1,7 +1,7 @@
 //! A decoder stack's inference state and step bookkeeping (docs/model.md §4.1, §14): the KV
 //! cache of each layer, the padding and next RoPE position of each batch row, and the positions
 //! and causal/padding mask of one forward pass: the rules every step follows whatever the block
-//! computes, which the CPU inference path repeats (`infer::decoder_stack`'s `plan`).
+//! computes, which the row inference path repeats (`infer::decoder_stack`'s `plan`).
 
 use candle_core::{DType, Device, Result, Tensor};
 

@@ -16,15 +16,14 @@
 
 mod identity;
 mod index;
+mod layout;
 mod recovery;
 mod row_reader;
 mod writer;
 
-pub use super::checkpoint_layout::{
-    rank_file, speaker_file, speakers_file, step_dir_name, INDEX, LATEST,
-};
 pub use identity::{read_speakers, Identity, ModelIdentity, SpeakerId, SpeakerSnapshot};
 pub use index::{read_index, write_selection, Index, OptimizerInfo, ParamInfo, RankRows, RngInfo};
+pub use layout::{rank_file, speaker_file, speakers_file, step_dir_name, INDEX, LATEST};
 pub use recovery::{find_latest, list, prune, recover, validate, Damaged, Recovery};
 pub use row_reader::RowReader;
 pub use writer::{save, write_state, write_tensors, PendingCheckpoint, TrainingState};

@@ -3,7 +3,7 @@
 //! and the training units — every operation's output that the graph holds, in the dtype it is
 //! made in.
 //!
-//! - The CPU kernels (`Numerics::CpuKernels`): one node per layer function; a node keeps its
+//! - The CPU kernels (`Numerics::Kernels`): one node per layer function; a node keeps its
 //!   inputs and its output, nothing else of size (attention recomputes its probabilities).
 //! - Autograd (`Numerics::Autograd`, what CUDA runs): candle keeps the output of every plain op
 //!   until the loss is dropped; RMSNorm statistics and softmax are in f32.

@@ -186,7 +186,7 @@ mod tests {
         Setup {
             cfg,
             tensors,
-            backend: Backend::CpuKernels,
+            backend: Backend::Kernels,
             cuda: false,
             world,
             group: world,

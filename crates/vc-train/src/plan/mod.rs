@@ -192,10 +192,10 @@ pub fn estimate(setup: &Setup, modes: Modes) -> Estimate {
     let ahead = if group > 1 { setup.prefetch } else { 0 };
     let overlap = setup.prefetch > 0 && world > 1;
     let full = sharded && (world == 1 || setup.shard == Shard::Full);
-    let offload = modes.offload == Offload::Optimizer && backend != Backend::CpuKernels;
+    let offload = modes.offload == Offload::Optimizer && backend != Backend::Kernels;
     // Where the optimizer's copies live: the host when offloaded, and always on a CPU run.
     let on_host_state = offload || !setup.cuda;
-    let sparse_text = backend == Backend::CpuKernels || sharded;
+    let sparse_text = backend == Backend::Kernels || sharded;
     // The optimizer's copies of the trained tensors: masters (or compensations) and moments,
     // of the rows this rank owns (rank 0 owns the most).
     let state = if on_host_state { &mut host } else { &mut dev };
@@ -270,7 +270,7 @@ pub fn estimate(setup: &Setup, modes: Modes) -> Estimate {
         .max()
         .unwrap_or(0);
     let graph = match backend {
-        Backend::CpuKernels => Graph::Kernels,
+        Backend::Kernels => Graph::Kernels,
         Backend::Autograd(_) => Graph::Autograd { bytes: arith },
     };
     let adapters = AdapterWidths::of(
@@ -388,7 +388,7 @@ pub fn estimate(setup: &Setup, modes: Modes) -> Estimate {
         compute.phased = world > 1;
     }
     let largest_own = largest_tensor.div_ceil(group);
-    if offload || backend == Backend::CpuKernels {
+    if offload || backend == Backend::Kernels {
         // The CPU kernels update in place; offloaded, one tensor's gradient comes to the host
         // as f32 at a time.
         if offload {

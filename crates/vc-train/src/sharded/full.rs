@@ -45,7 +45,7 @@ impl ShardedTrainer {
     /// The units of the talker: the embeddings, each decoder layer, the head and the code
     /// predictor.
     fn unit_indices(&self) -> Result<(usize, Vec<usize>, usize, usize)> {
-        let layers = self.cfg.talker_config.num_hidden_layers;
+        let layers = self.run.cfg.talker_config.num_hidden_layers;
         Ok((
             self.unit_index(Unit::Embeddings)?,
             (0..layers)
@@ -60,7 +60,7 @@ impl ShardedTrainer {
     /// and the whole of a validation), keeping every unit's inputs. No gradient is taken.
     pub(super) fn forward(&self, mine: &[Micro], rows: Option<&Tensor>) -> Result<Forward> {
         let numerics = self.backend.numerics();
-        let cfg = &self.cfg;
+        let cfg = &self.run.cfg;
         let tcfg = DecoderStackConfig::talker(&cfg.talker_config)?;
         let (emb_u, layer_u, head_u, cp_u) = self.unit_indices()?;
         let layer_name = |l: usize| format!("talker.model.layers.{l}");
@@ -78,7 +78,7 @@ impl ShardedTrainer {
                         table: &table,
                         ids: &m.text_ids,
                     };
-                    unit.forward(&m.batch, &self.speaker, text)
+                    unit.forward(&m.batch, &self.run.speaker, text)
                 })
                 .collect::<candle_core::Result<_>>()?
         };
@@ -159,8 +159,8 @@ impl ShardedTrainer {
     ) -> Result<Pass> {
         let numerics = self.backend.numerics();
         let in_place = self.backend.in_place();
-        let grad_dtype = crate::reduce_dtype(self.opts.config.reduce_dtype);
-        let cfg = &self.cfg;
+        let grad_dtype = crate::reduce_dtype(self.run.opts.config.reduce_dtype);
+        let cfg = &self.run.cfg;
         let tcfg = DecoderStackConfig::talker(&cfg.talker_config)?;
         let (emb_u, layer_u, head_u, cp_u) = self.unit_indices()?;
         let layer_name = |l: usize| format!("talker.model.layers.{l}");
@@ -275,7 +275,7 @@ impl ShardedTrainer {
                 };
                 let e = unit.forward(
                     &m.batch,
-                    &self.speaker,
+                    &self.run.speaker,
                     TextRows {
                         table: &t,
                         ids: &m.text_ids,

@@ -94,7 +94,7 @@ impl ShardedTrainer {
             self.mesh.shard.as_ref(),
             std::slice::from_ref(&shard),
             self.storage,
-            &self.opts.device,
+            &self.run.opts.device,
         )?;
         Ok(full.remove(0))
     }
@@ -109,7 +109,7 @@ impl ShardedTrainer {
             .map(|(k, v)| (k.clone(), v.as_tensor().clone()))
             .collect();
         let src = self.unit_source(tensors);
-        Talker::from_source(&src, &self.cfg, self.backend.numerics())
+        Talker::from_source(&src, &self.run.cfg, self.backend.numerics())
     }
 
     /// Every local micro-batch forward and backward on the replicated model, the summed
@@ -124,7 +124,7 @@ impl ShardedTrainer {
         let replica = self.replica()?;
         let talker = self.replica_model()?;
         let in_place = self.backend.in_place();
-        let grad_dtype = crate::reduce_dtype(self.opts.config.reduce_dtype);
+        let grad_dtype = crate::reduce_dtype(self.run.opts.config.reduce_dtype);
         let table = self.text_table(rows)?;
         let rows_var = rows.map(Var::from_tensor).transpose()?;
         let scale = 1.0 / micro.len() as f64;
@@ -139,7 +139,7 @@ impl ShardedTrainer {
             let l = loss::sft_loss_with(
                 &talker,
                 &m.batch,
-                &self.speaker,
+                &self.run.speaker,
                 Some(TextRows {
                     table: &t,
                     ids: &m.text_ids,

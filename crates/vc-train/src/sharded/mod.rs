@@ -60,21 +60,18 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use candle_core::{DType, Tensor, Var};
 
-use super::batch::{Batch, BatchTensors, LayoutIds};
-use super::checkpoint;
+use super::batch::{Batch, BatchTensors};
 use super::data::Dataset;
 use super::driver::{self, NonFinite};
 use super::metrics::{EvalMetrics, StepMetrics};
-use super::optim::{self, AdamState, AdamW, Schedule};
+use super::optim::{self, AdamState};
 use super::params::Param;
-use super::run_setup::RunSetup;
-use super::sampler::{Cursor, Sampler};
+use super::run_state::RunState;
 use super::validation;
-use super::{Backend, Outcome, TrainOptions, TEXT_EMBEDDING};
+use super::{Backend, TrainOptions, TEXT_EMBEDDING};
 use vc_core::config::{Recompute, Shard as ShardMode};
 use vc_dist::shard::RowSplit;
 use vc_dist::{LinkBytes, Mesh, ReduceOp};
-use vc_model::config::Qwen3TtsConfig;
 use vc_model::layers::{AdapterSpec, StepContext};
 use vc_model::ops::Rope;
 
@@ -97,18 +94,8 @@ pub struct ShardedTrainer {
     storage: DType,
     /// The dtype the model computes in ([`Backend::arith_dtype`]).
     arith: DType,
-    pub cfg: Qwen3TtsConfig,
-    opts: TrainOptions,
-    pub dataset: Dataset,
-    /// The held-out set (docs/training.md §14), never trained on.
-    heldout: Option<Dataset>,
-    pub sampler: Sampler,
-    layout: LayoutIds,
-    speaker: Tensor,
-    pub identity: checkpoint::Identity,
-    pub step: usize,
-    pub schedule: Schedule,
-    adamw: AdamW,
+    /// Where the run stands, as every trainer holds it.
+    pub run: RunState,
     pub adam: AdamState,
     /// This rank's rows of every trained tensor, in parameter order (empty, on the CPU, where
     /// the rank owns none).
@@ -125,13 +112,6 @@ pub struct ShardedTrainer {
     replica: Option<Replica>,
     /// Shared by the ranks (agreed at the rendezvous): names temporary checkpoint directories.
     tag: String,
-    pub resumed_from: Option<PathBuf>,
-    pub data_changed: bool,
-    /// Rank 0: damaged checkpoints it moved aside while repairing `checkpoints/`.
-    pub warnings: Vec<String>,
-    last_loss: Option<f64>,
-    /// What the validations found so far (docs/training.md §14.3), saved in each checkpoint.
-    selection: crate::selection::Selection,
     /// Frames per chunk of the code predictor's recomputation: [`PREDICTOR_CHUNK_FRAMES`];
     /// tests make it small to cut the fixture's short utterances into several chunks.
     predictor_chunk: usize,
@@ -215,15 +195,11 @@ impl ShardedTrainer {
     }
 
     pub fn options(&self) -> &TrainOptions {
-        &self.opts
+        &self.run.opts
     }
 
     pub fn backend(&self) -> Backend {
         self.backend
-    }
-
-    pub fn total_steps(&self) -> usize {
-        RunSetup::total_steps(&self.opts, &self.sampler)
     }
 
     /// Bytes of this rank's masters, both moments and gradient shards: what sharding divides
@@ -232,7 +208,7 @@ impl ShardedTrainer {
         crate::optim::StateBytes::of(
             &self.params,
             &self.adam,
-            crate::reduce_dtype(self.opts.config.reduce_dtype),
+            crate::reduce_dtype(self.run.opts.config.reduce_dtype),
         )
     }
 
@@ -246,7 +222,7 @@ impl ShardedTrainer {
             (self.world() / self.group_size()) as u64,
         );
         let storage = self.storage.size_in_bytes() as u64;
-        let reduce = crate::reduce_dtype(self.opts.config.reduce_dtype).size_in_bytes() as u64;
+        let reduce = crate::reduce_dtype(self.run.opts.config.reduce_dtype).size_in_bytes() as u64;
         let gathers = match self.mode {
             ShardMode::Full => 2,
             ShardMode::GradOp => 1,
@@ -286,11 +262,6 @@ impl ShardedTrainer {
             .unwrap_or(0)
     }
 
-    /// Trains until the total step count or an agreed stop ([`driver::run`]).
-    pub fn run(&mut self) -> Result<Outcome> {
-        driver::run(self)
-    }
-
     /// The distinct text ids of micro-batches `micro` of `data`, sorted (the same on every
     /// rank).
     fn step_text_ids(&self, data: &Dataset, micro: &[Vec<usize>]) -> Vec<u32> {
@@ -298,7 +269,7 @@ impl ShardedTrainer {
             .iter()
             .flatten()
             .flat_map(|&s| data.samples[s].text_ids.iter().copied())
-            .chain(self.layout.text_specials())
+            .chain(self.run.layout.text_specials())
             .collect();
         ids.sort_unstable();
         ids.dedup();
@@ -313,8 +284,8 @@ impl ShardedTrainer {
         text_ids: &[u32],
     ) -> Result<Micro> {
         let s: Vec<&super::data::Sample> = samples.iter().map(|&i| &data.samples[i]).collect();
-        let batch = Batch::build(&s, &self.layout);
-        let dev = &self.opts.device;
+        let batch = Batch::build(&s, &self.run.layout);
+        let dev = &self.run.opts.device;
         let ids = if self.text.is_some() {
             let local: Vec<u32> = batch
                 .text_ids
@@ -360,12 +331,12 @@ impl ShardedTrainer {
         let t0 = Instant::now();
         let sent_before = self.sent();
         let (rank, world) = (self.rank(), self.world());
-        self.opts.hooks.step_start(self.step + 1, rank);
-        let epoch = self.sampler.cursor().epoch;
-        let text_ids = self.step_text_ids(&self.dataset, micro);
+        self.run.opts.hooks.step_start(self.run.step + 1, rank);
+        let epoch = self.run.sampler.cursor().epoch;
+        let text_ids = self.step_text_ids(&self.run.dataset, micro);
         let mine: Vec<Micro> = (0..micro.len())
             .filter(|i| i % world == rank)
-            .map(|i| self.build_micro(i, &self.dataset, &micro[i], &text_ids))
+            .map(|i| self.build_micro(i, &self.run.dataset, &micro[i], &text_ids))
             .collect::<Result<_>>()?;
         let rows = match self.text {
             Some(t) => Some(self.gather_text_rows(t, &text_ids)?),
@@ -373,7 +344,7 @@ impl ShardedTrainer {
         };
         // `full` always recomputes; `grad-op` does with `train.recompute = "layers"`, from its
         // replicas (docs/training.md §6.7).
-        let pass = match (self.mode, self.opts.config.recompute) {
+        let pass = match (self.mode, self.run.opts.config.recompute) {
             (ShardMode::GradOp, Recompute::None) => {
                 self.grad_op_pass(&mine, rows.as_ref(), micro, epoch)?
             }
@@ -397,7 +368,7 @@ impl ShardedTrainer {
     /// most `grad_accum` of them per rank and pass, each pass the forward half of the `full`
     /// pass; the losses summed over every rank.
     pub fn validate(&self) -> Result<Option<EvalMetrics>> {
-        match &self.heldout {
+        match &self.run.heldout {
             Some(heldout) => self.validate_on(heldout).map(Some),
             None => Ok(None),
         }
@@ -406,9 +377,9 @@ impl ShardedTrainer {
     fn validate_on(&self, heldout: &Dataset) -> Result<EvalMetrics> {
         let t0 = Instant::now();
         let (rank, world) = (self.rank(), self.world());
-        let batches = validation::micro_batches(heldout, self.opts.config.batch_size);
+        let batches = validation::micro_batches(heldout, self.run.opts.config.batch_size);
         let mut sums = [0.0f64; 4];
-        for pass in batches.chunks(self.opts.config.grad_accum * world) {
+        for pass in batches.chunks(self.run.opts.config.grad_accum * world) {
             let text_ids = self.step_text_ids(heldout, pass);
             let mine: Vec<Micro> = (0..pass.len())
                 .filter(|i| i % world == rank)
@@ -432,7 +403,11 @@ impl ShardedTrainer {
             sub: all[2],
             batches: all[3] as usize,
         };
-        Ok(sums.metrics(self.step, heldout.samples.len(), t0.elapsed().as_secs_f64()))
+        Ok(sums.metrics(
+            self.run.step,
+            heldout.samples.len(),
+            t0.elapsed().as_secs_f64(),
+        ))
     }
 
     /// Agrees on the step's losses (sums over every rank's micro-batches); when any micro-batch's
@@ -443,11 +418,11 @@ impl ShardedTrainer {
         micro: &[Vec<usize>],
         epoch: usize,
     ) -> Result<StepSums> {
-        let step = self.step + 1;
+        let step = self.run.step + 1;
         let mut sums = [0.0f64; 4];
         let mut bad = f64::NEG_INFINITY;
         for l in local {
-            let total = self.opts.hooks.loss(step, self.rank(), l.total);
+            let total = self.run.opts.hooks.loss(step, self.rank(), l.total);
             if !total.is_finite() {
                 bad = bad.max(-(l.index as f64));
             } else {
@@ -463,14 +438,14 @@ impl ShardedTrainer {
             let index = (-first_bad) as usize;
             let lines: Vec<String> = micro[index]
                 .iter()
-                .map(|&i| self.dataset.samples[i].line.to_string())
+                .map(|&i| self.run.dataset.samples[i].line.to_string())
                 .collect();
             anyhow::bail!(NonFinite(format!(
                 "the loss became NaN at step {step} (epoch {}, manifest lines {} of {}); this \
                  step was not applied and nothing was saved for it",
                 epoch + 1,
                 lines.join(", "),
-                self.dataset.manifest.display()
+                self.run.dataset.manifest.display()
             )));
         }
         Ok(StepSums {
@@ -483,42 +458,11 @@ impl ShardedTrainer {
 }
 
 impl driver::Engine for ShardedTrainer {
-    fn warnings(&self) -> &[String] {
-        &self.warnings
+    fn run(&self) -> &RunState {
+        &self.run
     }
-    fn data_changed(&self) -> bool {
-        self.data_changed
-    }
-    fn data(&self, grad_accum: usize) -> (&Dataset, Cursor, usize) {
-        (
-            &self.dataset,
-            self.sampler.cursor(),
-            self.sampler.steps_per_epoch(grad_accum),
-        )
-    }
-    fn heldout(&self) -> Option<&Dataset> {
-        self.heldout.as_ref()
-    }
-    fn selection(&self) -> &crate::selection::Selection {
-        &self.selection
-    }
-    fn set_selection(&mut self, s: crate::selection::Selection) {
-        self.selection = s;
-    }
-    fn options(&self) -> &TrainOptions {
-        &self.opts
-    }
-    fn step_count(&self) -> usize {
-        self.step
-    }
-    fn total_steps(&self) -> usize {
-        ShardedTrainer::total_steps(self)
-    }
-    fn resumed_from(&self) -> Option<PathBuf> {
-        self.resumed_from.clone()
-    }
-    fn next_step_batches(&mut self, grad_accum: usize) -> Vec<Vec<usize>> {
-        self.sampler.next_step(grad_accum)
+    fn run_mut(&mut self) -> &mut RunState {
+        &mut self.run
     }
     fn step(&mut self, micro: &[Vec<usize>]) -> Result<StepMetrics> {
         ShardedTrainer::step(self, micro)

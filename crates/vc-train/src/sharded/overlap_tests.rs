@@ -23,7 +23,7 @@ use vc_dist::tcp::{Endpoint, TcpCollective};
 use vc_dist::topology::{Groups, Nodes};
 use vc_dist::{Collective, LinkBytes, Mesh};
 
-const BACKENDS: [Backend; 2] = [Backend::CpuKernels, Backend::Autograd(Storage::Bf16)];
+const BACKENDS: [Backend; 2] = [Backend::Kernels, Backend::Autograd(Storage::Bf16)];
 
 /// One run's setting.
 #[derive(Clone, Copy, Debug)]
@@ -108,7 +108,7 @@ fn bits(v: Vec<f32>) -> Vec<u32> {
 fn train(t: &mut ShardedTrainer, steps: usize) -> Held {
     let metrics = (0..steps)
         .map(|_| {
-            let micro = t.sampler.next_step(3);
+            let micro = t.run.sampler.next_step(3);
             let m = t.step(&micro).unwrap();
             (m.loss.to_bits(), m.grad_norm.to_bits())
         })
@@ -307,7 +307,7 @@ fn formula(t: &ShardedTrainer, text_ids: &[u32], per_node: usize) -> LinkBytes {
     let groups = Groups::new(world, s).unwrap();
     let g = groups.count();
     let storage = t.storage.size_in_bytes() as u64;
-    let reduce = crate::reduce_dtype(t.opts.config.reduce_dtype).size_in_bytes() as u64;
+    let reduce = crate::reduce_dtype(t.run.opts.config.reduce_dtype).size_in_bytes() as u64;
     let (s64, g64) = (s as u64, g as u64);
     let (mut group_bytes, mut replica_bytes) = (0u64, 0u64);
     let gathers = match t.mode {
@@ -377,8 +377,8 @@ fn the_bytes_sent_per_link_are_those_of_the_ring_formulas() {
                     ..run("tiny-0b6", backend, mode, ranks)
                 };
                 let out = on_tcp_ranks(r, dir.path(), &|_| {}, |t| {
-                    let micro = t.sampler.next_step(3);
-                    let ids = t.step_text_ids(&t.dataset, &micro);
+                    let micro = t.run.sampler.next_step(3);
+                    let ids = t.step_text_ids(&t.run.dataset, &micro);
                     let want = formula(t, &ids, 2);
                     let before = t.sent();
                     let m = t.step(&micro).unwrap();

@@ -10,7 +10,6 @@ use anyhow::{bail, Context, Result};
 
 use super::ShardedTrainer;
 use crate::checkpoint::{self, ParamInfo, PendingCheckpoint, RankRows};
-use crate::run_setup::IndexParts;
 use vc_dist::ReduceOp;
 
 impl ShardedTrainer {
@@ -46,7 +45,7 @@ impl ShardedTrainer {
         let shapes: Vec<&[usize]> = self.shapes.iter().map(Vec::as_slice).collect();
         checkpoint::write_state(
             path,
-            self.opts.config.optimizer_state,
+            self.run.opts.config.optimizer_state,
             &self.params,
             &self.adam,
             &shapes,
@@ -57,26 +56,27 @@ impl ShardedTrainer {
     /// rank 0 created, and rank 0 commits it once every rank's file is complete. Returns the
     /// directory (on rank 0).
     pub fn save(&self) -> Result<Option<PathBuf>> {
-        let (rank, root) = (self.rank(), &self.opts.checkpoints);
+        let (rank, root) = (self.rank(), &self.run.opts.checkpoints);
         let pending = if rank == 0 {
-            Some(PendingCheckpoint::begin(root, self.step, &self.tag)?)
+            Some(PendingCheckpoint::begin(root, self.run.step, &self.tag)?)
         } else {
             None
         };
         self.mesh.world.barrier()?;
-        let dir = PendingCheckpoint::join(root, self.step, &self.tag).dir;
+        let dir = PendingCheckpoint::join(root, self.run.step, &self.tag).dir;
         let written = if self.first_group() {
             let file = dir.join(checkpoint::rank_file(rank));
-            self.opts
+            self.run
+                .opts
                 .hooks
-                .rank_file_write(self.step, rank)
+                .rank_file_write(self.run.step, rank)
                 .with_context(|| format!("cannot write {}", file.display()))
                 .and_then(|()| self.write_rank_file(&file))
         } else {
             Ok(())
         };
         if written.is_ok() && self.first_group() {
-            self.opts.hooks.rank_file_written(self.step, rank);
+            self.run.opts.hooks.rank_file_written(self.run.step, rank);
         }
         let failed = self
             .mesh
@@ -89,27 +89,21 @@ impl ShardedTrainer {
             written.with_context(|| format!("cannot write checkpoint {}", dir.display()))?;
             bail!(
                 "another rank could not write its part of checkpoint step {}",
-                self.step
+                self.run.step
             );
         }
         let out = match pending {
             Some(p) => {
-                checkpoint::SpeakerSnapshot::new(&self.identity.speakers, &self.speaker)?
+                checkpoint::SpeakerSnapshot::new(&self.run.identity.speakers, &self.run.speaker)?
                     .write(&p.dir)?;
-                let index = IndexParts {
-                    identity: &self.identity,
-                    dataset: &self.dataset,
-                    cursor: self.sampler.cursor(),
-                    step: self.step,
-                    adamw: &self.adamw,
-                    adam_step: self.adam.step,
-                    state: self.opts.config.optimizer_state,
-                    loss: self.last_loss,
-                    world_size: self.group_size(),
-                    selection: &self.selection,
-                }
-                .index(self.describe_params());
-                Some(p.commit(&index, self.opts.config.keep, self.opts.hooks.as_ref())?)
+                let index =
+                    self.run
+                        .index(self.describe_params(), self.adam.step, self.group_size());
+                Some(p.commit(
+                    &index,
+                    self.run.opts.config.keep,
+                    self.run.opts.hooks.as_ref(),
+                )?)
             }
             None => None,
         };

@@ -6,17 +6,17 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Range;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor};
 
 use super::units::group_units;
 use super::{ShardedTrainer, PREDICTOR_CHUNK_FRAMES};
-use crate::batch::LayoutIds;
-use crate::checkpoint::{self, RowReader};
+use crate::checkpoint::RowReader;
 use crate::lora::Lora;
-use crate::optim::{AdamState, AdamW};
+use crate::optim::AdamState;
 use crate::params::Param;
-use crate::run_setup::{self, RunSetup};
+use crate::run_setup::RunSetup;
+use crate::run_state::RunState;
 use crate::saved_state;
 use crate::trainable;
 use crate::units::{unit_of, Unit};
@@ -41,9 +41,6 @@ impl ShardedTrainer {
         // Tensors split over the ranks of the group; `rank` here is this rank's place in it.
         let (rank, world) = (mesh.shard.rank(), mesh.shard.world());
         let backend = opts.backend;
-        if backend == Backend::CpuKernels && !opts.device.is_cpu() {
-            bail!("the CPU training kernels cannot run on {:?}", opts.device);
-        }
         let (storage, arith) = (backend.storage_dtype(), backend.arith_dtype(&opts.device));
         let setup = RunSetup::new(&opts)?;
         let cfg = setup.cfg.clone();
@@ -89,28 +86,8 @@ impl ShardedTrainer {
         })?;
         drop(full_shape);
         let adapters = setup.lora.as_ref().map(Lora::spec);
-        let RunSetup {
-            dataset,
-            heldout,
-            notes,
-            speaker,
-            identity,
-            mut sampler,
-            ..
-        } = setup;
-        // One rank repairs the shared checkpoints/ while the others wait: ranks repairing it
-        // together would race on the same renames and deletions.
         let reporter = mesh.world.rank() == 0;
-        let mut warnings = if reporter {
-            let mut w = checkpoint::recover(&opts.checkpoints)?.warnings();
-            w.extend(notes);
-            w
-        } else {
-            Vec::new()
-        };
-        mesh.world.barrier()?;
-        let (mut step, mut last_loss) = (0, None);
-        let resume = run_setup::find_resume(&opts, &identity, &dataset, fresh)?;
+        let (run, resume) = RunState::start(opts, setup, reporter, || mesh.world.barrier(), fresh)?;
         if let Some(r) = &resume {
             let mut reader = RowReader::open(&r.dir)?;
             for (i, p) in params.iter_mut().enumerate() {
@@ -138,25 +115,16 @@ impl ShardedTrainer {
                 adam.m[i] = m;
                 adam.v[i] = v;
             }
-            if reporter {
-                warnings.extend(
-                    saved_state::Conversion {
-                        from: r.index.optimizer.state,
-                        to: state_mode,
-                    }
-                    .message(),
-                );
-            }
             adam.step = r.index.optimizer.step;
-            step = r.index.step;
-            sampler = run_setup::resumed_sampler(&opts, &dataset, r.cursor);
-            last_loss = r.index.loss;
         }
-        let t = &cfg.talker_config;
-        let rope = Rope::new(t.head_dim, t.rope_theta, &opts.device)?;
-        let total = RunSetup::total_steps(&opts, &sampler);
-        let prefetch = if world > 1 { opts.config.prefetch } else { 0 };
-        let overlap = opts.config.prefetch > 0 && (world > 1 || mesh.replicas.is_some());
+        let t = &run.cfg.talker_config;
+        let rope = Rope::new(t.head_dim, t.rope_theta, &run.opts.device)?;
+        let prefetch = if world > 1 {
+            run.opts.config.prefetch
+        } else {
+            0
+        };
+        let overlap = run.opts.config.prefetch > 0 && (world > 1 || mesh.replicas.is_some());
         let mut trainer = Self {
             mesh,
             prefetch,
@@ -165,16 +133,7 @@ impl ShardedTrainer {
             backend,
             storage,
             arith,
-            layout: LayoutIds::from_config(&cfg),
-            schedule: RunSetup::schedule(&opts, total),
-            adamw: AdamW::new(opts.config.weight_decay),
-            cfg,
-            dataset,
-            heldout,
-            sampler,
-            speaker,
-            identity,
-            step,
+            run,
             adam,
             params,
             shapes,
@@ -186,15 +145,6 @@ impl ShardedTrainer {
             rope,
             replica: None,
             tag,
-            resumed_from: resume.as_ref().map(|r| r.dir.clone()),
-            data_changed: resume.as_ref().is_some_and(|r| r.data_changed),
-            warnings,
-            opts,
-            last_loss,
-            selection: resume
-                .as_ref()
-                .and_then(|r| r.index.selection.clone())
-                .unwrap_or_default(),
             predictor_chunk: PREDICTOR_CHUNK_FRAMES,
         };
         if mode == ShardMode::GradOp {

@@ -14,7 +14,7 @@ use vc_core::config::Shard as ShardMode;
 use vc_dist::local::Local;
 use vc_dist::shard::RowSplit;
 
-const BACKENDS: [Backend; 2] = [Backend::CpuKernels, Backend::Autograd(Storage::Bf16)];
+const BACKENDS: [Backend; 2] = [Backend::Kernels, Backend::Autograd(Storage::Bf16)];
 
 /// Runs `f` on every rank of a new world of `n` ranks, each with its own trainer on the
 /// workspace `ws`; returns the ranks' results in rank order.
@@ -77,11 +77,14 @@ fn rel_norm(a: &[f32], b: &[f32]) -> f64 {
 /// The next step's inputs on this rank: its micro-batches, their text rows, the step's batches.
 #[allow(clippy::type_complexity)]
 fn next_inputs(t: &mut ShardedTrainer) -> (Vec<super::Micro>, Option<Tensor>, Vec<Vec<usize>>) {
-    let micro = t.sampler.next_step(3);
-    let text_ids = t.step_text_ids(&t.dataset, &micro);
+    let micro = t.run.sampler.next_step(3);
+    let text_ids = t.step_text_ids(&t.run.dataset, &micro);
     let mine: Vec<_> = (0..micro.len())
         .filter(|i| i % t.world() == t.rank())
-        .map(|i| t.build_micro(i, &t.dataset, &micro[i], &text_ids).unwrap())
+        .map(|i| {
+            t.build_micro(i, &t.run.dataset, &micro[i], &text_ids)
+                .unwrap()
+        })
         .collect();
     let rows = t.text.map(|i| t.gather_text_rows(i, &text_ids).unwrap());
     (mine, rows, micro)
@@ -158,7 +161,7 @@ fn recomputing_gives_the_gradients_of_the_pass_that_keeps_everything() {
         eprintln!("{tag}: gradient within {whole:.1e} (norm), each tensor within {worst:.1e}");
     };
     for backend in [
-        Backend::CpuKernels,
+        Backend::Kernels,
         Backend::Autograd(Storage::F32),
         Backend::Autograd(Storage::Bf16),
     ] {
@@ -245,7 +248,7 @@ fn an_update_on_shards_equals_the_update_on_one_rank() {
         let masters = |n: usize| {
             on_ranks(n, dir.path(), "tiny-0b6", backend, ShardMode::Full, |t| {
                 for _ in 0..2 {
-                    let micro = t.sampler.next_step(3);
+                    let micro = t.run.sampler.next_step(3);
                     t.step(&micro).unwrap();
                 }
                 assert_eq!(t.adam.step, 2);
@@ -282,10 +285,10 @@ fn a_saved_checkpoint_reads_back_every_rank_s_rows_exactly() {
         3,
         dir.path(),
         "tiny-0b6",
-        Backend::CpuKernels,
+        Backend::Kernels,
         ShardMode::GradOp,
         |t| {
-            let micro = t.sampler.next_step(3);
+            let micro = t.run.sampler.next_step(3);
             t.step(&micro).unwrap();
             let at = t.save().unwrap();
             assert_eq!(
@@ -341,7 +344,7 @@ fn ranks_own_disjoint_rows_and_empty_shards_stay_off_the_device() {
         Backend::Autograd(Storage::Bf16),
         ShardMode::Full,
         |t| {
-            let micro = t.sampler.next_step(3);
+            let micro = t.run.sampler.next_step(3);
             t.step(&micro).unwrap();
             t.params
                 .iter()
@@ -387,7 +390,7 @@ fn the_bf16_storage_rounds_only_what_cuda_stores_in_bf16() {
         Backend::Autograd(Storage::Bf16),
         ShardMode::GradOp,
         |t| {
-            let micro = t.sampler.next_step(3);
+            let micro = t.run.sampler.next_step(3);
             t.step(&micro).unwrap();
             for p in t.params.iter().filter(|p| p.elem_count() > 0) {
                 assert_eq!(p.master().unwrap().dtype(), DType::F32);

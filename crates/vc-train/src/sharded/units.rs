@@ -101,7 +101,7 @@ impl ShardedTrainer {
             self.mesh.shard.as_ref(),
             &shards,
             self.storage,
-            &self.opts.device,
+            &self.run.opts.device,
         )
     }
 
@@ -178,7 +178,7 @@ impl ShardedTrainer {
         acc: Vec<Option<Tensor>>,
     ) -> Result<PendingScatter> {
         let unit = &self.units[u];
-        let dtype = crate::reduce_dtype(self.opts.config.reduce_dtype);
+        let dtype = crate::reduce_dtype(self.run.opts.config.reduce_dtype);
         let fulls = unit
             .members
             .iter()
@@ -188,7 +188,7 @@ impl ShardedTrainer {
                 None => Ok(Tensor::zeros(
                     self.shapes[i].as_slice(),
                     dtype,
-                    &self.opts.device,
+                    &self.run.opts.device,
                 )?),
             })
             .collect::<Result<Vec<_>>>()?;
@@ -196,7 +196,7 @@ impl ShardedTrainer {
             self.mesh.shard.as_ref(),
             &fulls,
             dtype,
-            &self.opts.device,
+            &self.run.opts.device,
             self.mesh.replicas.clone(),
         )
     }
@@ -231,7 +231,7 @@ impl ShardedTrainer {
             &self.splits[t],
             self.params[t].var.as_tensor(),
             ids,
-            &self.opts.device,
+            &self.run.opts.device,
         )
     }
 

@@ -35,7 +35,7 @@ impl ShardedTrainer {
             mut grads,
             text_grad,
         } = pass;
-        let dev = self.opts.device.clone();
+        let dev = self.run.opts.device.clone();
         let mut rows_grad: Option<RowGrad> = None;
         if let Some(t) = self.text {
             let width = self.shapes[t][1];
@@ -43,7 +43,7 @@ impl ShardedTrainer {
                 Some(g) => g,
                 None => Tensor::zeros((text_ids.len(), width), DType::F32, &dev)?,
             };
-            let reduce_dtype = crate::reduce_dtype(self.opts.config.reduce_dtype);
+            let reduce_dtype = crate::reduce_dtype(self.run.opts.config.reduce_dtype);
             let (local, summed) = reduce_scatter_rows(
                 self.mesh.shard.as_ref(),
                 &self.splits[t],
@@ -93,11 +93,11 @@ impl ShardedTrainer {
             bail!(NonFinite(format!(
                 "the gradient norm became {grad_norm} at step {}; this step was not applied and \
                  nothing was saved for it",
-                self.step + 1
+                self.run.step + 1
             )));
         }
-        let clip = optim::clip_factor(grad_norm, self.opts.config.clip_norm);
-        let lr = self.schedule.lr(self.step + 1);
+        let clip = optim::clip_factor(grad_norm, self.run.opts.config.clip_norm);
+        let lr = self.run.schedule.lr(self.run.step + 1);
         let grads: Vec<Grad> = grads
             .into_iter()
             .enumerate()
@@ -109,7 +109,7 @@ impl ShardedTrainer {
                 },
             })
             .collect::<Result<_>>()?;
-        let on_host = self.backend.optimizer_on_host(&self.opts.config);
+        let on_host = self.backend.optimizer_on_host(&self.run.opts.config);
         match (&self.replica, self.mode) {
             (Some(replica), ShardMode::GradOp) if self.overlap => {
                 let text_layout = self.text.map(|t| (t, self.text_layout(t)));
@@ -119,11 +119,11 @@ impl ShardedTrainer {
                     replica,
                     text: text_layout.as_ref().map(|(t, l)| (*t, l)),
                     storage: self.storage,
-                    device: &self.opts.device,
+                    device: &self.run.opts.device,
                     left: self.units.iter().map(|u| u.members.len()).collect(),
                     gathering: None,
                 };
-                self.adamw.step_each(
+                self.run.adamw.step_each(
                     &mut self.adam,
                     &mut self.params,
                     &grads,
@@ -135,19 +135,20 @@ impl ShardedTrainer {
                 refresh.finish()?;
             }
             _ => {
-                self.adamw
+                self.run
+                    .adamw
                     .step(&mut self.adam, &mut self.params, &grads, lr, clip, on_host)?;
                 if self.mode == ShardMode::GradOp {
                     self.refresh_replica()?;
                 }
             }
         }
-        self.step += 1;
+        self.run.step += 1;
         let n = n as f64;
         let loss = sums.loss / n;
-        self.last_loss = Some(loss);
+        self.run.last_loss = Some(loss);
         Ok(StepMetrics {
-            step: self.step,
+            step: self.run.step,
             epoch,
             loss,
             loss_talker: sums.talker / n,

@@ -1,7 +1,7 @@
 //! The names inside `checkpoints/` (docs/training.md §7): a checkpoint's directory for its
 //! step, its index and per-rank files, its copy of the speaker file(s), and `latest`. Apart
 //! from the checkpoint code that writes and reads them, so that what only needs to find a
-//! checkpoint (the choice of the best one, [`super::selection`]) does not depend on it.
+//! checkpoint (the choice of the best one, [`crate::selection`]) does not depend on it.
 
 use std::path::{Path, PathBuf};
 
