@@ -25,36 +25,54 @@
 # SECONDS_OF_AUDIO (default 60), ROUNDS (default 1),
 # THREADS (both sides; default: every core), PARITY_SECONDS (0 skips the check; ROUNDS=0 runs
 # only the check), FORCE.
+#
+# SMOKE=1 (scripts/bench/smoke.sh): the fixture's small codec, 2 s of audio, parity on 1 s, one
+# round, examples/bench_codec beside BIN (the test build), the WAV in a temporary folder; the
+# official side (parity, both dtypes) only where PYTHON has the official package, else the
+# table shows the Rust side alone.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source scripts/bench/quiet.sh
 
 PYTHON=${PYTHON:-.reference-venv/bin/python}
-CODEC_DIR=${CODEC_DIR:-.big-fixtures/codec-full}
-SECONDS_OF_AUDIO=${SECONDS_OF_AUDIO:-60}
-ROUNDS=${ROUNDS:-1}
-THREADS=${THREADS:-$(nproc)}
-PARITY_SECONDS=${PARITY_SECONDS:-8}
-WAV=.big-fixtures/bench/speech24k.wav
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
-
-source scripts/bench/quiet.sh
-require_quiet "before starting"
-
-if ! "$PYTHON" -c 'import torch, qwen_tts, librosa' 2>/dev/null; then
-    echo "error: $PYTHON lacks torch / qwen-tts / librosa (bash scripts/reference/setup_venv.sh makes the reference environment)" >&2
-    exit 1
+if is_smoke; then
+    CODEC_DIR=${CODEC_DIR:-tests/fixtures/tiny-0b6/speech_tokenizer}
+    SECONDS_OF_AUDIO=${SECONDS_OF_AUDIO:-2}
+    PARITY_SECONDS=${PARITY_SECONDS:-1}
+    WAV=$OUT/speech24k.wav
+else
+    CODEC_DIR=${CODEC_DIR:-.big-fixtures/codec-full}
+    SECONDS_OF_AUDIO=${SECONDS_OF_AUDIO:-60}
+    PARITY_SECONDS=${PARITY_SECONDS:-8}
+    WAV=.big-fixtures/bench/speech24k.wav
 fi
+ROUNDS=${ROUNDS:-1}
+THREADS=${THREADS:-$(nproc)}
 
-echo "== building the Rust benchmark (release)" >&2
-cargo build --release --quiet --example bench_codec
+require_quiet "before starting"
+REFERENCE=1
+reference_side "$PYTHON" "torch, qwen_tts, librosa" || REFERENCE=0
+
+if is_smoke; then
+    smoke_bin
+    EXAMPLES=$(smoke_examples)
+else
+    echo "== building the Rust benchmark (release)" >&2
+    cargo build --release --quiet --example bench_codec
+    EXAMPLES=target/release/examples
+fi
 
 if [[ ! -f $CODEC_DIR/config.json || ! -f $CODEC_DIR/model.safetensors ]]; then
     echo "== writing a full-size random codec to $CODEC_DIR (once)" >&2
     "$PYTHON" scripts/reference/bench_codec.py --make-full-size "$CODEC_DIR"
 fi
 
-if [[ ! -f $WAV ]]; then
+if [[ ! -f $WAV && $REFERENCE == 0 ]]; then
+    # Smoke without librosa: the fixture clip, already 24 kHz 16-bit.
+    cp tests/fixtures/audio/ref24k.wav "$WAV"
+elif [[ ! -f $WAV ]]; then
     echo "== writing $WAV (bench5 speech, resampled to 24 kHz once)" >&2
     mkdir -p "$(dirname "$WAV")"
     "$PYTHON" - "$WAV" "$SECONDS_OF_AUDIO" <<'EOF'
@@ -77,7 +95,7 @@ print(f"{len(y) / 24000:.1f} s of speech from {len(parts)} clips", file=sys.stde
 EOF
 fi
 
-if [[ $PARITY_SECONDS != 0 ]]; then
+if [[ $PARITY_SECONDS != 0 && $REFERENCE == 1 ]]; then
     echo "== parity at full size: first $PARITY_SECONDS s of the speech" >&2
     "$PYTHON" - "$CODEC_DIR" "$WAV" "$PARITY_SECONDS" "$OUT" "$THREADS" 2>"$OUT/parity.log" <<'EOF' \
         || { cat "$OUT/parity.log" >&2; exit 1; }
@@ -96,7 +114,7 @@ open(f"{out}/samples", "w").write(str(len(wav)))
 np.ascontiguousarray(enc.audio_codes[0].numpy().astype("<i8")).tofile(f"{out}/codes.i64")
 np.ascontiguousarray(dec[0].astype("<f4")).tofile(f"{out}/wav.f32")
 EOF
-    ./target/release/examples/bench_codec --codec "$CODEC_DIR" --audio "$WAV" --parity "$OUT" \
+    "$EXAMPLES/bench_codec" --codec "$CODEC_DIR" --audio "$WAV" --parity "$OUT" \
         >"$OUT/parity.json"
     cat "$OUT/parity.json" >&2
 fi
@@ -107,6 +125,7 @@ fi
 
 for round in $(seq 1 "$ROUNDS"); do
     for dtype in float32 bfloat16; do
+        ((REFERENCE)) || continue
         echo "== round $round/$ROUNDS: official $dtype (torch, $THREADS threads)" >&2
         "$PYTHON" scripts/reference/bench_codec.py --bench "$CODEC_DIR" --audio "$WAV" \
             --seconds "$SECONDS_OF_AUDIO" --threads "$THREADS" --dtype "$dtype" \
@@ -115,32 +134,41 @@ for round in $(seq 1 "$ROUNDS"); do
         grep -E '^threads=' "$OUT/official_$dtype.$round.log" >&2 || true
     done
     echo "== round $round/$ROUNDS: rust ($THREADS threads)" >&2
-    RAYON_NUM_THREADS=$THREADS ./target/release/examples/bench_codec --codec "$CODEC_DIR" \
+    RAYON_NUM_THREADS=$THREADS "$EXAMPLES/bench_codec" --codec "$CODEC_DIR" \
         --audio "$WAV" --seconds "$SECONDS_OF_AUDIO" >"$OUT/rust.$round.json"
 done
 
-"$PYTHON" - "$OUT" "$ROUNDS" "$LOAD_NOTE" <<'EOF'
+# Python 3 of the machine: the table needs no package (the official side may be absent, SMOKE=1).
+python3 - "$OUT" "$ROUNDS" "$LOAD_NOTE" "$REFERENCE" <<'EOF'
 import json, sys
-out, rounds, load_note = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+out, rounds, load_note, reference = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] == "1"
 def load(side):
     runs = [json.loads(open(f"{out}/{side}.{r}.json").read().strip().splitlines()[-1]) for r in range(1, rounds + 1)]
     best = {k: min(r[k] for r in runs) for k in ("encode_seconds", "decode_seconds")}
     frames = {r["frames"] for r in runs}
     assert len(frames) == 1, frames
     return runs[0]["audio_seconds"], frames.pop(), best, runs
-audio_f, frames_f, f32, runs_f = load("official_float32")
-audio_b, frames_b, bf16, runs_b = load("official_bfloat16")
+def rt(t):  # times print with 3 decimals: a smoke run's toy codec can read 0.000
+    return audio_r / t if t > 0 else float("inf")
 audio_r, frames_r, rust, runs_r = load("rust")
-assert audio_f == audio_b == audio_r and frames_f == frames_b == frames_r, (audio_f, audio_b, audio_r)
+f32 = bf16 = runs_f = runs_b = None
+if reference:
+    audio_f, frames_f, f32, runs_f = load("official_float32")
+    audio_b, frames_b, bf16, runs_b = load("official_bfloat16")
+    assert audio_f == audio_b == audio_r and frames_f == frames_b == frames_r, (audio_f, audio_b, audio_r)
 print(f"audio: {audio_r:.1f} s, {frames_r} frames; best of {rounds} round(s) each; {load_note}")
 print(f"{'':8} {'official float32':>22} {'official bfloat16':>22} {'rust':>22} {'rust/faster official':>21}")
-speedup = {}
+speedup = {"encode": None, "decode": None}
 for step in ("encode", "decode"):
-    o32, o16, r = (side[f"{step}_seconds"] for side in (f32, bf16, rust))
-    best = min(o32, o16)
-    speedup[step] = round(best / r, 3)
-    cells = " ".join(f"{t:8.2f} s {audio_r / t:7.2f}x RT" for t in (o32, o16, r))
-    print(f"{step:8} {cells} {best / r:20.2f}x")
+    r = rust[f"{step}_seconds"]
+    if reference:
+        o32, o16 = f32[f"{step}_seconds"], bf16[f"{step}_seconds"]
+        best = min(o32, o16)
+        speedup[step] = round(best / r, 3) if r > 0 else None
+        cells = " ".join(f"{t:8.2f} s {rt(t):7.2f}x RT" for t in (o32, o16, r))
+        print(f"{step:8} {cells} {rt(r) / rt(best):20.2f}x")
+    else:
+        print(f"{step:8} {'-':>22} {'-':>22} {r:8.2f} s {rt(r):7.2f}x RT {'-':>21}")
 try:
     parity = json.load(open(f"{out}/parity.json"))
     print(f"parity (first {parity['frames']} frames): codes differing {parity['codes_differing']}, "

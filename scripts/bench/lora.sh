@@ -19,17 +19,23 @@
 #
 # BIN: the voiceclone binary (default: cargo build, the optimized dev profile). PYTHON: a python3
 # with numpy (default .test-assets/venv/bin/python, else python3).
+#
+# SMOKE=1 (scripts/bench/smoke.sh): the whole table (it is instant); `steps` on the tiny fixture
+# model, one round of 2 steps of 8-frame utterances, rank 4; BIN the test build, nothing built.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/bench/quiet.sh
 WHAT=${1:-all}
-ROUNDS=${ROUNDS:-2}
-STEPS=${STEPS:-3}
-FRAMES=${FRAMES:-60}
-R=${R:-16}
+if is_smoke; then
+  ROUNDS=${ROUNDS:-1} STEPS=${STEPS:-2} FRAMES=${FRAMES:-8} R=${R:-4}
+else
+  ROUNDS=${ROUNDS:-2} STEPS=${STEPS:-3} FRAMES=${FRAMES:-60} R=${R:-16}
+fi
 PYTHON=${PYTHON:-.test-assets/venv/bin/python}
 [ -x "$PYTHON" ] || PYTHON=python3
-if [ -z "${BIN:-}" ]; then
+if is_smoke; then
+  smoke_bin
+elif [ -z "${BIN:-}" ]; then
   cargo build --quiet
   BIN=$PWD/target/debug/voiceclone
 fi
@@ -61,7 +67,12 @@ PY
 }
 
 steps() {
-  "$PYTHON" scripts/bench/synthetic.py model-0.6b tests/fixtures/tiny-0b6 "$WORK/model"
+  local model=$WORK/model
+  if is_smoke; then
+    model=$SMOKE_MODEL
+  else
+    "$PYTHON" scripts/bench/synthetic.py model-0.6b tests/fixtures/tiny-0b6 "$model"
+  fi
   wait_quiet 180
   require_quiet "before the first run"
   echo "$LOAD_NOTE ($(nproc) cores); $STEPS steps of batch 2 × 2, $FRAMES frames per utterance"
@@ -70,13 +81,16 @@ steps() {
     shift
     local ws=$WORK/ws
     rm -rf "$ws"
-    "$PYTHON" scripts/bench/synthetic.py workspace "$ws" "$WORK/model" "$FRAMES"
+    "$PYTHON" scripts/bench/synthetic.py workspace "$ws" "$model" "$FRAMES"
     "$BIN" --workdir "$ws" train --batch-size 2 --grad-accum 2 --no-shuffle --no-export \
       --max-steps "$STEPS" --save-every 0 --memory manual "$@" >"$WORK/out.txt" 2>&1 || {
       cat "$WORK/out.txt" >&2
       exit 1
     }
-    python3 - "$ws/checkpoints/metrics.jsonl" "$label" "$(grep -m1 '^optimizer state: ' "$WORK/out.txt")" <<'PY'
+    local state
+    state=$(grep -m1 '^optimizer state: ' "$WORK/out.txt" || true)
+    parsed "the optimizer state line of $label" "$state"
+    python3 - "$ws/checkpoints/metrics.jsonl" "$label" "$state" <<'PY'
 import json, sys
 steps = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 steps = [s for s in steps if "seconds" in s][1:]

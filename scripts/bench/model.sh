@@ -2,10 +2,13 @@
 # (docs/performance.md §1): the checks and set-up they share.
 #
 # `require_model DIR` stops the script when DIR holds no model (and says which script writes
-# the 0.6B-shaped one). `ensure_bin` builds target/release/voiceclone into BIN unless BIN is set.
+# the 0.6B-shaped one). `ensure_bin` builds target/release/voiceclone into BIN unless BIN is set;
+# under SMOKE=1 it builds nothing and takes the test build (`smoke_bin`, scripts/bench/smoke.sh).
 # `model_with_codec MODEL CODEC DEST` makes DEST the model MODEL with the speech tokenizer in
 # CODEC (links to both; the codec of the real size is what limits streaming on a CPU, and the
 # random checkpoints carry a small one), stopping when CODEC holds no tokenizer.
+# shellcheck source=scripts/bench/smoke.sh
+source "$(dirname "${BASH_SOURCE[0]}")/smoke.sh"
 require_model() {
     if [[ ! -f $1/model.safetensors ]]; then
         echo "error: no model at $1 (scripts/reference/make_fixtures.py --full-size $1 writes the" \
@@ -15,7 +18,9 @@ require_model() {
 }
 
 ensure_bin() {
-    if [[ -z ${BIN:-} ]]; then
+    if is_smoke; then
+        smoke_bin
+    elif [[ -z ${BIN:-} ]]; then
         echo "== building voiceclone (release)" >&2
         cargo build --release --quiet --bin voiceclone
         BIN=target/release/voiceclone

@@ -22,13 +22,19 @@
 #    + its inter-node messages × latency; ideal = max(compute, communication).
 # The ranks share the machine's cores: check that it is otherwise idle (the load average is
 # printed first).
+#
+# SMOKE=1 (scripts/bench/smoke.sh): the tiny fixture model (MODEL_DIR's default), one round of
+# 2 steps of 8-frame utterances, BIN the test build, nothing built or written outside a
+# temporary folder.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-ROUNDS=${1:-3}
-STEPS=${STEPS:-5}
-LATENCY=${LATENCY:-200us}
-MODEL=${MODEL_DIR:-.big-fixtures/medium-synthetic}
 source scripts/bench/model.sh
+if is_smoke; then
+  ROUNDS=${1:-1} STEPS=${STEPS:-2} FRAMES=8 MODEL=${MODEL_DIR:-$SMOKE_MODEL}
+else
+  ROUNDS=${1:-3} STEPS=${STEPS:-5} FRAMES=60 MODEL=${MODEL_DIR:-.big-fixtures/medium-synthetic}
+fi
+LATENCY=${LATENCY:-200us}
 if [[ ! -f $MODEL/model.safetensors ]]; then
   echo "== writing the medium model to $MODEL (once)" >&2
   mkdir -p "$(dirname "$MODEL")"
@@ -41,7 +47,7 @@ echo "load average: $(cut -d' ' -f1-3 /proc/loadavg) ($(nproc) cores)"
 "$BIN" --version | sed -n '1,3p'
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
-python3 scripts/bench/synthetic.py workspace "$WORK/template" "$MODEL" 60
+python3 scripts/bench/synthetic.py workspace "$WORK/template" "$MODEL" "$FRAMES"
 # No held-out set and no samples: the steps alone are timed.
 printf '[train]\nval_fraction = 0.0\nsamples = false\n' >>"$WORK/template/voiceclone.toml"
 

@@ -6,9 +6,15 @@
 # optimizer offloaded). Reads config.json only; no GPU needed.
 #
 #   scripts/bench/plan_tables.sh            (BIN: the voiceclone binary; default: cargo build)
+#
+# SMOKE=1 (scripts/bench/smoke.sh): the same tables (they take seconds), BIN the test build,
+# nothing built.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-if [ -z "${BIN:-}" ]; then
+source scripts/bench/smoke.sh
+if is_smoke; then
+  smoke_bin
+elif [ -z "${BIN:-}" ]; then
   cargo build --quiet
   BIN=$PWD/target/debug/voiceclone
 fi

@@ -26,15 +26,34 @@
 # `scripts/reference/make_fixtures.py --full-size`), CODEC (default .big-fixtures/codec-full), FRAMES (30), SECONDS_OF_AUDIO (20), ROUNDS (3),
 # PRECISIONS, THREADS (RAYON_NUM_THREADS of every job; default every core), OLD_TARGET
 # (default target/regression), FORCE.
+#
+# SMOKE=1 (scripts/bench/smoke.sh): this tree against itself (OLD_COMMIT defaults to HEAD and is
+# only resolved): no worktree and no build, both sides run BIN (the test build) and the examples
+# beside it, on the tiny fixture model and its codec, 4 frames, 1 s of audio, profile_train on
+# 16 frames once, one round.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source scripts/bench/quiet.sh
 
-OLD_REV=${1:?usage: scripts/bench/regression.sh OLD_COMMIT}
-MODEL=${MODEL:-.big-fixtures/qwen3-tts-0.6b-random}
-CODEC=${CODEC:-.big-fixtures/codec-full}
-FRAMES=${FRAMES:-30}
-SECONDS_OF_AUDIO=${SECONDS_OF_AUDIO:-20}
-ROUNDS=${ROUNDS:-3}
+if is_smoke; then
+    OLD_REV=${1:-HEAD}
+    MODEL=${MODEL:-$SMOKE_MODEL}
+    CODEC=${CODEC:-$SMOKE_MODEL/speech_tokenizer}
+    FRAMES=${FRAMES:-4}
+    SECONDS_OF_AUDIO=${SECONDS_OF_AUDIO:-1}
+    ROUNDS=${ROUNDS:-1}
+    # profile_train's frames and talker length, each part timed once after its warm-up.
+    PROFILE_ARGS=(16 16)
+    export REPS=1
+else
+    OLD_REV=${1:?usage: scripts/bench/regression.sh OLD_COMMIT}
+    MODEL=${MODEL:-.big-fixtures/qwen3-tts-0.6b-random}
+    CODEC=${CODEC:-.big-fixtures/codec-full}
+    FRAMES=${FRAMES:-30}
+    SECONDS_OF_AUDIO=${SECONDS_OF_AUDIO:-20}
+    ROUNDS=${ROUNDS:-3}
+    PROFILE_ARGS=()
+fi
 PRECISIONS=${PRECISIONS:-"f32 bf16-weights"}
 THREADS=${THREADS:-$(nproc)}
 OLD_TARGET=${OLD_TARGET:-target/regression}
@@ -56,35 +75,48 @@ if [[ ! -f $MODEL/model.safetensors ]]; then
     exit 1
 fi
 
-echo "== building the old commit $old_sha (release, into $OLD_TARGET)" >&2
-mkdir -p "$OLD_TARGET"
-OLD_TARGET=$(cd "$OLD_TARGET" && pwd)
-# A fixed place for the old tree, so that a second run finds its build up to date.
-OLD_TREE=$OLD_TARGET/tree
-if [[ $(git -C "$OLD_TREE" rev-parse HEAD 2>/dev/null) != "$old_sha" ]]; then
-    git worktree remove --force "$OLD_TREE" 2>/dev/null || rm -rf "$OLD_TREE"
-    git worktree prune
-    git worktree add --detach --quiet "$OLD_TREE" "$old_sha"
-fi
-(cd "$OLD_TREE" && CARGO_TARGET_DIR=$OLD_TARGET cargo build --release --quiet --locked \
-    --bin voiceclone --example profile_train --example bench_codec)
-echo "== building this tree (release)" >&2
-cargo build --release --quiet --locked --bin voiceclone --example profile_train --example bench_codec
+if is_smoke; then
+    smoke_bin
+    examples=$(smoke_examples)
+    [[ -x $examples/profile_train && -x $examples/bench_codec ]] ||
+        { echo "error: examples/profile_train or examples/bench_codec missing in $examples" >&2; exit 1; }
+    # Both sides: the directory of the test build (voiceclone, examples/).
+    OLD_DIR=$(dirname "$BIN")
+    NEW_DIR=$OLD_DIR
+    [[ $old_sha == $(git rev-parse HEAD) ]] ||
+        echo "== SMOKE=1 builds nothing: the old side is this tree's build too, not $old_sha" >&2
+else
+    echo "== building the old commit $old_sha (release, into $OLD_TARGET)" >&2
+    mkdir -p "$OLD_TARGET"
+    OLD_TARGET=$(cd "$OLD_TARGET" && pwd)
+    # A fixed place for the old tree, so that a second run finds its build up to date.
+    OLD_TREE=$OLD_TARGET/tree
+    if [[ $(git -C "$OLD_TREE" rev-parse HEAD 2>/dev/null) != "$old_sha" ]]; then
+        git worktree remove --force "$OLD_TREE" 2>/dev/null || rm -rf "$OLD_TREE"
+        git worktree prune
+        git worktree add --detach --quiet "$OLD_TREE" "$old_sha"
+    fi
+    (cd "$OLD_TREE" && CARGO_TARGET_DIR=$OLD_TARGET cargo build --release --quiet --locked \
+        --bin voiceclone --example profile_train --example bench_codec)
+    echo "== building this tree (release)" >&2
+    cargo build --release --quiet --locked --bin voiceclone --example profile_train --example bench_codec
+    OLD_DIR=$OLD_TARGET/release
+    NEW_DIR=target/release
 
-# The builds above load the machine: give the load average up to five minutes to settle.
-for _ in $(seq 30); do
-    python3 -c "import sys; sys.exit(0 if float(open('/proc/loadavg').read().split()[0]) < 0.5 else 1)" &&
-        break
-    sleep 10
-done
-source scripts/bench/quiet.sh
+    # The builds above load the machine: give the load average up to five minutes to settle.
+    for _ in $(seq 30); do
+        python3 -c "import sys; sys.exit(0 if float(open('/proc/loadavg').read().split()[0]) < 0.5 else 1)" &&
+            break
+        sleep 10
+    done
+fi
 require_quiet "before the timed rounds"
 
-# Seconds of one job; `$1` is the side's target directory.
-job_speak() { # target precision
+# Seconds of one job; `$1` is the side's profile directory (voiceclone, examples/).
+job_speak() { # dir precision
     local start end
     start=$(date +%s.%N)
-    RAYON_NUM_THREADS=$THREADS "$1/release/voiceclone" --workdir "$OUT/ws" speak "$TEXT" \
+    RAYON_NUM_THREADS=$THREADS "$1/voiceclone" --workdir "$OUT/ws" speak "$TEXT" \
         -o "$OUT/speak.wav" --overwrite --model "$MODEL" --ref-audio "$REF" --greedy \
         --max-frames "$FRAMES" --precision "$2" >"$OUT/job.out" 2>"$OUT/job.err" || {
         cat "$OUT/job.err" >&2
@@ -93,17 +125,18 @@ job_speak() { # target precision
     end=$(date +%s.%N)
     python3 -c "print(f'{$end - $start:.3f}')"
 }
-job_train() { # target
-    RAYON_NUM_THREADS=$THREADS "$1/release/examples/profile_train" "$MODEL" >"$OUT/job.out" \
-        2>"$OUT/job.err" || {
+job_train() { # dir
+    RAYON_NUM_THREADS=$THREADS "$1/examples/profile_train" "$MODEL" "${PROFILE_ARGS[@]}" \
+        >"$OUT/job.out" 2>"$OUT/job.err" || {
         cat "$OUT/job.err" >&2
         exit 1
     }
+    grep -q ' ms$' "$OUT/job.out" || { echo "error: no \"<part> <ms> ms\" line from profile_train" >&2; exit 1; }
     # Lines "<part> <ms> ms": the sum of the parts, in seconds.
     awk '$NF == "ms" { s += $(NF-1) } END { printf "%.3f\n", s / 1000 }' "$OUT/job.out"
 }
-job_codec() { # target
-    RAYON_NUM_THREADS=$THREADS "$1/release/examples/bench_codec" --codec "$CODEC" \
+job_codec() { # dir
+    RAYON_NUM_THREADS=$THREADS "$1/examples/bench_codec" --codec "$CODEC" \
         --audio "$REF" --seconds "$SECONDS_OF_AUDIO" >"$OUT/job.out" 2>"$OUT/job.err" || {
         cat "$OUT/job.err" >&2
         exit 1
@@ -133,11 +166,11 @@ for ((round = 1; round <= ROUNDS; round++)); do
     for job in "${JOBS[@]}"; do
         # Alternate which side goes first, so neither always runs on a warmer cache.
         if ((round % 2)); then
-            run_job old "$OLD_TARGET" "$job"
-            run_job new target "$job"
+            run_job old "$OLD_DIR" "$job"
+            run_job new "$NEW_DIR" "$job"
         else
-            run_job new target "$job"
-            run_job old "$OLD_TARGET" "$job"
+            run_job new "$NEW_DIR" "$job"
+            run_job old "$OLD_DIR" "$job"
         fi
     done
 done
@@ -150,6 +183,6 @@ printf '%-20s %10s %10s %10s\n' job "old s" "new s" "old/new"
 for job in "${JOBS[@]}"; do
     o=${BEST["old $job"]}
     n=${BEST["new $job"]}
-    printf '%-20s %10.3f %10.3f %10.2f\n' "$job" "$o" "$n" "$(python3 -c "print($o / $n)")"
+    printf '%-20s %10.3f %10.3f %10.2f\n' "$job" "$o" "$n" "$(python3 -c "print($o / $n if $n else float('nan'))")"
 done
 echo "(speak: $FRAMES frames on $MODEL, whole process; train: profile_train's parts; codec: encode + decode of $SECONDS_OF_AUDIO s)"

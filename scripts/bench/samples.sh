@@ -21,36 +21,53 @@
 # BIN: the voiceclone binary (default: cargo build, the optimized dev profile). PYTHON: a python3
 # with numpy (default .test-assets/venv/bin/python, else python3). WHISPER: a ggml Whisper model
 # (default .test-assets/whisper/ggml-tiny.en-q8_0.bin; a missing file: no WER).
+#
+# SMOKE=1 (scripts/bench/smoke.sh): the tiny fixture model, 8-frame utterances, one round, BIN
+# the test build, nothing built.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/bench/quiet.sh
+source scripts/bench/model.sh
 ROUNDS=${ROUNDS:-1}
-FRAMES=${FRAMES:-60}
+if is_smoke; then
+  FRAMES=${FRAMES:-8}
+else
+  FRAMES=${FRAMES:-60}
+fi
 SAVE_EVERY=${SAVE_EVERY:-50}
 CODEC=${CODEC:-own}
 WHISPER=${WHISPER:-$PWD/.test-assets/whisper/ggml-tiny.en-q8_0.bin}
 PYTHON=${PYTHON:-.test-assets/venv/bin/python}
 [ -x "$PYTHON" ] || PYTHON=python3
-if [ -z "${BIN:-}" ]; then
+if is_smoke; then
+  smoke_bin
+elif [ -z "${BIN:-}" ]; then
   cargo build --quiet
   BIN=$PWD/target/debug/voiceclone
 fi
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 
-"$PYTHON" scripts/bench/synthetic.py model-0.6b tests/fixtures/tiny-0b6 "$WORK/model"
-if [[ $CODEC != own ]]; then
-  rm "$WORK/model/speech_tokenizer"
-  ln -s "$(realpath "$CODEC")" "$WORK/model/speech_tokenizer"
+MODEL=$WORK/model
+if is_smoke; then
+  MODEL=$SMOKE_MODEL
+  shape="the tiny fixture model"
+else
+  "$PYTHON" scripts/bench/synthetic.py model-0.6b tests/fixtures/tiny-0b6 "$MODEL"
+  shape="0.6B-shaped random model"
 fi
-echo "== 0.6B-shaped random model, speech tokenizer: $CODEC; $FRAMES-frame utterances; Whisper: $WHISPER"
+if [[ $CODEC != own ]]; then
+  model_with_codec "$MODEL" "$CODEC" "$WORK/with-codec"
+  MODEL=$WORK/with-codec
+fi
+echo "== $shape, speech tokenizer: $CODEC; $FRAMES-frame utterances; Whisper: $WHISPER"
 require_quiet "before the first run"
 echo "== $LOAD_NOTE"
 
 run() { # run NAME SAMPLES
   local ws=$WORK/$1
   rm -rf "$ws"
-  "$PYTHON" scripts/bench/synthetic.py workspace "$ws" "$WORK/model" "$FRAMES"
+  "$PYTHON" scripts/bench/synthetic.py workspace "$ws" "$MODEL" "$FRAMES"
   printf '[prep]\nwhisper_model = "%s"\n' "$WHISPER" >>"$ws/voiceclone.toml"
   "$BIN" --workdir "$ws" train --max-steps 1 --samples "$2" --no-export >"$ws.log" 2>&1 \
     || { cat "$ws.log"; exit 1; }

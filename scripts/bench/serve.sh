@@ -31,10 +31,19 @@
 # default its own), THREADS (RAYON_NUM_THREADS of the server;
 # default all cores), MAX_BATCH (8), REQUESTS (200), CLIENTS (8) and PASSES (2) for load, BIN (default: build
 # target/release/voiceclone), FORCE.
+#
+# SMOKE=1 (scripts/bench/smoke.sh), either mode: the tiny fixture model with its own codec, 4
+# frames; bench: STREAMS "1 2", one round; load: 18 requests (every kind of request once at
+# least) from 2 clients, one pass; BIN the test build, nothing built.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source scripts/bench/model.sh
 
 MODE=${1:-bench}
+if is_smoke; then
+    MODEL=${MODEL:-$SMOKE_MODEL} STREAMS=${STREAMS:-"1 2"} ROUNDS=${ROUNDS:-1} FRAMES=${FRAMES:-4}
+    CODEC=${CODEC:-own} REQUESTS=${REQUESTS:-18} CLIENTS=${CLIENTS:-2} PASSES=${PASSES:-1}
+fi
 MODEL=${MODEL:-.big-fixtures/qwen3-tts-0.6b-random}
 STREAMS=${STREAMS:-"1 2 4 8"}
 ROUNDS=${ROUNDS:-2}
@@ -55,7 +64,6 @@ if [[ $MODE == bench ]]; then
     require_quiet "before starting"
     echo "== $LOAD_NOTE"
 fi
-source scripts/bench/model.sh
 require_model "$MODEL"
 ensure_bin
 

@@ -17,17 +17,24 @@
 # The machine must be quiet before the timed requests (load average < 0.5,
 # docs/performance.md §1; FORCE=1 runs anyway and says so). BIN: the voiceclone binary (default: build
 # target/release/voiceclone). PYTHON: a python3 with numpy (default .test-assets/venv/bin/python).
+#
+# SMOKE=1 (scripts/bench/smoke.sh): the tiny fixture model, rank 4, one step on 8-frame
+# utterances, requests of 4 frames, one round; BIN the test build, nothing built.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/bench/quiet.sh
-R=${R:-16}
+if is_smoke; then
+  R=${R:-4} FRAMES=${FRAMES:-4} ROUNDS=${ROUNDS:-1} TRAIN_FRAMES=8
+else
+  R=${R:-16} FRAMES=${FRAMES:-50} ROUNDS=${ROUNDS:-3} TRAIN_FRAMES=20
+fi
 STEPS=${STEPS:-1}
-FRAMES=${FRAMES:-50}
-ROUNDS=${ROUNDS:-3}
 PRECISION=${PRECISION:-bf16-weights}
 PYTHON=${PYTHON:-.test-assets/venv/bin/python}
 [ -x "$PYTHON" ] || PYTHON=python3
-if [[ -z ${BIN:-} ]]; then
+if is_smoke; then
+  smoke_bin
+elif [[ -z ${BIN:-} ]]; then
   echo "== building voiceclone (release)" >&2
   cargo build --release --quiet --bin voiceclone
   BIN=$PWD/target/release/voiceclone
@@ -42,10 +49,15 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"$PYTHON" scripts/bench/synthetic.py model-0.6b tests/fixtures/tiny-0b6 "$WORK/model"
+MODEL=$WORK/model
+if is_smoke; then
+  MODEL=$SMOKE_MODEL
+else
+  "$PYTHON" scripts/bench/synthetic.py model-0.6b tests/fixtures/tiny-0b6 "$MODEL"
+fi
 for who in alice bob; do
   ws=$WORK/ws-$who
-  "$PYTHON" scripts/bench/synthetic.py workspace "$ws" "$WORK/model" 20
+  "$PYTHON" scripts/bench/synthetic.py workspace "$ws" "$MODEL" "$TRAIN_FRAMES"
   seed=1
   [[ $who == bob ]] && seed=2
   echo "== training $who's adapters (rank $R, $STEPS step(s))"
@@ -77,6 +89,7 @@ start() {
     sleep 0.1
   done
   URL=$(sed -n 's/.*listening on \(http:\/\/[^ ]*\).*/\1/p' "$WORK/srv-$label/out")
+  parsed "the address of the $label server" "$URL"
   grep -E "^(loaded|adapter)" "$WORK/srv-$label/err" | sed "s/^/== $label: /"
 }
 start merged --model "$WORK/merged-alice"

@@ -27,33 +27,46 @@
 # Environment: PYTHON (torch + qwen-tts; default .reference-venv/bin/python, made by
 # scripts/reference/setup_venv.sh), MODEL (default .big-fixtures/qwen3-tts-0.6b-random),
 # FRAMES (50), ROUNDS (3), THREADS ("1 2"), TEXT, FORCE.
+#
+# SMOKE=1 (scripts/bench/smoke.sh): the tiny fixture model, 8 frames, one thread, one round, a
+# 16 MiB bandwidth probe; BIN the test build and examples/bandwidth beside it, nothing built;
+# the official side only where PYTHON has the official package, else the table shows
+# voiceclone's rows alone.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source scripts/bench/quiet.sh
 
 PYTHON=${PYTHON:-.reference-venv/bin/python}
-MODEL=${MODEL:-.big-fixtures/qwen3-tts-0.6b-random}
-FRAMES=${FRAMES:-50}
-ROUNDS=${ROUNDS:-3}
-THREADS=${THREADS:-"1 2"}
+if is_smoke; then
+    MODEL=${MODEL:-$SMOKE_MODEL} FRAMES=${FRAMES:-8} ROUNDS=${ROUNDS:-1} THREADS=${THREADS:-1}
+    BANDWIDTH_ARGS=(--mib 16 --rounds 1)
+else
+    MODEL=${MODEL:-.big-fixtures/qwen3-tts-0.6b-random} FRAMES=${FRAMES:-50} ROUNDS=${ROUNDS:-3}
+    THREADS=${THREADS:-"1 2"}
+    BANDWIDTH_ARGS=(--mib 2048 --rounds 5)
+fi
 TEXT=${TEXT:-"The quick brown fox jumps over the lazy dog, and then it runs far away into the quiet forest."}
 REF=tests/fixtures/audio/ref24k.wav
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 
-source scripts/bench/quiet.sh
 require_quiet "before starting"
 
-if ! "$PYTHON" -c 'import torch, qwen_tts' 2>/dev/null; then
-    echo "error: $PYTHON lacks torch / qwen-tts (bash scripts/reference/setup_venv.sh makes the reference environment)" >&2
-    exit 1
-fi
+SIDES="official-float32 official-bfloat16 bf16-weights q8"
+reference_side "$PYTHON" "torch, qwen_tts" || SIDES="bf16-weights q8"
 if [[ ! -f $MODEL/model.safetensors ]]; then
     echo "== writing the 0.6B-shaped random model to $MODEL (once)" >&2
     "$PYTHON" scripts/reference/make_fixtures.py --full-size "$MODEL"
 fi
-echo "== building voiceclone (release)" >&2
-cargo build --release --quiet --bin voiceclone --example bandwidth
-BIN=target/release/voiceclone
+if is_smoke; then
+    smoke_bin
+    EXAMPLES=$(smoke_examples)
+else
+    echo "== building voiceclone (release)" >&2
+    cargo build --release --quiet --bin voiceclone --example bandwidth
+    BIN=target/release/voiceclone
+    EXAMPLES=target/release/examples
+fi
 
 run_official() { # dtype threads
     "$PYTHON" scripts/reference/bench_speak.py --model "$MODEL" --ref-audio "$REF" --text "$TEXT" \
@@ -85,16 +98,22 @@ run_rust() { # precision threads
     frames=$(sed -n 's/.*s, \([0-9]*\) frames.*/\1/p' "$OUT/rust.out")
     rss=$(sed -n 's/.*Maximum resident set size (kbytes): \([0-9]*\)/\1/p' "$OUT/rust.err")
     mb=$(sed -n 's/.*, \([0-9.]*\) MB read per frame.*/\1/p' "$OUT/rust.err")
+    parsed "the call time of voiceclone $precision" "$secs"
+    parsed "the audio seconds of voiceclone $precision" "$audio"
+    parsed "the frame count of voiceclone $precision" "$frames"
+    parsed "GNU time's peak RSS of voiceclone $precision" "$rss"
+    parsed "the MB read per frame of voiceclone $precision" "$mb"
     whole=$(python3 -c "print(f'{$end - $start:.3f}')")
     echo "$secs $frames $audio $((rss / 1024)) $whole $mb"
 }
 
-SIDES="official-float32 official-bfloat16 bf16-weights q8"
 declare -A TIMES WHOLE FRAMES_OF AUDIO RSS MB BW BW_L3
 for threads in $THREADS; do
-    line=$(RAYON_NUM_THREADS=$threads target/release/examples/bandwidth --mib 2048 --rounds 5)
+    line=$(RAYON_NUM_THREADS=$threads "$EXAMPLES/bandwidth" "${BANDWIDTH_ARGS[@]}")
     BW[$threads]=$(sed -n 's/.*read \([0-9.]*\) GB\/s from memory.*/\1/p' <<<"$line")
     BW_L3[$threads]=$(sed -n 's/.*, \([0-9.]*\) GB\/s from a 64 MiB.*/\1/p' <<<"$line")
+    parsed "the memory bandwidth ($threads threads)" "${BW[$threads]}"
+    parsed "the L3 bandwidth ($threads threads)" "${BW_L3[$threads]}"
     echo "== bandwidth probe, $line" >&2
 done
 for ((round = 1; round <= ROUNDS; round++)); do
@@ -124,9 +143,12 @@ printf 'end of run: load average %s\n' "$(cut -d' ' -f1 /proc/loadavg)"
 printf '%-3s %-26s %8s %9s %6s %9s %8s %9s %10s %9s %11s\n' thr side "call s" frames/s RTF \
     "peak MiB" "vs best" "whole s" "whole/call" "GB/s" "limit f/s"
 for threads in $THREADS; do
-    f32t=$(printf '%s' "${TIMES[official-float32/$threads]}" | best)
-    bf16t=$(printf '%s' "${TIMES[official-bfloat16/$threads]}" | best)
-    ref=$(python3 -c "print(min($f32t, $bf16t))")
+    ref=none # no official side (SMOKE=1 without the reference environment)
+    if [[ $SIDES == official-* ]]; then
+        f32t=$(printf '%s' "${TIMES[official-float32/$threads]}" | best)
+        bf16t=$(printf '%s' "${TIMES[official-bfloat16/$threads]}" | best)
+        ref=$(python3 -c "print(min($f32t, $bf16t))")
+    fi
     for side in $SIDES; do
         key="$side/$threads"
         t=$(printf '%s' "${TIMES[$key]}" | best)
@@ -135,9 +157,11 @@ for threads in $THREADS; do
             "$ref" "$w" "${MB[$key]}" "${BW[$threads]}" <<'EOF'
 import sys
 thr, side, t, frames, audio, rss, ref, whole, mb, bw = sys.argv[1:]
-t, frames, audio, rss, ref = float(t), int(frames), float(audio), float(rss), float(ref)
+# Times print with 2 decimals: a smoke run's few frames can read 0.00.
+t, frames, audio, rss = max(float(t), 1e-3), int(frames), float(audio), float(rss)
 name = f"official {side[9:]}" if side.startswith("official-") else f"voiceclone {side}"
-row = f"{thr:<3} {name:<26} {t:8.2f} {frames / t:9.2f} {t / audio:6.2f} {rss:9.0f} {ref / t:7.2f}x"
+vs = f"{float(ref) / t:7.2f}x" if ref != "none" else f"{'-':>8}"
+row = f"{thr:<3} {name:<26} {t:8.2f} {frames / t:9.2f} {t / audio:6.2f} {rss:9.0f} {vs}"
 if side.startswith("official-"):
     row += f" {'':>9} {'':>10} {'':>9} {'':>11}"
 else:

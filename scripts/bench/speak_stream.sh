@@ -17,9 +17,17 @@
 # CODEC (default .big-fixtures/codec-full, `scripts/reference/bench_codec.py --make-full-size`
 # writes it; `own` keeps the model's), PRECISION (q8), FRAMES (100), ROUNDS (2), CHUNKS ("32 1"),
 # BIN (default: build target/release/voiceclone), FORCE (run on a busy machine, and say so).
+#
+# SMOKE=1 (scripts/bench/smoke.sh): the tiny fixture model with its own codec, 8 frames, one
+# round of both chunk settings; BIN the test build, nothing built.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source scripts/bench/quiet.sh
+source scripts/bench/model.sh
 
+if is_smoke; then
+    MODEL=${MODEL:-$SMOKE_MODEL} CODEC=${CODEC:-own} FRAMES=${FRAMES:-8} ROUNDS=${ROUNDS:-1}
+fi
 MODEL=${MODEL:-.big-fixtures/qwen3-tts-0.6b-random}
 CODEC=${CODEC:-.big-fixtures/codec-full}
 PRECISION=${PRECISION:-q8}
@@ -29,8 +37,6 @@ CHUNKS=${CHUNKS:-"32 1"}
 TEXT="This is a sentence that is long enough to need about eight seconds of speech, spoken in \
 the cloned voice."
 
-source scripts/bench/quiet.sh
-source scripts/bench/model.sh
 require_model "$MODEL"
 ensure_bin
 
@@ -53,7 +59,8 @@ for round in $(seq "$ROUNDS"); do
             cat "$WS/err" >&2
             exit 1
         }
-        echo "round $round, chunks up to $chunk frames ($LOAD_NOTE):" \
-            "$(grep -o 'streamed to standard output.*' "$WS/err")"
+        summary=$(grep -o 'streamed to standard output.*' "$WS/err" || true)
+        parsed "speak's summary line (streamed to standard output ...)" "$summary"
+        echo "round $round, chunks up to $chunk frames ($LOAD_NOTE): $summary"
     done
 done
