@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # No-regression check: this tree against an older commit, side by side in one run, on the
-# speak, train and codec work (docs/performance.md §11).
+# speak, train, training step and codec work (docs/performance.md §11).
 #
 #   scripts/bench/regression.sh 9547a80          # best of 3 alternating rounds
 #   ROUNDS=5 FRAMES=40 scripts/bench/regression.sh 9547a80
@@ -14,6 +14,10 @@
 #          commits know (PRECISIONS, default "f32 bf16-weights");
 #   train  `examples/profile_train MODEL` (forward and backward of the training graph's parts;
 #          the sum of the parts it prints);
+#   step   the single-device trainer's whole optimizer step: `voiceclone train` on STEP_MODEL
+#          (default the medium model of scripts/bench/train.sh) and STEP_DATA, batch 2, no
+#          held-out set, one untimed step then STEPS timed ones (the sum of their `seconds` in
+#          checkpoints/metrics.jsonl: loading and checkpoint writing are outside);
 #   codec  `examples/bench_codec` on a full-size random codec (CODEC, made once by
 #          `scripts/reference/bench_codec.py --make-full-size`): encode + decode of
 #          SECONDS_OF_AUDIO of the fixture speech (the sum of both times it prints).
@@ -25,12 +29,14 @@
 # Environment: MODEL (default .big-fixtures/qwen3-tts-0.6b-random; make it with
 # `scripts/reference/make_fixtures.py --full-size`), CODEC (default .big-fixtures/codec-full), FRAMES (30), SECONDS_OF_AUDIO (20), ROUNDS (3),
 # PRECISIONS, THREADS (RAYON_NUM_THREADS of every job; default every core), OLD_TARGET
-# (default target/regression), FORCE.
+# (default target/regression), STEP_MODEL, STEP_DATA (default .big-fixtures/train-medium and
+# train-rows.jsonl: `scripts/reference/bench_train.py --make-model` / `--make-data`), STEPS (6),
+# ONLY (the jobs to run, e.g. ONLY="step"; default all), FORCE.
 #
 # SMOKE=1 (scripts/bench/smoke.sh): this tree against itself (OLD_COMMIT defaults to HEAD and is
 # only resolved): no worktree and no build, both sides run BIN (the test build) and the examples
 # beside it, on the tiny fixture model and its codec, 4 frames, 1 s of audio, profile_train on
-# 16 frames once, one round.
+# 16 frames once, one timed training step on 4 rows, one round.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/bench/quiet.sh
@@ -45,6 +51,9 @@ if is_smoke; then
     # profile_train's frames and talker length, each part timed once after its warm-up.
     PROFILE_ARGS=(16 16)
     export REPS=1
+    STEP_MODEL=${STEP_MODEL:-$SMOKE_MODEL}
+    STEP_DATA=${STEP_DATA:-}
+    STEPS=${STEPS:-1}
 else
     OLD_REV=${1:?usage: scripts/bench/regression.sh OLD_COMMIT}
     MODEL=${MODEL:-.big-fixtures/qwen3-tts-0.6b-random}
@@ -53,6 +62,9 @@ else
     SECONDS_OF_AUDIO=${SECONDS_OF_AUDIO:-20}
     ROUNDS=${ROUNDS:-3}
     PROFILE_ARGS=()
+    STEP_MODEL=${STEP_MODEL:-.big-fixtures/train-medium}
+    STEP_DATA=${STEP_DATA:-.big-fixtures/train-rows.jsonl}
+    STEPS=${STEPS:-6}
 fi
 PRECISIONS=${PRECISIONS:-"f32 bf16-weights"}
 THREADS=${THREADS:-$(nproc)}
@@ -135,6 +147,30 @@ job_train() { # dir
     # Lines "<part> <ms> ms": the sum of the parts, in seconds.
     awk '$NF == "ms" { s += $(NF-1) } END { printf "%.3f\n", s / 1000 }' "$OUT/job.out"
 }
+job_step() { # dir
+    local ws=$OUT/step-ws
+    rm -rf "$ws"
+    mkdir -p "$ws/data"
+    cp "$STEP_DATA" "$ws/data/train.jsonl"
+    cp "$OUT/xvector/data/speaker.safetensors" "$ws/data/speaker.safetensors"
+    printf '[model]\nbase = "%s"\n[train]\nval_fraction = 0.0\n' "$(cd "$STEP_MODEL" && pwd)" \
+        >"$ws/voiceclone.toml"
+    RAYON_NUM_THREADS=$THREADS "$1/voiceclone" --workdir "$ws" train --no-shuffle --batch-size 2 \
+        --grad-accum 1 --warmup-steps 0 --lr 2e-5 --max-steps $((1 + STEPS)) --epochs 1000000 \
+        --save-every 0 --keep 1 --no-export >"$OUT/job.out" 2>"$OUT/job.err" || {
+        cat "$OUT/job.err" >&2
+        exit 1
+    }
+    # The step lines (evaluation lines carry val_loss) after the first: their seconds summed.
+    python3 - "$ws/checkpoints/metrics.jsonl" "$STEPS" <<'PY'
+import json, sys
+steps = [m for m in map(json.loads, open(sys.argv[1])) if "val_loss" not in m]
+want = int(sys.argv[2]) + 1
+if len(steps) != want:
+    sys.exit(f"error: voiceclone train ran {len(steps)} steps, not {want}")
+print("%.3f" % sum(m["seconds"] for m in steps[1:]))
+PY
+}
 job_codec() { # dir
     RAYON_NUM_THREADS=$THREADS "$1/examples/bench_codec" --codec "$CODEC" \
         --audio "$REF" --seconds "$SECONDS_OF_AUDIO" >"$OUT/job.out" 2>"$OUT/job.err" || {
@@ -147,13 +183,33 @@ job_codec() { # dir
 
 JOBS=()
 for p in $PRECISIONS; do JOBS+=("speak:$p"); done
-JOBS+=(train codec)
+JOBS+=(train step codec)
+if [[ -n ${ONLY:-} ]]; then
+    wanted=()
+    for job in "${JOBS[@]}"; do
+        [[ " $ONLY " == *" ${job%%:*} "* || " $ONLY " == *" $job "* ]] && wanted+=("$job")
+    done
+    ((${#wanted[@]})) || { echo "error: ONLY=\"$ONLY\" names none of: ${JOBS[*]}" >&2; exit 1; }
+    JOBS=("${wanted[@]}")
+fi
+# The training step's inputs: its rows (a few short ones in smoke mode) and a random x-vector of
+# the model's width, the same for both sides.
+if [[ " ${JOBS[*]} " == *" step "* ]]; then
+    if [[ -z $STEP_DATA ]]; then
+        STEP_DATA=$OUT/step-rows.jsonl
+        python3 scripts/reference/bench_train.py --make-data "$STEP_DATA" --rows 4 \
+            --min-frames 8 --max-frames 12 >/dev/null
+    fi
+    [[ -f $STEP_DATA ]] || { echo "error: $STEP_DATA is missing (scripts/reference/bench_train.py --make-data)" >&2; exit 1; }
+    python3 scripts/bench/synthetic.py workspace "$OUT/xvector" "$STEP_MODEL" 1 >/dev/null
+fi
 declare -A BEST
 run_job() { # side target job
     local t
     case $3 in
         speak:*) t=$(job_speak "$2" "${3#speak:}") ;;
         train) t=$(job_train "$2") ;;
+        step) t=$(job_step "$2") ;;
         codec) t=$(job_codec "$2") ;;
     esac
     echo "   round $round $1 $3: $t s" >&2
@@ -185,4 +241,4 @@ for job in "${JOBS[@]}"; do
     n=${BEST["new $job"]}
     printf '%-20s %10.3f %10.3f %10.2f\n' "$job" "$o" "$n" "$(python3 -c "print($o / $n if $n else float('nan'))")"
 done
-echo "(speak: $FRAMES frames on $MODEL, whole process; train: profile_train's parts; codec: encode + decode of $SECONDS_OF_AUDIO s)"
+echo "(speak: $FRAMES frames on $MODEL, whole process; train: profile_train's parts; step: $STEPS optimizer steps of voiceclone train on $STEP_MODEL; codec: encode + decode of $SECONDS_OF_AUDIO s)"
