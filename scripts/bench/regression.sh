@@ -78,11 +78,13 @@ trap 'rm -rf "$OUT"' EXIT
 old_sha=$(git rev-parse --verify "$OLD_REV^{commit}")
 new_sha=$(git rev-parse HEAD)
 [[ -n $(git status --porcelain --untracked-files=no) ]] && new_sha="$new_sha (with uncommitted changes)"
-if [[ ! -f $CODEC/model.safetensors ]]; then
+# Whether ONLY (default: every job) asks for job family $1.
+wants() { [[ -z ${ONLY:-} || " $ONLY " == *" $1 "* || " $ONLY " == *" $1:"* ]]; }
+if wants codec && [[ ! -f $CODEC/model.safetensors ]]; then
     echo "error: $CODEC/model.safetensors is missing (scripts/reference/bench_codec.py --make-full-size $CODEC)" >&2
     exit 1
 fi
-if [[ ! -f $MODEL/model.safetensors ]]; then
+if { wants speak || wants train; } && [[ ! -f $MODEL/model.safetensors ]]; then
     echo "error: $MODEL/model.safetensors is missing (scripts/reference/make_fixtures.py --full-size $MODEL)" >&2
     exit 1
 fi
