@@ -9,8 +9,8 @@ use vc_core::hub::ModelSource;
 use vc_model::files::ModelFiles;
 use vc_model::ops::Numerics;
 use vc_model::talker::Talker;
-use vc_train::params::ParamStore;
-use vc_train::stages::cross_entropy;
+use vc_train::step::params::ParamStore;
+use vc_train::step::stages::cross_entropy;
 
 fn timed<T>(
     what: &str,

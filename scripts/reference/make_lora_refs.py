@@ -16,7 +16,7 @@ How
   bias="none"))``; ``talker.codec_head.weight`` is trained fully beside the adapters (voiceclone's
   ``train.lora_full``), everything else frozen.
 * The adapters start from voiceclone's first values, not PEFT's random ones: ``lora_A`` drawn exactly as
-  ``crates/vc-train/src/lora.rs`` draws it (SplitMix64 seeded with ``train.seed`` XOR the FNV-1a hash of the factor's
+  ``crates/vc-train/src/step/lora.rs`` draws it (SplitMix64 seeded with ``train.seed`` XOR the FNV-1a hash of the factor's
   name, uniform in ±1/sqrt(in), rounded to float32), ``lora_B`` zero (PEFT's own start).  The script writes
   the ``lora_A`` values it used (``init.<name>``) so that the Rust test checks our initialization gives the
   same bits.

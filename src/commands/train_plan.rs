@@ -10,13 +10,14 @@ use crate::cli::TrainArgs;
 use vc_core::config::{Config, MemoryPolicy, ShardGroup, TrainBackend};
 use vc_core::workspace::Workspace;
 use vc_model::config::Qwen3TtsConfig;
-use vc_train::lora::Lora;
 use vc_train::plan::activations::Longest;
 use vc_train::plan::choice::{self, Pinned};
 use vc_train::plan::shapes::TensorShape;
 use vc_train::plan::{self, shapes, Estimate, Modes, Setup};
-use vc_train::units::unit_of;
-use vc_train::{trainable, Backend, Storage};
+use vc_train::step::lora::Lora;
+use vc_train::step::trainable;
+use vc_train::step::units::unit_of;
+use vc_train::{Backend, Storage};
 
 /// Audio frames per second (the 12 Hz tokenizer's 12.5).
 const FRAMES_PER_SECOND: f64 = 12.5;

@@ -10,7 +10,7 @@ use vc_model::config::Qwen3TtsConfig;
 use vc_model::ops::Numerics;
 use vc_model::talker::Talker;
 use vc_model::weights::Weights;
-use vc_train::params::ParamStore;
+use vc_train::step::params::ParamStore;
 
 struct Setup {
     cfg: Qwen3TtsConfig,

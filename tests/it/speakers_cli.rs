@@ -14,7 +14,8 @@ use vc_core::hub::ModelSource;
 use vc_model::files::ModelFiles;
 use vc_train::batch::{Batch, SPEAKER_POS};
 use vc_train::hooks::NoHooks;
-use vc_train::{loss, Backend, TrainOptions, Trainer};
+use vc_train::step::loss;
+use vc_train::{Backend, TrainOptions, Trainer};
 
 pub(crate) const MODEL: &str = "tiny-0b6";
 

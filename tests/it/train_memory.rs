@@ -166,7 +166,7 @@ fn every_mode_trains_like_fp32() {
 /// updates, the compensated weights keep them as fp32 masters do.
 #[test]
 fn plain_bf16_loses_small_updates_and_the_compensation_keeps_them() {
-    use vc_train::params::split_compensated;
+    use vc_train::step::params::split_compensated;
     let dev = Device::Cpu;
     let n = 1024 * 1024;
     let mut r = 0x2545_f491_4f6c_dd1du64;

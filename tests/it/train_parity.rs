@@ -11,7 +11,8 @@ use candle_core::{DType, Device, IndexOp, Tensor};
 use serde_json::Value;
 use vc_train::batch::Batch;
 use vc_train::optim::Schedule;
-use vc_train::{loss, Backend, Storage, Trainer};
+use vc_train::step::loss;
+use vc_train::{Backend, Storage, Trainer};
 
 struct Refs {
     json: Value,

@@ -22,7 +22,7 @@
 
 use candle_core::{Device, Result, Tensor};
 
-use super::data::Sample;
+use crate::data::Sample;
 use vc_core::artifacts::CODE_GROUPS;
 use vc_model::config::Qwen3TtsConfig;
 

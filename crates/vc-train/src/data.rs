@@ -109,7 +109,7 @@ pub fn speaker_table(
     device: &Device,
 ) -> Result<Tensor> {
     if dataset.speakers.is_empty() {
-        return Ok(super::load_speaker(speaker, hidden, device)?.unsqueeze(0)?);
+        return Ok(crate::load_speaker(speaker, hidden, device)?.unsqueeze(0)?);
     }
     let rows = vc_core::artifacts::speaker::read_set(speaker, &dataset.speakers, hidden)?;
     let flat: Vec<f32> = rows.concat();

@@ -1,5 +1,5 @@
 //! The training loop, one for every way of training (docs/training.md §1): it asks an
-//! [`Engine`] — the single-device [`super::Trainer`] or one rank of a sharded run — for
+//! [`Engine`] — the single-device [`crate::Trainer`] or one rank of a sharded run — for
 //! optimizer steps until the step budget or an agreed stop, and owns what is the same for all of
 //! them: the schedule of checkpoints, signals, metrics, evaluations and the progress bar.
 //!
@@ -12,11 +12,11 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 
-use super::evaluation::{Pages, SamplePlan, SampleRun, SampleSpeaker};
-use super::metrics::{EvalMetrics, MetricsLog, StepMetrics};
-use super::run_state::RunState;
-use super::selection::{self};
-use super::{checkpoint, Outcome, TrainOptions};
+use crate::evaluation::{Pages, SamplePlan, SampleRun, SampleSpeaker};
+use crate::metrics::{EvalMetrics, MetricsLog, StepMetrics};
+use crate::run_state::RunState;
+use crate::selection::{self};
+use crate::{checkpoint, Outcome, TrainOptions};
 use vc_core::config::Select;
 use vc_core::progress::Progress;
 use vc_core::stop_signal as signal;
@@ -142,7 +142,7 @@ pub fn run_with(
         let mut val: Option<f64> = None;
         while engine.run().step < total {
             let micro = engine.run_mut().next_step_batches();
-            let m = super::run_step(&device, || engine.step(&micro))
+            let m = crate::run_step(&device, || engine.step(&micro))
                 .map_err(|e| with_hint(e, &opts_checkpoints, c.lr))?;
             if let Some(log) = &log {
                 log.append(&m)?;
@@ -181,7 +181,7 @@ pub fn run_with(
             let mut evaluated = None;
             if eval_due || m.step == total {
                 progress.set_message(format!("{} · validating", message(val)));
-                let e = super::run_step(&device, || engine.validate())?;
+                let e = crate::run_step(&device, || engine.validate())?;
                 if let Some(e) = e {
                     val = Some(e.val_loss);
                     evaluated = Some(e);

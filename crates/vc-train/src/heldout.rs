@@ -12,7 +12,7 @@ use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::data::{sample_sha256, Dataset};
+use crate::data::{sample_sha256, Dataset};
 use vc_core::rng::SplitMix64;
 
 /// Fewest utterances a speaker holds out (when it holds out any).

@@ -3,31 +3,23 @@
 //! cosine schedule, exactly resumable checkpoints, metrics, and the export to the official model
 //! layout.
 //!
-//! Modules:
+//! Modules, by concern:
 //! - the data: [`data`] (manifest → samples, the speaker table), [`sampler`] (epoch order,
 //!   cursor), [`batch`] (the official layout), [`heldout`] and [`validation`] (the held-out set
 //!   and its loss);
-//! - the step: [`loss`] (the objective), [`stages`] (the forward pass cut at the [`units`]),
-//!   [`trainable`], [`params`] and [`lora`] (the trained set, its masters, adapters),
-//!   [`Backend`] (how a step computes: the kernels or autograd, and the storage dtype),
-//!   [`Trainer`] (the single-device step), [`sharded`] (one rank of a sharded run), [`sparse`]
-//!   (the text table's row-sparse gradient);
-//! - the optimizer: [`optim`] (AdamW, clipping, schedule), [`cpu_ops`] (its host kernels),
-//!   [`moments`] and [`saved_state`] (its state's forms in memory and in checkpoints);
-//! - checkpoints: [`checkpoint`] (format, writing, recovery, resuming),
-//!   [`safetensors_stream`] (the streaming writer);
+//! - the step and its backends: [`step`] (the objective, the forward pass cut at the units, the
+//!   trained set and adapters, the text table's row-sparse gradient, [`Backend`]), the
+//!   single-device [`Trainer`] and one rank of a sharded run ([`sharded`]);
+//! - the optimizer and its state's forms: [`optim`];
+//! - checkpoints and their layout: [`checkpoint`];
+//! - export: [`export`] (the official model layout, or the adapters alone);
 //! - the run: [`run_setup`] (what a run is), [`run_state`] (where it stands, held once for
 //!   every trainer), [`driver`] (the one loop), [`metrics`], [`selection`] (the chosen
 //!   checkpoint), [`evaluation`] (what the loop asks of the `vc-eval` crate), [`plan`] (the
-//!   memory plan), [`lock`] (one run per workspace), [`hooks`] (test seams);
-//! - export: [`export`] (the official model layout) and [`adapter_export`] (adapters alone in
-//!   PEFT's format).
+//!   memory plan), [`lock`] (one run per workspace), [`hooks`] (test seams).
 
-pub mod adapter_export;
-mod backend;
 pub mod batch;
 pub mod checkpoint;
-pub mod cpu_ops;
 pub mod data;
 pub mod driver;
 pub mod evaluation;
@@ -35,27 +27,18 @@ pub mod export;
 pub mod heldout;
 pub mod hooks;
 pub mod lock;
-pub mod lora;
-pub mod loss;
 pub mod metrics;
-pub mod moments;
 pub mod optim;
-pub mod params;
 pub mod plan;
 pub mod run_setup;
 pub mod run_state;
-pub mod safetensors_stream;
 pub mod sampler;
-pub mod saved_state;
 pub mod selection;
 pub mod sharded;
-pub mod sparse;
-pub mod stages;
+pub mod step;
 #[cfg(test)]
 pub(crate) mod test_support;
-pub mod trainable;
 mod trainer;
-pub mod units;
 pub mod validation;
 
 use std::path::{Path, PathBuf};
@@ -68,7 +51,7 @@ use self::hooks::TrainHooks;
 use vc_core::config::{ReduceDtype, TrainConfig};
 use vc_model::files::ModelFiles;
 
-pub use self::backend::{Backend, Storage};
+pub use self::step::backend::{Backend, Storage};
 pub use self::trainer::Trainer;
 
 /// The text embedding table, whose gradient the CPU trainer keeps row-sparse.

@@ -9,14 +9,15 @@ use anyhow::{Context, Result};
 use candle_core::Tensor;
 use sha2::{Digest, Sha256};
 
-use super::checkpoint::{self, Identity, Index, ModelIdentity};
-use super::data::{self, Dataset};
-use super::heldout::Split;
-use super::lora::Lora;
-use super::sampler::{Cursor, Sampler};
-use super::trainable;
-use super::units::unit_of;
-use super::{safetensors_stream, Backend, TrainOptions};
+use crate::checkpoint::safetensors_stream;
+use crate::checkpoint::{self, Identity, Index, ModelIdentity};
+use crate::data::{self, Dataset};
+use crate::heldout::Split;
+use crate::sampler::{Cursor, Sampler};
+use crate::step::lora::Lora;
+use crate::step::trainable;
+use crate::step::units::unit_of;
+use crate::{Backend, TrainOptions};
 use vc_model::config::Qwen3TtsConfig;
 
 /// The parts of a run that do not depend on how it is computed.

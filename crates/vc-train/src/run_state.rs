@@ -13,11 +13,12 @@ use candle_core::Tensor;
 use crate::batch::LayoutIds;
 use crate::checkpoint::{self, Identity, Index, OptimizerInfo, ParamInfo, RngInfo};
 use crate::data::Dataset;
+use crate::optim::saved_state;
 use crate::optim::{AdamW, Schedule};
 use crate::run_setup::{self, Resume, RunSetup};
 use crate::sampler::Sampler;
 use crate::selection::Selection;
-use crate::{saved_state, TrainOptions};
+use crate::TrainOptions;
 use vc_model::config::Qwen3TtsConfig;
 
 /// The state every trainer shares.

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
-use super::checkpoint::{step_dir_name, INDEX};
+use crate::checkpoint::{step_dir_name, INDEX};
 use vc_core::config::Select;
 
 /// The file in `checkpoints/` naming the chosen checkpoint (`step-NNNNNNN`).

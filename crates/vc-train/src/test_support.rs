@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use serde_json::json;
 
-use super::{Backend, TrainOptions};
+use crate::{Backend, TrainOptions};
 use vc_core::hub::ModelSource;
 use vc_model::files::ModelFiles;
 
@@ -92,7 +92,7 @@ pub fn options(ws: &Path, model: &str, backend: Backend, grad_accum: usize) -> T
         config,
         device: candle_core::Device::Cpu,
         backend,
-        hooks: Arc::new(super::hooks::NoHooks),
+        hooks: Arc::new(crate::hooks::NoHooks),
         evaluator: None,
     }
 }

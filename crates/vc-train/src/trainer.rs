@@ -12,16 +12,16 @@ use candle_core::{DType, Tensor, Var};
 
 use crate::batch::Batch;
 use crate::checkpoint::{self, Index, TrainingState};
-use crate::data::{self};
+use crate::data;
 use crate::metrics::{EvalMetrics, StepMetrics};
+use crate::optim::saved_state;
 use crate::optim::{self, AdamState, Grad};
-use crate::params::{ArithSource, ParamStore};
 use crate::run_setup::RunSetup;
 use crate::run_state::RunState;
-use crate::sparse::{self, RowGrad};
-use crate::{
-    driver, loss, saved_state, trainable, validation, Backend, TrainOptions, TEXT_EMBEDDING,
-};
+use crate::step::params::{ArithSource, ParamStore};
+use crate::step::text_grad::{self, RowGrad};
+use crate::step::{loss, trainable};
+use crate::{driver, validation, Backend, TrainOptions, TEXT_EMBEDDING};
 use vc_model::talker::Talker;
 
 /// A set-up training run: model, trained parameters, optimizer state, data order.
@@ -32,7 +32,7 @@ pub struct Trainer {
     pub params: ParamStore,
     pub adam: AdamState,
     /// Index of the text embedding among the parameters when its gradient is kept row-sparse
-    /// (the CPU kernels; see [`sparse`]).
+    /// (the CPU kernels; see [`text_grad`]).
     sparse_text: Option<usize>,
     backend: Backend,
 }
@@ -200,12 +200,12 @@ impl Trainer {
             let l = loss::sft_loss(&self.talker, &tensors, &self.run.speaker)?;
             return Ok((l, batch.frames, None));
         };
-        let (uniq, local) = sparse::distinct(&batch.text_ids);
+        let (uniq, local) = text_grad::distinct(&batch.text_ids);
         let dev = &self.run.opts.device;
         let table = self.params.params[i].var.as_tensor();
         let rows = Var::from_tensor(&table.index_select(&Tensor::new(uniq.as_slice(), dev)?, 0)?)?;
         let ids = Tensor::from_vec(local, (batch.rows, batch.len), dev)?;
-        let text = crate::stages::TextRows {
+        let text = crate::step::stages::TextRows {
             table: rows.as_tensor(),
             ids: &ids,
         };

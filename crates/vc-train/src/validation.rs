@@ -1,11 +1,11 @@
 //! The validation loss (docs/training.md §14): the training objective — talker and sub losses,
-//! as [`super::loss`] computes them — over the held-out set, teacher-forced, with no update.
+//! as [`crate::step::loss`] computes them — over the held-out set, teacher-forced, with no update.
 //! Every trainer batches the held-out set the same way ([`micro_batches`]) and averages the
 //! micro-batches' losses as a step averages its micro-batches', so the single-device and the
 //! sharded runs report the same number.
 
-use super::data::Dataset;
-use super::metrics::EvalMetrics;
+use crate::data::Dataset;
+use crate::metrics::EvalMetrics;
 
 /// The held-out set's micro-batches (indices into `heldout.samples`): `batch_size` utterances
 /// each, taken by length so that a batch pads little, ties in manifest order.

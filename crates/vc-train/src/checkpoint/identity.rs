@@ -39,7 +39,7 @@ pub struct Identity {
     /// The adapters' rank and α of a LoRA run (docs/training.md §13); not written for a full
     /// fine-tune.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lora: Option<crate::lora::LoraIdentity>,
+    pub lora: Option<crate::step::lora::LoraIdentity>,
     /// The held-out set (docs/training.md §14); not written when there is none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heldout: Option<crate::heldout::HeldoutId>,
@@ -168,7 +168,7 @@ impl Identity {
             ));
         }
         if self.lora != saved.lora {
-            let show = |l: &Option<crate::lora::LoraIdentity>| match l {
+            let show = |l: &Option<crate::step::lora::LoraIdentity>| match l {
                 Some(l) => format!("adapters of rank {} and alpha {}", l.rank, l.alpha),
                 None => "a full fine-tune".to_string(),
             };

@@ -9,8 +9,8 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::params::ParamStore;
 use crate::sampler::Cursor;
+use crate::step::params::ParamStore;
 
 use super::{Identity, FORMAT, INDEX, VERSION};
 

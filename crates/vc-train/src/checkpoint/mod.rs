@@ -19,6 +19,7 @@ mod index;
 mod layout;
 mod recovery;
 mod row_reader;
+pub mod safetensors_stream;
 mod writer;
 
 pub use identity::{read_speakers, Identity, ModelIdentity, SpeakerId, SpeakerSnapshot};

@@ -217,7 +217,7 @@ pub fn validate(dir: &Path) -> Result<()> {
                 .iter()
                 .filter(|s| s.rank == rank && s.rows[1] > s.rows[0])
             {
-                let saved = crate::saved_state::entries(
+                let saved = crate::optim::saved_state::entries(
                     index.optimizer.state,
                     &info.shape,
                     s.rows[1] - s.rows[0],

@@ -82,7 +82,7 @@ impl RowReader {
         Ok(&self.files[&rank])
     }
 
-    /// Rows `rows` of `KIND.NAME` (an entry of [`crate::saved_state::entries`]) as a tensor
+    /// Rows `rows` of `KIND.NAME` (an entry of [`crate::optim::saved_state::entries`]) as a tensor
     /// of the dtype it was saved in (f32, bf16 or u8), shaped as saved with `rows.len()` rows.
     pub fn rows(
         &mut self,
@@ -182,7 +182,7 @@ impl RowReader {
                 .rows("master", &name, 0..rows, device)?
                 .to_dtype(DType::F32)?;
             let shape = self.index.params[&name].shape.clone();
-            if crate::saved_state::compensated(self.index.optimizer.state, &shape) {
+            if crate::optim::saved_state::compensated(self.index.optimizer.state, &shape) {
                 m = (m + self
                     .rows("comp", &name, 0..rows, device)?
                     .to_dtype(DType::F32)?)?;
@@ -193,7 +193,7 @@ impl RowReader {
     }
 }
 
-impl crate::saved_state::SavedRows for RowReader {
+impl crate::optim::saved_state::SavedRows for RowReader {
     fn rows(
         &mut self,
         kind: &str,

@@ -9,10 +9,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
+use crate::checkpoint::safetensors_stream::{self, TensorHeader};
 use crate::hooks::{CheckpointPhase, TrainHooks};
 use crate::optim::AdamState;
-use crate::params::ParamStore;
-use crate::safetensors_stream::{self, TensorHeader};
+use crate::step::params::ParamStore;
 
 use super::{prune, rank_file, step_dir_name, Index, FORMAT, INDEX, LATEST};
 
@@ -144,16 +144,16 @@ fn write_rank_file(path: &Path, state: &TrainingState) -> Result<()> {
 }
 
 /// Writes the rank file of `params` (with `full_shapes`, the whole tensors' shapes) and their
-/// moments in `mode`'s entries ([`crate::saved_state::entries`]); parameters with no rows
+/// moments in `mode`'s entries ([`crate::optim::saved_state::entries`]); parameters with no rows
 /// (a rank's empty shard) are left out.
 pub fn write_state(
     path: &Path,
     mode: vc_core::config::OptimizerState,
-    params: &[crate::params::Param],
+    params: &[crate::step::params::Param],
     adam: &AdamState,
     full_shapes: &[&[usize]],
 ) -> Result<()> {
-    use crate::saved_state;
+    use crate::optim::saved_state;
     let mut entries = Vec::new();
     let mut sources = Vec::new();
     for (i, p) in params.iter().enumerate() {
@@ -187,7 +187,7 @@ pub fn write_state(
         }
     }
     write_tensors(path, &entries, |i| {
-        crate::saved_state::bytes(&sources[i], entries[i].dtype)
+        crate::optim::saved_state::bytes(&sources[i], entries[i].dtype)
     })
 }
 

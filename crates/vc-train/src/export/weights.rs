@@ -16,8 +16,8 @@ use safetensors::{Dtype as StDtype, SafeTensors};
 
 use super::ExportOptions;
 use crate::checkpoint;
-use crate::lora::LoraIdentity;
-use crate::safetensors_stream::{self, TensorHeader};
+use crate::checkpoint::safetensors_stream::{self, TensorHeader};
+use crate::step::lora::LoraIdentity;
 use vc_model::overlay::CODEC_EMBEDDING;
 
 /// Writes `model.safetensors` (bf16) with each speaker's x-vector in its codec-embedding row,

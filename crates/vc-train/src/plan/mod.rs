@@ -14,10 +14,11 @@ pub mod shapes;
 
 use std::collections::BTreeMap;
 
-use crate::params::Masters;
+use crate::optim::saved_state;
 use crate::sharded::PREDICTOR_CHUNK_FRAMES;
-use crate::units::Unit;
-use crate::{saved_state, Backend, TEXT_EMBEDDING};
+use crate::step::params::Masters;
+use crate::step::units::Unit;
+use crate::{Backend, TEXT_EMBEDDING};
 use vc_core::config::{Offload, OptimizerState, Recompute, ReduceDtype, Shard};
 use vc_dist::shard::RowSplit;
 use vc_kernels::moment8;

@@ -7,7 +7,7 @@ use std::cell::RefCell;
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
 
-use crate::units::{unit_of, Unit};
+use crate::step::units::{unit_of, Unit};
 use vc_model::config::Qwen3TtsConfig;
 use vc_model::layers::TensorSource;
 use vc_model::ops::Numerics;

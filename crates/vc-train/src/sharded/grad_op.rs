@@ -12,8 +12,8 @@ use candle_core::{Tensor, Var};
 use super::overlap::Reducer;
 use super::units::UnitSource;
 use super::{add_into, scalar, Micro, Pass, RankLosses, ShardedTrainer};
-use crate::loss;
-use crate::stages::TextRows;
+use crate::step::loss;
+use crate::step::stages::TextRows;
 use vc_model::talker::Talker;
 
 /// Every trained tensor in full, as a `Var` in the storage dtype.

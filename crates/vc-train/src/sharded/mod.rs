@@ -34,7 +34,7 @@
 //! computation: the units gathered next, the gradients being reduced), [`full`] and [`grad_op`]
 //! (the two passes), [`update`] (clipping and the AdamW step on the owned rows), [`save`] (this
 //! rank's part of a checkpoint). The loop that drives them is the one every trainer shares
-//! ([`super::driver`]).
+//! ([`crate::driver`]).
 //!
 //! No device work on empty tensors (docs/distributed.md §4.5): a rank that owns no rows of a
 //! tensor holds it as an empty tensor on the CPU and skips it in every device operation, and
@@ -60,15 +60,15 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use candle_core::{DType, Tensor, Var};
 
-use super::batch::{Batch, BatchTensors};
-use super::data::Dataset;
-use super::driver::{self, NonFinite};
-use super::metrics::{EvalMetrics, StepMetrics};
-use super::optim::{self, AdamState};
-use super::params::Param;
-use super::run_state::RunState;
-use super::validation;
-use super::{Backend, TrainOptions, TEXT_EMBEDDING};
+use crate::batch::{Batch, BatchTensors};
+use crate::data::Dataset;
+use crate::driver::{self, NonFinite};
+use crate::metrics::{EvalMetrics, StepMetrics};
+use crate::optim::{self, AdamState};
+use crate::run_state::RunState;
+use crate::step::params::Param;
+use crate::validation;
+use crate::{Backend, TrainOptions, TEXT_EMBEDDING};
 use vc_core::config::{Recompute, Shard as ShardMode};
 use vc_dist::shard::RowSplit;
 use vc_dist::{LinkBytes, Mesh, ReduceOp};
@@ -283,7 +283,7 @@ impl ShardedTrainer {
         samples: &[usize],
         text_ids: &[u32],
     ) -> Result<Micro> {
-        let s: Vec<&super::data::Sample> = samples.iter().map(|&i| &data.samples[i]).collect();
+        let s: Vec<&crate::data::Sample> = samples.iter().map(|&i| &data.samples[i]).collect();
         let batch = Batch::build(&s, &self.run.layout);
         let dev = &self.run.opts.device;
         let ids = if self.text.is_some() {

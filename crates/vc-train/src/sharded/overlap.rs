@@ -21,7 +21,7 @@ use candle_core::{DType, Device, Tensor, Var};
 use super::grad_op::Replica;
 use super::units::{PendingUnit, UnitShards, UnitSource};
 use super::ShardedTrainer;
-use crate::params::Param;
+use crate::step::params::Param;
 use vc_dist::unit_packing::{FlatLayout, PendingGather, PendingScatter};
 use vc_dist::Collective;
 

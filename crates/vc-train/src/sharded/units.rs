@@ -10,8 +10,8 @@ use anyhow::{Context, Result};
 use candle_core::{DType, Tensor, Var};
 
 use super::ShardedTrainer;
-use crate::params::at_arith;
-use crate::units::Unit;
+use crate::step::params::at_arith;
+use crate::step::units::Unit;
 use vc_dist::unit_packing::{gather_rows, FlatLayout, PendingGather, PendingScatter};
 use vc_model::layers::{trainable_or_frozen, AdapterSpec, TensorSource};
 

@@ -13,7 +13,7 @@ use super::{Pass, ShardedTrainer};
 use crate::driver::NonFinite;
 use crate::metrics::StepMetrics;
 use crate::optim::{self, Grad};
-use crate::sparse::RowGrad;
+use crate::step::text_grad::RowGrad;
 use vc_core::config::Shard as ShardMode;
 use vc_dist::unit_packing::reduce_scatter_rows;
 use vc_dist::ReduceOp;

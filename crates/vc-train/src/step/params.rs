@@ -13,9 +13,9 @@ use std::collections::BTreeMap;
 use anyhow::{bail, Result};
 use candle_core::{DType, Tensor, Var};
 
-use super::lora::Lora;
-use super::trainable::TRAINABLE_PREFIX;
-use super::units::{unit_of, Unit};
+use crate::step::lora::Lora;
+use crate::step::trainable::TRAINABLE_PREFIX;
+use crate::step::units::{unit_of, Unit};
 use vc_model::layers::{trainable_or_frozen, AdapterSpec, TensorSource};
 use vc_model::weights::Weights;
 
@@ -397,7 +397,7 @@ impl<'a> ArithSource<'a> {
 
 /// Weight `t` (named `name`) as the model computes with it in `arith` (see [`ArithSource`]).
 pub fn at_arith(name: &str, t: Tensor, arith: DType) -> Result<Tensor> {
-    if t.dtype() == arith || name == super::TEXT_EMBEDDING {
+    if t.dtype() == arith || name == crate::TEXT_EMBEDDING {
         Ok(t)
     } else {
         Ok(t.to_dtype(arith)?)

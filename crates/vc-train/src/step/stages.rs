@@ -16,8 +16,8 @@
 
 use candle_core::{DType, Result, Tensor, D};
 
-use super::batch::BatchTensors;
-use super::cpu_ops;
+use crate::batch::BatchTensors;
+use crate::optim::host_kernels;
 use vc_model::code_predictor::CodePredictor;
 use vc_model::config::Qwen3TtsConfig;
 use vc_model::layers::TensorSource;
@@ -250,13 +250,13 @@ pub fn sub_loss(
 }
 
 /// Mean cross-entropy of `logits` `(M, V)` (any float dtype; computed in f32) against `targets`
-/// `(M,)`: the fused CPU kernel ([`cpu_ops::CrossEntropy`]) with `kernels`, plain
+/// `(M,)`: the fused CPU kernel ([`host_kernels::CrossEntropy`]) with `kernels`, plain
 /// differentiable ops otherwise.
 pub fn cross_entropy(logits: &Tensor, targets: &Tensor, kernels: bool) -> Result<Tensor> {
     let logits = logits.to_dtype(DType::F32)?.contiguous()?;
     let targets = targets.to_dtype(DType::U32)?.contiguous()?;
     if kernels {
-        return logits.apply_op2(&targets, cpu_ops::CrossEntropy::default());
+        return logits.apply_op2(&targets, host_kernels::CrossEntropy::default());
     }
     let max = logits.max_keepdim(D::Minus1)?.detach();
     let shifted = logits.broadcast_sub(&max)?;

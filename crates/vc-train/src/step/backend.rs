@@ -7,8 +7,8 @@
 use anyhow::{bail, Result};
 use candle_core::{DType, Device};
 
-use crate::params::{self, Masters};
-use crate::saved_state;
+use crate::optim::saved_state;
+use crate::step::params::{self, Masters};
 use crate::TrainOptions;
 use vc_core::config::{OptimizerState, TrainBackend, TrainConfig};
 use vc_model::ops::Numerics;

@@ -252,8 +252,8 @@ mod tests {
 mod step_tests {
     use super::*;
     use crate::optim::{AdamState, AdamW, Grad};
-    use crate::params::{Masters, Param};
-    use crate::units::Unit;
+    use crate::step::params::{Masters, Param};
+    use crate::step::units::Unit;
 
     /// One AdamW step on 8-bit moments through the tensor ops and through the fused CPU
     /// kernel: the same codes, scales and weights.

@@ -178,7 +178,7 @@ impl InplaceOp1 for SparseSecondMoment<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cpu_ops::{FirstMoment, SecondMoment};
+    use crate::optim::host_kernels::{FirstMoment, SecondMoment};
     use candle_core::{Device, Tensor};
 
     #[test]

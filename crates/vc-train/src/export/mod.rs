@@ -27,19 +27,19 @@ use anyhow::{bail, Context, Result};
 use candle_core::Device;
 use serde_json::{json, Value};
 
-use super::adapter_export;
-use super::checkpoint::{self, ModelIdentity};
+use crate::checkpoint::{self, ModelIdentity};
 use vc_core::hub::ModelSource;
 use vc_core::workspace::Workspace;
 use vc_model::files::{self as mf, ModelFiles};
 
+pub mod adapters;
 mod marker;
 pub mod pace;
 pub mod weights;
 
 use marker::check_output;
 pub use marker::{base_identity, export_kind, is_current, recover, MARKER};
-pub use weights::merge_adapters;
+use weights::merge_adapters;
 use weights::write_weights;
 
 /// Codec-embedding row that holds the fine-tuned speaker (docs/model.md §10.5); named speakers
@@ -78,7 +78,7 @@ pub struct ExportOptions<'a> {
     /// (docs/training.md §13); 1 = as trained.
     pub lora_scale: f64,
     /// A LoRA checkpoint: write its adapters in PEFT's format instead of a merged model
-    /// ([`super::adapter_export`]).
+    /// ([`crate::export::adapters`]).
     pub adapter_only: bool,
     /// The training manifest, whose utterances give each speaker's pace ([`pace`]); `None`:
     /// no pace is recorded.
@@ -95,7 +95,7 @@ pub struct ExportSummary {
     pub trained_tensors: usize,
     /// The directory replaced an earlier export.
     pub replaced: bool,
-    /// It holds adapters in PEFT's format, not a model ([`super::adapter_export`]).
+    /// It holds adapters in PEFT's format, not a model ([`crate::export::adapters`]).
     pub adapter_only: bool,
     /// What was repaired of an earlier interrupted export first ([`recover`]).
     pub recovered: Vec<String>,
@@ -350,11 +350,11 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
                 let base = |modules: &[String]| {
                     opts.files
                         .load_weights(candle_core::DType::F32, &Device::Cpu, |n| {
-                            modules.iter().any(|m| adapter_export::in_module(n, m))
+                            modules.iter().any(|m| adapters::in_module(n, m))
                         })
                         .context("cannot read the base model")
                 };
-                adapter_export::write(
+                adapters::write(
                     lora,
                     &trained,
                     opts.lora_scale,

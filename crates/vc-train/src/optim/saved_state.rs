@@ -17,9 +17,9 @@ use std::ops::Range;
 use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor};
 
-use super::moments::{Codes8, Moment, Which};
-use super::params::Param;
-use super::safetensors_stream;
+use crate::checkpoint::safetensors_stream;
+use crate::optim::moments::{Codes8, Moment, Which};
+use crate::step::params::Param;
 use vc_core::config::OptimizerState;
 use vc_kernels::moment8;
 
@@ -37,7 +37,7 @@ pub fn eight_bit(mode: OptimizerState, shape: &[usize]) -> bool {
 }
 
 /// Whether `mode` keeps a tensor of (full) `shape` as a bf16 weight with a compensation (the
-/// large ones; small tensors keep fp32 masters, see [`super::Backend::masters`]).
+/// large ones; small tensors keep fp32 masters, see [`crate::Backend::masters`]).
 pub fn compensated(mode: OptimizerState, shape: &[usize]) -> bool {
     mode == OptimizerState::Bf16Compensated && moment8::quantizes(shape)
 }

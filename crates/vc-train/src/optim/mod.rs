@@ -1,14 +1,18 @@
 //! The optimizer step of docs/training.md §6: AdamW over fp32 masters with fp32 moments (PyTorch's
 //! decoupled form with bias correction), global-norm gradient clipping, and the learning-rate
-//! schedule (linear warm-up, then cosine decay).
+//! schedule (linear warm-up, then cosine decay). Its state's forms: [`moments`] in memory,
+//! [`saved_state`] in checkpoints; [`host_kernels`] are its loops over host memory.
+
+pub mod host_kernels;
+pub mod moments;
+pub mod saved_state;
 
 use candle_core::{DType, Result, Tensor};
 
-use super::cpu_ops;
-use super::moments::{Moment, Which};
-use super::params::Param;
-use super::sparse::{self, RowGrad};
-use cpu_ops::GradRows;
+use self::host_kernels::GradRows;
+use self::moments::{Moment, Which};
+use crate::step::params::Param;
+use crate::step::text_grad::{self, RowGrad};
 
 /// AdamW hyper-parameters (PyTorch defaults for betas and eps).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -242,7 +246,7 @@ impl AdamW {
                 candle_core::bail!("{}: no host copy to update", param.name)
             };
             if fused {
-                cpu_ops::fused_update(&param.name, w, comp, g, m, v, &k)?;
+                host_kernels::fused_update(&param.name, w, comp, g, m, v, &k)?;
             } else {
                 let (m, v) = (f32_moment(m)?, f32_moment(v)?);
                 match g {
@@ -265,14 +269,14 @@ impl AdamW {
     ) -> Result<()> {
         m.inplace_op2(
             g,
-            &cpu_ops::FirstMoment {
+            &host_kernels::FirstMoment {
                 weight: k.weight1,
                 clip: k.clip,
             },
         )?;
         v.inplace_op2(
             g,
-            &cpu_ops::SecondMoment {
+            &host_kernels::SecondMoment {
                 beta2: k.beta2,
                 clip: k.clip,
             },
@@ -290,12 +294,12 @@ impl AdamW {
         v: &Tensor,
         k: &vc_kernels::optim::StepConsts,
     ) -> Result<()> {
-        m.inplace_op1(&sparse::SparseFirstMoment {
+        m.inplace_op1(&text_grad::SparseFirstMoment {
             grad: g,
             weight: k.weight1,
             clip: k.clip,
         })?;
-        v.inplace_op1(&sparse::SparseSecondMoment {
+        v.inplace_op1(&text_grad::SparseSecondMoment {
             grad: g,
             beta2: k.beta2,
             clip: k.clip,
@@ -304,8 +308,8 @@ impl AdamW {
     }
 }
 
-fn param_update(k: &vc_kernels::optim::StepConsts) -> cpu_ops::ParamUpdate {
-    cpu_ops::ParamUpdate {
+fn param_update(k: &vc_kernels::optim::StepConsts) -> host_kernels::ParamUpdate {
+    host_kernels::ParamUpdate {
         decay: k.decay,
         step_size: k.step,
         bc2_sqrt: k.bc2_sqrt,
@@ -315,7 +319,7 @@ fn param_update(k: &vc_kernels::optim::StepConsts) -> cpu_ops::ParamUpdate {
 
 fn moments_on_cpu(m: &Moment, v: &Moment) -> bool {
     [m, v].iter().all(|x| match x {
-        Moment::F32(t) => cpu_ops::supported(t),
+        Moment::F32(t) => host_kernels::supported(t),
         Moment::Codes8(c) => c.codes.device().is_cpu() && c.scales.device().is_cpu(),
     })
 }
@@ -330,15 +334,15 @@ fn f32_moment(m: &Moment) -> Result<&Tensor> {
 /// The gradient of one parameter for [`AdamW::step`].
 pub enum Grad<'a> {
     Dense(Tensor),
-    /// Row-sparse (the text embedding on the CPU, see [`super::sparse`]).
+    /// Row-sparse (the text embedding on the CPU, see [`crate::step::text_grad`]).
     Rows(&'a RowGrad),
 }
 
 /// `acc += g`: in place with the CPU kernels (`in_place`, contiguous f32 CPU tensors), else a
 /// tensor add.
 pub fn accumulate(acc: Tensor, g: &Tensor, in_place: bool) -> Result<Tensor> {
-    if in_place && cpu_ops::supported(&acc) && cpu_ops::supported(g) {
-        acc.inplace_op2(g, &cpu_ops::AddAssign)?;
+    if in_place && host_kernels::supported(&acc) && host_kernels::supported(g) {
+        acc.inplace_op2(g, &host_kernels::AddAssign)?;
         Ok(acc)
     } else {
         acc + g
@@ -438,8 +442,8 @@ pub fn global_norm(grads: &[Tensor], kernels: bool) -> Result<f64> {
 /// Σ g² of one gradient: in f64 without temporaries with the CPU kernels (`kernels`, a
 /// contiguous f32 CPU tensor), else an f32 tensor reduction.
 pub fn sum_squares(g: &Tensor, kernels: bool) -> Result<f64> {
-    Ok(if kernels && cpu_ops::supported(g) {
-        g.apply_op1_no_bwd(&cpu_ops::SumSquares)?
+    Ok(if kernels && host_kernels::supported(g) {
+        g.apply_op1_no_bwd(&host_kernels::SumSquares)?
             .to_scalar::<f64>()?
     } else {
         g.to_dtype(DType::F32)?
@@ -518,7 +522,7 @@ mod tests {
     /// moment or step count is half-applied (in both update paths).
     #[test]
     fn a_failed_step_changes_nothing() {
-        use super::super::params::{Masters, ParamStore};
+        use crate::step::params::{Masters, ParamStore};
         use vc_model::weights::Weights;
         let dev = Device::Cpu;
         let dir = tempfile::tempdir().unwrap();
@@ -538,7 +542,7 @@ mod tests {
         let names: Vec<String> = tensors.keys().cloned().collect();
         let opt = AdamW::new(0.1);
         for (masters, in_place) in [(Masters::Shared, true), (Masters::Separate, false)] {
-            let place = super::super::params::Placement {
+            let place = crate::step::params::Placement {
                 device: dev.clone(),
                 offload: false,
             };

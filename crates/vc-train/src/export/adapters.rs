@@ -23,8 +23,8 @@ use anyhow::{Context, Result};
 use candle_core::{DType, Tensor};
 use serde_json::json;
 
-use super::lora::LoraIdentity;
-use super::safetensors_stream::{self, TensorHeader};
+use crate::checkpoint::safetensors_stream::{self, TensorHeader};
+use crate::step::lora::LoraIdentity;
 use vc_core::artifacts::adapter::{write_speakers, CONFIG, PEFT_PREFIX, SPEAKERS, WEIGHTS};
 use vc_model::weights::Weights;
 

@@ -12,7 +12,7 @@ use candle_core::{
     bail, CpuStorage, CustomOp1, InplaceOp2, InplaceOp3, Layout, Result, Shape, Tensor,
 };
 
-use crate::moments::Moment;
+use crate::optim::moments::Moment;
 use vc_kernels::{loss, optim};
 use vc_model::autograd_ops::{cpu_f32, with_values};
 
@@ -189,7 +189,7 @@ fn contiguous<'a, T>(v: &'a mut [T], l: &Layout, what: &str) -> Result<&'a mut [
 /// The gradient of a fused update: a dense f32 tensor, or row-sparse.
 pub enum GradRows<'a> {
     Dense(&'a Tensor),
-    Sparse(&'a crate::sparse::RowGrad),
+    Sparse(&'a crate::step::text_grad::RowGrad),
 }
 
 /// AdamW in place with [`optim::fused_update`] (8-bit moments, compensated weights) on the

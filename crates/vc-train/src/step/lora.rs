@@ -9,7 +9,7 @@ use anyhow::{bail, Result};
 use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 
-use super::trainable::{Glob, TRAINABLE_PREFIX};
+use crate::step::trainable::{Glob, TRAINABLE_PREFIX};
 use vc_core::config::TrainConfig;
 use vc_core::rng::SplitMix64;
 use vc_model::layers::{adapter_names, AdapterSpec};
