@@ -153,7 +153,7 @@ fn main() -> Result<()> {
         "threads={} load {load_s:.1} s; input={n} samples ({audio_s:.2} s) frames={frames} output={} samples \
          rms={rms:.3} finite={}; encode {:.2}x real time, decode {:.2}x real time{}; process CPU seconds encode {:.1}, \
          decode {:.1}",
-        vc_kernels::num_threads(),
+        vc_kernels::conv::num_threads(),
         out.len(),
         out.iter().all(|v| v.is_finite()),
         audio_s / enc,

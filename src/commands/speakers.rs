@@ -130,7 +130,7 @@ fn collect(ws: &Workspace, config: &Config) -> Result<Vec<SpeakerRow>> {
     Ok(entries)
 }
 
-fn count(e: &mut SpeakerRow, r: &vc_core::artifacts::ManifestRow) {
+fn count(e: &mut SpeakerRow, r: &vc_core::artifacts::manifest::ManifestRow) {
     e.utterances += 1;
     e.seconds += r.duration.unwrap_or(0.0);
     if r.frames().is_some() {

@@ -19,7 +19,7 @@ pub fn run(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<()> {
     if args.plan {
         return super::train_plan::print(ws, config, args);
     }
-    if let Some(env) = vc_dist::RankEnv::from_env()? {
+    if let Some(env) = vc_dist::env::RankEnv::from_env()? {
         return super::train_ranks::run_rank(ws, config, args, env);
     }
     let c = &config.train;

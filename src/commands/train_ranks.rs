@@ -15,7 +15,7 @@ use vc_dist::env::Launcher;
 use vc_dist::launch::{self, LaunchSpec, RankReport};
 use vc_dist::tcp::{Endpoint, TcpCollective};
 use vc_dist::topology::{Emulation, Groups, Nodes, EMULATE_NETWORK};
-use vc_dist::{Collective, Mesh, RankEnv, ReduceOp};
+use vc_dist::{env::RankEnv, Collective, Mesh, ReduceOp};
 use vc_train::driver::NonFinite;
 use vc_train::sharded::ShardedTrainer;
 use vc_train::{self as train, Backend};

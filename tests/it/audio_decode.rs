@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use vc_audio::analysis::{goertzel_db, rms_db, sine};
-use vc_audio::{decode_file, DecodeError};
+use vc_audio::{decode::decode_file, decode::DecodeError};
 
 const FREQ: f64 = 997.0;
 const LEVEL_DB: f64 = -6.0206; // amplitude 0.5

@@ -141,7 +141,7 @@ fn training_on_cuda_follows_the_official_trajectory_within_bf16() {
             backend: vc_train::Backend::Autograd(vc_train::Storage::Bf16),
             hooks: std::sync::Arc::new(vc_train::hooks::NoHooks),
             evaluator: Some(std::sync::Arc::new(vc_eval::Evaluation {
-                listener: vc_eval::Listener::Missing("not in this test".into()),
+                listener: vc_eval::samples::Listener::Missing("not in this test".into()),
                 references: Vec::new(),
             })),
         };

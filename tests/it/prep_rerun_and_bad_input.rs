@@ -330,7 +330,7 @@ fn truncated_recordings_give_their_readable_part_with_a_warning() {
             .and_then(|rest| rest.split(' ').next())
             .and_then(|v| v.parse().ok())
             .unwrap_or_else(|| panic!("no duration in {line}"));
-        let full = vc_audio::decode_file(&dir.join(name))
+        let full = vc_audio::decode::decode_file(&dir.join(name))
             .unwrap()
             .duration_seconds();
         assert!(

@@ -7,7 +7,7 @@
 
 use crate::common::fixtures;
 use std::collections::HashMap;
-use vc_core::artifacts::CodeFrame;
+use vc_core::artifacts::codes::CodeFrame;
 
 use candle_core::{DType, Device, Tensor};
 use vc_core::hub::ModelSource;

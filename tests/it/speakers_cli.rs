@@ -105,7 +105,7 @@ fn every_batch_row_carries_its_own_speakers_x_vector() {
         backend: Backend::Kernels,
         hooks: std::sync::Arc::new(NoHooks),
         evaluator: Some(std::sync::Arc::new(vc_eval::Evaluation {
-            listener: vc_eval::Listener::Missing("not in this test".into()),
+            listener: vc_eval::samples::Listener::Missing("not in this test".into()),
             references: Vec::new(),
         })),
     };

@@ -220,7 +220,7 @@ fn checkpoints_resume_at_any_world_size() {
             backend: vc_train::Backend::Kernels,
             hooks: Arc::new(vc_train::hooks::NoHooks),
             evaluator: Some(std::sync::Arc::new(vc_eval::Evaluation {
-                listener: vc_eval::Listener::Missing("not in this test".into()),
+                listener: vc_eval::samples::Listener::Missing("not in this test".into()),
                 references: Vec::new(),
             })),
         }

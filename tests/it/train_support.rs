@@ -208,7 +208,7 @@ pub fn train_options(
         backend,
         hooks: std::sync::Arc::new(vc_train::hooks::NoHooks),
         evaluator: Some(std::sync::Arc::new(vc_eval::Evaluation {
-            listener: vc_eval::Listener::Missing("not in this test".into()),
+            listener: vc_eval::samples::Listener::Missing("not in this test".into()),
             references: Vec::new(),
         })),
     }

@@ -8,9 +8,6 @@ pub mod decode;
 pub mod resample;
 pub mod wav;
 
-pub use decode::{decode_bytes, decode_file, Audio, DecodeError};
-pub use resample::resample;
-
 /// Output rate of every utterance and of synthesis (the Qwen3-TTS codec's rate).
 pub const OUTPUT_RATE: u32 = 24_000;
 /// Whisper's input rate.
@@ -19,9 +16,10 @@ pub const WHISPER_RATE: u32 = 16_000;
 /// Decodes `path` and resamples it to `rate` Hz mono. A damaged file gives its readable part,
 /// with a warning in the log.
 pub fn load_mono(path: &std::path::Path, rate: u32) -> anyhow::Result<Vec<f32>> {
-    let audio = decode_file(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let audio =
+        decode::decode_file(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     if let Some(damage) = &audio.damage {
         tracing::warn!("{}: {damage}", path.display());
     }
-    resample(&audio.samples, audio.sample_rate, rate)
+    resample::resample(&audio.samples, audio.sample_rate, rate)
 }

@@ -10,8 +10,6 @@ pub mod codes;
 pub mod manifest;
 pub mod prep_whisper;
 pub mod speaker;
-pub mod voice_id;
+mod voice_id;
 
-pub use codes::{CodeFrame, CODE_GROUPS};
-pub use manifest::{Manifest, ManifestLine, ManifestRow};
 pub use voice_id::VoiceId;

@@ -13,11 +13,11 @@
 //! - [`launch`]: `--gpus N` / `--cpu-ranks N`: start the rank processes and watch them;
 //! - `local` (tests): an in-process world of ranks on threads.
 
-pub mod collective;
+mod collective;
 pub mod env;
 pub mod launch;
 pub mod local;
-pub mod mesh;
+mod mesh;
 #[cfg(feature = "nccl")]
 pub mod nccl;
 pub mod shard;
@@ -26,5 +26,5 @@ pub mod topology;
 pub mod unit_packing;
 
 pub use collective::{Collective, LinkBytes, Pending, ReduceOp};
-pub use env::RankEnv;
+
 pub use mesh::Mesh;

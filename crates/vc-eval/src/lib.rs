@@ -20,12 +20,10 @@ use anyhow::Result;
 
 use vc_train::evaluation::{Evaluator, Pages, SamplePlan, SampleRun};
 
-pub use self::samples::Listener;
-
 /// Evaluation as `voiceclone train` runs it.
 pub struct Evaluation {
     /// What transcribes the samples for their WER.
-    pub listener: Listener,
+    pub listener: samples::Listener,
     /// Each voice's reference clip (its lower-cased name as the export names it, and the
     /// clip), shown beside the samples in the report.
     pub references: Vec<(String, PathBuf)>,

@@ -17,7 +17,7 @@ use super::prompt::TalkerPrompt;
 use super::runaway::{GuardReason, RowGuard, RowVerdict};
 use super::sampling::RowRng;
 use super::talker_loop::LoopOptions;
-use vc_core::artifacts::CodeFrame;
+use vc_core::artifacts::codes::CodeFrame;
 use vc_model::infer;
 
 /// One generated row (an utterance, or a chunk of a long one) in the running batch.

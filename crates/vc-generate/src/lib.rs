@@ -14,14 +14,14 @@
 //! | [`runaway`] | the guards that stop a chunk that misses its end or loops |
 //! | [`streaming`], [`audio_chunks`] | one request spoken as it is generated, its audio in growing chunks |
 
-pub mod audio_chunks;
+mod audio_chunks;
 pub mod continuous_batch;
-pub mod precision;
+mod precision;
 pub mod prompt;
 pub mod runaway;
 pub mod sampling;
 pub mod streaming;
-pub mod synthesizer;
+mod synthesizer;
 pub mod talker_loop;
 pub mod text_split;
 

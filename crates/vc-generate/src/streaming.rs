@@ -18,7 +18,7 @@ use super::continuous_batch::{Row, StepOutcome, Stepper};
 use super::runaway::GuardStop;
 use super::sampling::RowRng;
 use super::synthesizer::{DecodeOptions, Request, Synthesizer};
-use vc_core::artifacts::CodeFrame;
+use vc_core::artifacts::codes::CodeFrame;
 use vc_model::codec::StreamDecoder;
 
 /// What the generating thread hands the decoding one.

@@ -11,7 +11,7 @@ use candle_core::{DType, IndexOp, Tensor};
 use super::prompt::{self, TalkerPrompt};
 use super::runaway::{GuardReason, RowGuard, RowVerdict};
 use super::sampling::{Code0Processors, RowRng, Sampling};
-use vc_core::artifacts::CodeFrame;
+use vc_core::artifacts::codes::CodeFrame;
 use vc_model::infer;
 use vc_model::talker::Talker;
 
@@ -44,7 +44,7 @@ pub trait StepObserver: FnMut(usize) {}
 impl<F: FnMut(usize)> StepObserver for F {}
 
 /// Picks one code per batch row from f32 logits rows, for codebook `j` (1..=15).
-pub use vc_model::infer::SubCodePick;
+use vc_model::infer::SubCodePick;
 
 /// A talker with its code predictor as the frame loop drives it: the candle modules
 /// ([`Talker`], CUDA and `bf16`) or the row inference path ([`infer::RowTalker`]).

@@ -78,7 +78,3 @@ pub mod simd;
 pub mod team;
 pub mod test_values;
 pub mod winograd;
-
-pub use conv::num_threads;
-pub use gemm::{Acc, Par};
-pub use mat::{MatMut, MatRef};

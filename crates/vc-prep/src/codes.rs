@@ -22,8 +22,8 @@ use anyhow::{Context, Result};
 
 use vc_audio::{self as audio, OUTPUT_RATE};
 use vc_core::artifacts::codes::frames_from_rows;
+use vc_core::artifacts::codes::CodeFrame;
 use vc_core::artifacts::manifest::{AudioCodes, Manifest, ManifestLine, ManifestRow};
-use vc_core::artifacts::CodeFrame;
 use vc_core::progress::Progress;
 use vc_core::workspace::Workspace;
 use vc_model::codec::Codec;

@@ -46,7 +46,7 @@ use segment::{DropReason, Rules};
 use sources::SourceFile;
 use transcribe::{Transcriber, Transcript};
 use vc_audio::{self as audio, OUTPUT_RATE, WHISPER_RATE};
-use vc_core::artifacts::{manifest, ManifestRow};
+use vc_core::artifacts::{manifest, manifest::ManifestRow};
 use vc_core::fsutil::write_atomic;
 use vc_core::progress::Progress;
 use vc_core::workspace::Workspace;
@@ -391,7 +391,8 @@ fn process_source(
     key: &str,
 ) -> std::result::Result<(SourceRecord, Option<String>), SourceError> {
     let t_start = Instant::now();
-    let decoded = audio::decode_file(&file.path).map_err(|e| SourceError::Input(e.to_string()))?;
+    let decoded =
+        audio::decode::decode_file(&file.path).map_err(|e| SourceError::Input(e.to_string()))?;
     let warning = match &decoded.damage {
         Some(damage) if decoded.duration_seconds() < ctx.rules.min_seconds => {
             return Err(SourceError::Input(format!(
@@ -428,7 +429,7 @@ fn process_source(
         Cow::Borrowed(&decoded.samples)
     } else {
         Cow::Owned(
-            audio::resample(&decoded.samples, decoded.sample_rate, WHISPER_RATE)
+            audio::resample::resample(&decoded.samples, decoded.sample_rate, WHISPER_RATE)
                 .map_err(|e| SourceError::Input(format!("{e:#}")))?,
         )
     };
@@ -437,7 +438,7 @@ fn process_source(
     let transcript = transcribe_pieces(ctx, &for_whisper, &pieces).map_err(SourceError::Input)?;
     let t_transcribed = Instant::now();
     drop(for_whisper);
-    let output = audio::resample(&decoded.samples, decoded.sample_rate, OUTPUT_RATE)
+    let output = audio::resample::resample(&decoded.samples, decoded.sample_rate, OUTPUT_RATE)
         .map_err(|e| SourceError::Input(format!("{e:#}")))?;
     let cut = segment::cut(&transcript.segments, &output, OUTPUT_RATE, ctx.rules);
 

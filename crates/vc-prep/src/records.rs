@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
-use vc_core::artifacts::ManifestRow;
+use vc_core::artifacts::manifest::ManifestRow;
 use vc_core::fsutil::write_atomic;
 
 /// What prep remembers about one source recording, so a re-run can skip it.

@@ -24,7 +24,7 @@ use super::{
 };
 use super::{TranscriberFactory, UtteranceRecord};
 use vc_core::artifacts::manifest::{Manifest, ManifestLine};
-use vc_core::artifacts::{speaker, ManifestRow};
+use vc_core::artifacts::{manifest::ManifestRow, speaker};
 use vc_core::workspace::Workspace;
 
 /// The recordings of one named speaker.

@@ -566,13 +566,14 @@ async fn register_voice(
     let max_seconds = state.opts.max_voice_seconds;
     let max_voices = state.opts.max_voices;
     let entry = tokio::task::spawn_blocking(move || -> Result<_, ApiError> {
-        let audio = vc_audio::decode_bytes(file.data.into(), ext.as_deref()).map_err(|e| {
-            ApiError::invalid(
-                Some("file"),
-                "invalid_audio",
-                format!("cannot read the audio: {e}"),
-            )
-        })?;
+        let audio =
+            vc_audio::decode::decode_bytes(file.data.into(), ext.as_deref()).map_err(|e| {
+                ApiError::invalid(
+                    Some("file"),
+                    "invalid_audio",
+                    format!("cannot read the audio: {e}"),
+                )
+            })?;
         let seconds = audio.duration_seconds();
         if !(0.5..=max_seconds).contains(&seconds) {
             return Err(ApiError::invalid(
@@ -586,7 +587,7 @@ async fn register_voice(
         }
         // Failures from here on may name the model's or the workspace's files: logged, and
         // the client told what failed (docs/serving.md §2).
-        let wav = vc_audio::resample(&audio.samples, audio.sample_rate, 24_000)
+        let wav = vc_audio::resample::resample(&audio.samples, audio.sample_rate, 24_000)
             .map_err(|e| ApiError::internal_logged("cannot resample the clip", format!("{e:#}")))?;
         let xvector = state2.xvector(&wav).map_err(|e| {
             ApiError::internal_logged("cannot compute the x-vector", format!("{e:#}"))

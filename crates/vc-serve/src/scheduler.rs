@@ -10,7 +10,7 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use anyhow::{Context, Result};
 
-use vc_core::artifacts::CodeFrame;
+use vc_core::artifacts::codes::CodeFrame;
 use vc_generate::continuous_batch::{Row, StepOutcome, Stepper};
 use vc_generate::runaway::GuardStop;
 use vc_generate::sampling::RowRng;

@@ -10,7 +10,7 @@ use std::sync::RwLock;
 
 use anyhow::{bail, ensure, Context, Result};
 
-use vc_core::artifacts::{CodeFrame, VoiceId};
+use vc_core::artifacts::{codes::CodeFrame, VoiceId};
 use vc_core::workspace::Workspace;
 use vc_generate::Voice;
 

@@ -23,7 +23,7 @@
 use candle_core::{Device, Result, Tensor};
 
 use crate::data::Sample;
-use vc_core::artifacts::CODE_GROUPS;
+use vc_core::artifacts::codes::CODE_GROUPS;
 use vc_model::config::Qwen3TtsConfig;
 
 /// Label value of positions without a target (PyTorch's `ignore_index`).
@@ -227,7 +227,7 @@ pub struct BatchTensors {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vc_core::artifacts::CodeFrame;
+    use vc_core::artifacts::codes::CodeFrame;
 
     fn ids() -> LayoutIds {
         LayoutIds {

@@ -12,8 +12,8 @@ use anyhow::{bail, Result};
 use candle_core::{Device, Tensor};
 use sha2::{Digest, Sha256};
 
+use vc_core::artifacts::codes::CodeFrame;
 use vc_core::artifacts::manifest::{Manifest, ManifestRow};
-use vc_core::artifacts::CodeFrame;
 use vc_model::text::TextTokenizer;
 
 /// One utterance, ready for the batch layout (docs/model.md §10.2).

@@ -212,7 +212,7 @@ fn rank(seed: u64, content: &[u8; 32]) -> u64 {
 mod tests {
     use super::*;
     use crate::data::Sample;
-    use vc_core::artifacts::CodeFrame;
+    use vc_core::artifacts::codes::CodeFrame;
 
     fn data(speakers: &[&str], per_speaker: usize) -> Dataset {
         let mut samples = Vec::new();

@@ -55,7 +55,7 @@ impl LossSums {
 mod tests {
     use super::*;
     use crate::data::Sample;
-    use vc_core::artifacts::CodeFrame;
+    use vc_core::artifacts::codes::CodeFrame;
 
     #[test]
     fn micro_batches_go_by_length_and_cover_every_utterance_once() {

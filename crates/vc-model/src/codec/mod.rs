@@ -24,9 +24,9 @@
 //! # Ok(()) }
 //! ```
 
-pub mod config;
-pub mod decoder;
-pub mod encoder;
+mod config;
+mod decoder;
+mod encoder;
 pub mod quantizer;
 pub mod transformer;
 
