@@ -10,7 +10,7 @@ use vc_model::files::ModelFiles;
 use vc_model::ops::Numerics;
 use vc_model::talker::Talker;
 use vc_train::step::params::ParamStore;
-use vc_train::step::stages::cross_entropy;
+use vc_train::step::units::forward::cross_entropy;
 
 fn timed<T>(
     what: &str,

@@ -205,7 +205,7 @@ impl Trainer {
         let table = self.params.params[i].var.as_tensor();
         let rows = Var::from_tensor(&table.index_select(&Tensor::new(uniq.as_slice(), dev)?, 0)?)?;
         let ids = Tensor::from_vec(local, (batch.rows, batch.len), dev)?;
-        let text = crate::step::stages::TextRows {
+        let text = crate::step::units::forward::TextRows {
             table: rows.as_tensor(),
             ids: &ids,
         };

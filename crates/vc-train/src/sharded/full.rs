@@ -11,7 +11,9 @@ use candle_core::{DType, Tensor, Var};
 
 use super::overlap::{Prefetch, Reducer};
 use super::{accumulate_vars, add_into, scalar, Micro, Pass, RankLosses, ShardedTrainer};
-use crate::step::stages::{sub_loss, Embedded, EmbeddingUnit, HeadUnit, TextRows, SUB_LOSS_WEIGHT};
+use crate::step::units::forward::{
+    sub_loss, Embedded, EmbeddingUnit, HeadUnit, TextRows, SUB_LOSS_WEIGHT,
+};
 use crate::step::units::Unit;
 use vc_model::code_predictor::CodePredictor;
 use vc_model::layers::{DecoderLayer, DecoderStackConfig};

@@ -13,7 +13,7 @@ use super::overlap::Reducer;
 use super::units::UnitSource;
 use super::{add_into, scalar, Micro, Pass, RankLosses, ShardedTrainer};
 use crate::step::loss;
-use crate::step::stages::TextRows;
+use crate::step::units::forward::TextRows;
 use vc_model::talker::Talker;
 
 /// Every trained tensor in full, as a `Var` in the storage dtype.

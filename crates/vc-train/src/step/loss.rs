@@ -6,13 +6,13 @@
 //! `L_talker` = mean cross-entropy of `codec_head(H[p])` against the code-0 label of input p+1,
 //! over every labelled position of the batch (the frames and EOS of each sample);
 //! `L_sub` = mean over all frames and codebooks 1..15 of the teacher-forced predictor CE;
-//! `L = L_talker + 0.3 · L_sub`. The pieces are the units of [`crate::step::stages`]; here they run
+//! `L = L_talker + 0.3 · L_sub`. The pieces are the units of [`crate::step::units::forward`]; here they run
 //! chained on a whole model, in one autograd graph.
 
 use candle_core::{Result, Tensor};
 
 use crate::batch::BatchTensors;
-use crate::step::stages::{sub_loss, EmbeddingUnit, HeadUnit, TextRows, SUB_LOSS_WEIGHT};
+use crate::step::units::forward::{sub_loss, EmbeddingUnit, HeadUnit, TextRows, SUB_LOSS_WEIGHT};
 use vc_model::layers::StepContext;
 use vc_model::talker::Talker;
 

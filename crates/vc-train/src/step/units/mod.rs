@@ -7,6 +7,10 @@
 //! to the embedding unit: they build the talker's input (the frame embedding of
 //! docs/model.md §5.4), and the same unit computes the predictor's teacher-forced inputs from
 //! them, so no weight is needed by two units.
+//!
+//! Each unit's forward computation is in [`forward`].
+
+pub mod forward;
 
 use std::fmt;
 
