@@ -93,10 +93,13 @@ mod tests {
     #[test]
     fn runs_starting_together_get_the_lock_exactly_once() {
         let dir = tempfile::tempdir().unwrap();
-        let p = Arc::new(dir.path().join("lock"));
-        // A stale file from a killed run is there, as in the take-over case.
-        std::fs::write(&*p, "4194305\n").unwrap();
-        for _ in 0..50 {
+        for round in 0..50 {
+            // A file of its own each round: a process another test forks while the last round's
+            // winner still has the file open would hold that round's lock until it execs (the
+            // lock belongs to the shared open file), and nobody could win this round.
+            let p = Arc::new(dir.path().join(format!("lock-{round}")));
+            // A stale file from a killed run is there, as in the take-over case.
+            std::fs::write(&*p, "4194305\n").unwrap();
             let barrier = Arc::new(Barrier::new(4));
             let handles: Vec<_> = (0..4)
                 .map(|_| {
@@ -115,7 +118,7 @@ mod tests {
                 .map(|h| h.join().unwrap())
                 .filter(|&w| w)
                 .count();
-            assert_eq!(winners, 1);
+            assert_eq!(winners, 1, "round {round}");
         }
     }
 
