@@ -74,13 +74,13 @@ pub fn run(ws: &Workspace, config: &Config, args: &TrainArgs) -> Result<()> {
         let sizes = (trainer.params.len(), trainer.full_parameters());
         let state = trainer.state_bytes();
         let outcome = announce_and_run(ws, args, config, &mut trainer, sizes, state, &where_)?;
-        return finish(ws, config, args, &outcome, trainer.options());
+        return finish(ws, config, args, &outcome, &trainer.run.opts);
     }
     let mut trainer = Trainer::new(opts, fresh_start(args))?;
     let sizes = (trainer.params.params.len(), trainer.params.elem_count());
     let state = trainer.state_bytes();
     let outcome = announce_and_run(ws, args, config, &mut trainer, sizes, state, &where_)?;
-    finish(ws, config, args, &outcome, trainer.options())
+    finish(ws, config, args, &outcome, &trainer.run.opts)
 }
 
 /// Says what a one-device run starts from (its warnings, then a fresh start or the checkpoint

@@ -278,7 +278,7 @@ fn train_rank(
     }
     coll.finish()?;
     if rank == 0 {
-        finish(ws, config, args, &outcome, trainer.options())
+        finish(ws, config, args, &outcome, &trainer.run.opts)
     } else if outcome.interrupted {
         bail!("stopped on request after step {}", outcome.step)
     } else {

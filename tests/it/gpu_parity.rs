@@ -140,10 +140,7 @@ fn training_on_cuda_follows_the_official_trajectory_within_bf16() {
             device: dev.clone(),
             backend: vc_train::Backend::Autograd(vc_train::Storage::Bf16),
             hooks: std::sync::Arc::new(vc_train::hooks::NoHooks),
-            evaluator: Some(std::sync::Arc::new(vc_eval::Evaluation {
-                listener: vc_eval::samples::Listener::Missing("not in this test".into()),
-                references: Vec::new(),
-            })),
+            evaluator: evaluator(),
         };
         let mut trainer = vc_train::Trainer::new(opts, false).unwrap();
         trainer.run.schedule = vc_train::optim::Schedule {

@@ -219,10 +219,7 @@ fn checkpoints_resume_at_any_world_size() {
             device: candle_core::Device::Cpu,
             backend: vc_train::Backend::Kernels,
             hooks: Arc::new(vc_train::hooks::NoHooks),
-            evaluator: Some(std::sync::Arc::new(vc_eval::Evaluation {
-                listener: vc_eval::samples::Listener::Missing("not in this test".into()),
-                references: Vec::new(),
-            })),
+            evaluator: evaluator(),
         }
     };
     // Bound before the ranks start, as the launcher binds it.

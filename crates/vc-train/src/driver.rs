@@ -15,7 +15,7 @@ use anyhow::Result;
 use crate::evaluation::{Pages, SamplePlan, SampleRun, SampleSpeaker};
 use crate::metrics::{EvalMetrics, MetricsLog, StepMetrics};
 use crate::run_state::RunState;
-use crate::selection::{self};
+use crate::selection;
 use crate::{checkpoint, Outcome, TrainOptions};
 use vc_core::config::Select;
 use vc_core::progress::Progress;

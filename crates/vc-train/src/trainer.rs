@@ -34,7 +34,6 @@ pub struct Trainer {
     /// Index of the text embedding among the parameters when its gradient is kept row-sparse
     /// (the CPU kernels; see [`text_grad`]).
     sparse_text: Option<usize>,
-    backend: Backend,
 }
 
 impl Trainer {
@@ -105,7 +104,6 @@ impl Trainer {
             params,
             adam,
             sparse_text,
-            backend,
         })
     }
 
@@ -121,20 +119,20 @@ impl Trainer {
     /// Rebuilds the model from the stored weights when it computes in another dtype than they
     /// are stored in: the cast copies it holds were taken before the last update.
     fn refresh_model(&mut self) -> Result<()> {
-        let arith = self.backend.arith_dtype(&self.run.opts.device);
-        if self.backend.storage_dtype() != arith {
+        let arith = self.backend().arith_dtype(&self.run.opts.device);
+        if self.backend().storage_dtype() != arith {
             self.talker = Talker::from_source(
                 &ArithSource::new(&self.params, arith),
                 &self.run.cfg,
-                self.backend.numerics(),
+                self.backend().numerics(),
             )?;
         }
         Ok(())
     }
 
-    /// The backend this trainer computes with.
+    /// The backend this trainer computes with (the run's `TrainOptions::backend`).
     pub fn backend(&self) -> Backend {
-        self.backend
+        self.run.opts.backend
     }
 
     /// The loss of one micro-batch of samples (indices into the dataset).
@@ -219,7 +217,7 @@ impl Trainer {
         let t0 = Instant::now();
         let epoch = self.run.sampler.cursor().epoch;
         let n = micro.len() as f64;
-        let in_place = self.backend.in_place();
+        let in_place = self.backend().in_place();
         let grad_dtype = crate::reduce_dtype(self.run.opts.config.reduce_dtype);
         self.run.opts.hooks.step_start(self.run.step + 1, 0);
         self.refresh_model()?;
@@ -310,13 +308,14 @@ impl Trainer {
                 None => Grad::Rows(text_rows.as_ref().expect("sparse rows")),
             })
             .collect();
+        let on_host = self.backend().optimizer_on_host(&self.run.opts.config);
         self.run.adamw.step(
             &mut self.adam,
             &mut self.params.params,
             &grads,
             lr,
             clip,
-            self.backend.optimizer_on_host(&self.run.opts.config),
+            on_host,
         )?;
         self.run.step += 1;
         let loss = sum / n;
@@ -356,10 +355,6 @@ impl Trainer {
             self.run.opts.hooks.as_ref(),
             |dir| speakers.write(dir),
         )
-    }
-
-    pub fn options(&self) -> &TrainOptions {
-        &self.run.opts
     }
 }
 

@@ -61,7 +61,7 @@ impl ShardedTrainer {
     /// The forward pass unit by unit on gathered weights (the first half of the `full` pass,
     /// and the whole of a validation), keeping every unit's inputs. No gradient is taken.
     pub(super) fn forward(&self, mine: &[Micro], rows: Option<&Tensor>) -> Result<Forward> {
-        let numerics = self.backend.numerics();
+        let numerics = self.backend().numerics();
         let cfg = &self.run.cfg;
         let tcfg = DecoderStackConfig::talker(&cfg.talker_config)?;
         let (emb_u, layer_u, head_u, cp_u) = self.unit_indices()?;
@@ -159,8 +159,8 @@ impl ShardedTrainer {
         micro: &[Vec<usize>],
         epoch: usize,
     ) -> Result<Pass> {
-        let numerics = self.backend.numerics();
-        let in_place = self.backend.in_place();
+        let numerics = self.backend().numerics();
+        let in_place = self.backend().in_place();
         let grad_dtype = crate::reduce_dtype(self.run.opts.config.reduce_dtype);
         let cfg = &self.run.cfg;
         let tcfg = DecoderStackConfig::talker(&cfg.talker_config)?;

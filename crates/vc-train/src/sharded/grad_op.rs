@@ -109,7 +109,7 @@ impl ShardedTrainer {
             .map(|(k, v)| (k.clone(), v.as_tensor().clone()))
             .collect();
         let src = self.unit_source(tensors);
-        Talker::from_source(&src, &self.run.cfg, self.backend.numerics())
+        Talker::from_source(&src, &self.run.cfg, self.backend().numerics())
     }
 
     /// Every local micro-batch forward and backward on the replicated model, the summed
@@ -123,7 +123,7 @@ impl ShardedTrainer {
     ) -> Result<Pass> {
         let replica = self.replica()?;
         let talker = self.replica_model()?;
-        let in_place = self.backend.in_place();
+        let in_place = self.backend().in_place();
         let grad_dtype = crate::reduce_dtype(self.run.opts.config.reduce_dtype);
         let table = self.text_table(rows)?;
         let rows_var = rows.map(Var::from_tensor).transpose()?;

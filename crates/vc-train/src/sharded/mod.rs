@@ -68,7 +68,7 @@ use crate::optim::{self, AdamState};
 use crate::run_state::RunState;
 use crate::step::params::Param;
 use crate::validation;
-use crate::{Backend, TrainOptions, TEXT_EMBEDDING};
+use crate::{Backend, TEXT_EMBEDDING};
 use vc_core::config::{Recompute, Shard as ShardMode};
 use vc_dist::shard::RowSplit;
 use vc_dist::{LinkBytes, Mesh, ReduceOp};
@@ -89,7 +89,6 @@ pub struct ShardedTrainer {
     /// communicate).
     overlap: bool,
     pub mode: ShardMode,
-    backend: Backend,
     /// The dtype weights are stored and gathered in ([`Backend::storage_dtype`]).
     storage: DType,
     /// The dtype the model computes in ([`Backend::arith_dtype`]).
@@ -194,12 +193,9 @@ impl ShardedTrainer {
         self.mesh.sent()
     }
 
-    pub fn options(&self) -> &TrainOptions {
-        &self.run.opts
-    }
-
+    /// The backend this rank computes with (the run's `TrainOptions::backend`).
     pub fn backend(&self) -> Backend {
-        self.backend
+        self.run.opts.backend
     }
 
     /// Bytes of this rank's masters, both moments and gradient shards: what sharding divides
@@ -301,7 +297,7 @@ impl ShardedTrainer {
             batch.rows,
             batch.len - 1,
             self.arith,
-            self.backend.numerics(),
+            self.backend().numerics(),
             dev,
         )?;
         Ok(Micro {

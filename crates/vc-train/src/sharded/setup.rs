@@ -130,7 +130,6 @@ impl ShardedTrainer {
             prefetch,
             overlap,
             mode,
-            backend,
             storage,
             arith,
             run,

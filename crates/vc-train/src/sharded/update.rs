@@ -29,7 +29,7 @@ impl ShardedTrainer {
         n: usize,
         t0: Instant,
     ) -> Result<StepMetrics> {
-        let in_place = self.backend.in_place();
+        let in_place = self.backend().in_place();
         let Pass {
             sums,
             mut grads,
@@ -109,7 +109,7 @@ impl ShardedTrainer {
                 },
             })
             .collect::<Result<_>>()?;
-        let on_host = self.backend.optimizer_on_host(&self.run.opts.config);
+        let on_host = self.backend().optimizer_on_host(&self.run.opts.config);
         match (&self.replica, self.mode) {
             (Some(replica), ShardMode::GradOp) if self.overlap => {
                 let text_layout = self.text.map(|t| (t, self.text_layout(t)));
