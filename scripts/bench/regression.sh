@@ -40,6 +40,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/bench/quiet.sh
+source scripts/bench/model.sh
 
 if is_smoke; then
     OLD_REV=${1:-HEAD}
@@ -152,17 +153,8 @@ job_train() { # dir
 job_step() { # dir
     local ws=$OUT/step-ws
     rm -rf "$ws"
-    mkdir -p "$ws/data"
-    cp "$STEP_DATA" "$ws/data/train.jsonl"
-    cp "$OUT/xvector/data/speaker.safetensors" "$ws/data/speaker.safetensors"
-    printf '[model]\nbase = "%s"\n[train]\nval_fraction = 0.0\n' "$(cd "$STEP_MODEL" && pwd)" \
-        >"$ws/voiceclone.toml"
-    RAYON_NUM_THREADS=$THREADS "$1/voiceclone" --workdir "$ws" train --no-shuffle --batch-size 2 \
-        --grad-accum 1 --warmup-steps 0 --lr 2e-5 --max-steps $((1 + STEPS)) --epochs 1000000 \
-        --save-every 0 --keep 1 --no-export >"$OUT/job.out" 2>"$OUT/job.err" || {
-        cat "$OUT/job.err" >&2
-        exit 1
-    }
+    BIN=$1/voiceclone train_steps "$ws" "$STEP_MODEL" "$STEP_DATA" \
+        "$OUT/xvector/data/speaker.safetensors" 2 $((1 + STEPS)) env RAYON_NUM_THREADS="$THREADS"
     # The step lines (evaluation lines carry val_loss) after the first: their seconds summed.
     python3 - "$ws/checkpoints/metrics.jsonl" "$STEPS" <<'PY'
 import json, sys

@@ -32,7 +32,7 @@
 # the table shows voiceclone's line alone.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-source scripts/bench/smoke.sh
+source scripts/bench/model.sh
 
 PYTHON=${PYTHON:-.reference-venv/bin/python}
 OUT=$(mktemp -d)
@@ -73,7 +73,6 @@ if (( ROWS % BATCH != 0 )); then
     echo "error: $DATA has $ROWS rows, not a multiple of BATCH=$BATCH (the batch orders would differ)" >&2
     exit 1
 fi
-MODEL_ABS=$(cd "$MODEL_DIR" && pwd)
 
 official() {  # $1 = round
     local xv=()
@@ -89,17 +88,8 @@ official() {  # $1 = round
 
 rust() {  # $1 = round
     local ws=$OUT/ws-$1
-    mkdir -p "$ws/data"
-    cp "$DATA" "$ws/data/train.jsonl"
-    cp "$OUT/xvector.safetensors" "$ws/data/speaker.safetensors"
-    # No held-out set: every row trains, in the batches the official loop takes, and no
-    # evaluation runs between the timed steps.
-    printf '[model]\nbase = "%s"\n[train]\nval_fraction = 0.0\n' "$MODEL_ABS" > "$ws/voiceclone.toml"
-    RAYON_NUM_THREADS=$THREADS /usr/bin/time -f '%M' -o "$ws/maxrss" \
-        "$BIN" --workdir "$ws" train --no-shuffle --batch-size "$BATCH" \
-        --grad-accum 1 --warmup-steps 0 --lr 2e-5 --weight-decay 0.01 --clip-norm 1.0 \
-        --max-steps $((WARMUP + STEPS)) --epochs 1000000 --save-every 0 --keep 1 --no-export \
-        >/dev/null 2>"$ws/stderr" || { cat "$ws/stderr" >&2; exit 1; }
+    train_steps "$ws" "$MODEL_DIR" "$DATA" "$OUT/xvector.safetensors" "$BATCH" \
+        $((WARMUP + STEPS)) env RAYON_NUM_THREADS="$THREADS" /usr/bin/time -f '%M' -o "$ws/maxrss"
 }
 
 if ((!REFERENCE)); then
