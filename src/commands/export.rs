@@ -11,6 +11,7 @@ use vc_model::files::ModelFiles;
 use vc_train::{checkpoint, export, selection};
 
 pub fn run(ws: &Workspace, config: &Config, args: &ExportArgs) -> Result<()> {
+    let mut choice = export::card::Choice::Newest;
     let dir = match &args.checkpoint {
         Some(d) if args.best && d.join(checkpoint::INDEX).is_file() => bail!(
             "--best chooses from a directory of checkpoints, and {} is one checkpoint: pass \
@@ -19,6 +20,7 @@ pub fn run(ws: &Workspace, config: &Config, args: &ExportArgs) -> Result<()> {
         ),
         // The checkpoint the run chose (docs/training.md §14.3).
         d if args.best => {
+            choice = export::card::Choice::Best;
             let root = d.clone().unwrap_or_else(|| ws.checkpoints_dir());
             selection::find_best(&root)?.with_context(|| {
                 format!(
@@ -28,7 +30,10 @@ pub fn run(ws: &Workspace, config: &Config, args: &ExportArgs) -> Result<()> {
                 )
             })?
         }
-        Some(d) if d.join(checkpoint::INDEX).is_file() => d.clone(),
+        Some(d) if d.join(checkpoint::INDEX).is_file() => {
+            choice = export::card::Choice::Given;
+            d.clone()
+        }
         // A checkpoints/ directory: its newest checkpoint.
         Some(d) => checkpoint::find_latest(d)?.with_context(|| {
             format!(
@@ -97,6 +102,9 @@ pub fn run(ws: &Workspace, config: &Config, args: &ExportArgs) -> Result<()> {
         lora_scale: args.lora_scale,
         adapter_only: args.adapter_only,
         manifest: Some(ws.manifest()),
+        choice,
+        // The checkpoint records no session settings; the card says so.
+        session: None,
     })?;
     summary.print(ws);
     Ok(())

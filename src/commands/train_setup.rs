@@ -301,7 +301,13 @@ pub fn finish(
         .clone()
         .or(checkpoint::find_latest(&checkpoints)?);
     // The checkpoint `train.select` chose (docs/training.md §14.3), else the newest.
-    let Some(ckpt) = train::selection::find_best(&checkpoints)?.or(newest.clone()) else {
+    let best = train::selection::find_best(&checkpoints)?;
+    let choice = if best.is_some() {
+        export::card::Choice::Best
+    } else {
+        export::card::Choice::Newest
+    };
+    let Some(ckpt) = best.or(newest.clone()) else {
         bail!("no checkpoint to export");
     };
     if newest.as_ref().is_some_and(|n| *n != ckpt) {
@@ -338,6 +344,21 @@ pub fn finish(
         lora_scale: 1.0,
         adapter_only: false,
         manifest: Some(ws.manifest()),
+        choice,
+        session: Some(export::card::Session {
+            backend: opts.backend,
+            device: if opts.device.is_cpu() {
+                "CPU".into()
+            } else if opts.device.is_cuda() {
+                "CUDA device".into()
+            } else {
+                format!("{:?}", opts.device.location())
+            },
+            grad_accum: c.grad_accum,
+            epochs: c.epochs,
+            max_steps: c.max_steps,
+            select: c.select.name().to_string(),
+        }),
     })?;
     summary.print(ws);
     Ok(())

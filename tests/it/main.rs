@@ -11,6 +11,7 @@ mod codes_cli;
 mod common;
 mod dist_support;
 mod embed_cli;
+mod export_card;
 mod gpu_parity;
 mod hub_and_config;
 mod model_full_size_load;

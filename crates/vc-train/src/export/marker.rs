@@ -111,6 +111,8 @@ pub fn is_current(output: &Path, checkpoint: &Path, speaker_name: &str) -> bool 
         && marker["kind"].as_str().unwrap_or("model") == "model"
         && marker["lora"]["scale"].as_f64().unwrap_or(1.0) == 1.0
         && output.join(mf::SINGLE_FILE).is_file()
+        // An export from before the card gains one.
+        && output.join(super::card::CARD).is_file()
 }
 
 /// The identity of the base model an export was made from, as its marker records it.

@@ -9,8 +9,10 @@
 //!                          replaced, the x-vector in talker.model.codec_embedding.weight[3000]
 //!                          (named speakers: one row each, 3000, 3001, … in table order)
 //! generation_config.json, tokenizer files, speech_tokenizer/   copied from the base model
-//! voiceclone-export.json   marks the directory as ours (a later export may replace it), and
-//!                          records each speaker's pace measured on the manifest ([`pace`])
+//! README.md, samples/      the model card and its samples ([`card`])
+//! voiceclone-export.json   marks the directory as ours (a later export may replace it), lists
+//!                          the card's files, and records each speaker's pace measured on the
+//!                          manifest ([`pace`])
 //! ```
 //! The directory is written under a temporary name and renamed into place; an existing
 //! directory is only replaced when it is an earlier export (or empty).
@@ -33,6 +35,7 @@ use vc_core::workspace::Workspace;
 use vc_model::files::{self as mf, ModelFiles};
 
 pub mod adapters;
+pub mod card;
 mod marker;
 pub mod pace;
 pub mod weights;
@@ -80,9 +83,14 @@ pub struct ExportOptions<'a> {
     /// A LoRA checkpoint: write its adapters in PEFT's format instead of a merged model
     /// ([`crate::export::adapters`]).
     pub adapter_only: bool,
-    /// The training manifest, whose utterances give each speaker's pace ([`pace`]); `None`:
-    /// no pace is recorded.
+    /// The training manifest, whose utterances give each speaker's pace ([`pace`]) and the
+    /// card's data per speaker ([`card`]); `None`: neither is recorded.
     pub manifest: Option<PathBuf>,
+    /// How the checkpoint was picked, for the card.
+    pub choice: card::Choice,
+    /// The settings of the training session exporting at its end, for the card; `None` for
+    /// `voiceclone export` (the checkpoint does not record them).
+    pub session: Option<card::Session>,
 }
 
 #[derive(Debug, Clone)]
@@ -372,6 +380,19 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
                 counts
             }
         };
+        let card_files = card::Card {
+            files: opts.files,
+            index: &index,
+            checkpoint: &opts.checkpoint,
+            speakers: &rows,
+            adapter_only: opts.adapter_only,
+            lora_scale: opts.lora_scale,
+            manifest: opts.manifest.as_deref(),
+            choice: opts.choice,
+            session: opts.session.as_ref(),
+            dir_name: &base_name,
+        }
+        .write(&tmp)?;
         let mut marker = if index.identity.speakers.is_empty() {
             json!({
                 "format": "voiceclone-export",
@@ -393,6 +414,8 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
             })
         };
         marker["kind"] = json!(kind);
+        // The card and its samples: written by the export, replaced with it.
+        marker[card::MARKER_FIELD] = json!(card_files);
         if let Some(lora) = &index.identity.lora {
             marker["lora"] = json!({
                 "rank": lora.rank,
@@ -517,6 +540,9 @@ fn copy_dir(
             && (name == mf::CONFIG
                 || name == mf::SHARD_INDEX
                 || name == MARKER
+                // The base's own card is not this model's (ours is written after the copy).
+                || name == card::CARD
+                || name == card::SAMPLES
                 || fs::canonicalize(&path).is_ok_and(|c| skip.contains(&c)))
         {
             continue;
