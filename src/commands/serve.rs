@@ -147,7 +147,8 @@ pub fn run(ws: &Workspace, resolved: &config::Resolved) -> Result<()> {
     let state = ServerState::new(synth, opts, voices, default_voice, adapter_voices)?;
     serve::run(state, |addr| {
         println!(
-            "voiceclone serve: listening on http://{addr} (voices: {}; {})",
+            "voiceclone serve: listening on http://{addr} (voices: {}; {}); the listening page: \
+             http://{addr}/",
             if voice_list.is_empty() {
                 "none yet, register one with POST /v1/voices".to_string()
             } else {

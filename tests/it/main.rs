@@ -26,6 +26,7 @@ mod serve;
 mod serve_adapters;
 mod serve_errors;
 mod serve_lifecycle;
+mod serve_page;
 mod serve_stream;
 mod serve_usage_examples;
 mod serve_voices;

@@ -13,6 +13,7 @@ use serde_json::{json, Value};
 use super::audio_out::{Format, Framing, ResponseEncoder};
 use super::http::{self, ApiError, ChannelBody, RespBody, StreamError};
 use super::multipart;
+use super::page;
 use super::scheduler::{GenEvent, Job, Refused};
 use super::speech_request::parse_speech;
 use super::stream_decoding::{OpenStream, StreamDecoding};
@@ -62,7 +63,9 @@ async fn route(
     method: &Method,
     path: &str,
 ) -> Result<Response<RespBody>, ApiError> {
-    if path != "/health" {
+    // The page holds no secret: it asks the user for the key its API calls send
+    // (docs/serving.md §8).
+    if path != "/health" && !page::is_page(path) {
         if let Some(key) = &state.opts.api_key {
             if !authorized(&req, key) {
                 return Err(ApiError::new(
@@ -77,8 +80,10 @@ async fn route(
     let known = matches!(
         path,
         "/health" | "/v1/models" | "/v1/audio/speech" | "/v1/voices"
-    ) || path.starts_with("/v1/voices/");
+    ) || path.starts_with("/v1/voices/")
+        || page::is_page(path);
     match (method, path) {
+        (&Method::GET, p) if page::is_page(p) => Ok(page::response(state)),
         (&Method::GET, "/health") => Ok(health(state)),
         (&Method::GET, "/v1/models") => Ok(models(state)),
         (&Method::POST, "/v1/audio/speech") => speech(req, state).await,

@@ -5,12 +5,14 @@
 //! worker per streamed response that carries its frames there and its audio out ([`api`]).
 //! A speech request's body is read and checked in [`speech_request`], answered in the bytes of
 //! [`audio_out`]; [`voices`] holds the voices registered through the API (their uploads parsed by
-//! [`multipart`]); [`http`] the body types, errors and bounded reads.
+//! [`multipart`]); [`http`] the body types, errors and bounded reads; [`page`] the listening
+//! page a browser opens at `/`.
 
 pub mod api;
 pub mod audio_out;
 pub mod http;
 pub mod multipart;
+pub mod page;
 pub mod scheduler;
 pub mod speech_request;
 pub mod stream_decoding;

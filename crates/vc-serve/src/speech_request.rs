@@ -304,6 +304,32 @@ pub fn parse_speech(state: &ServerState, body: &[u8]) -> Result<SpeechParams, Ap
     })
 }
 
+/// What each optional sampling field of a speech request is when the request leaves it out:
+/// the server's defaults from `[speak]` and the model (`ServeOptions::defaults`), named as
+/// [`parse_speech`] reads them, for the listening page (docs/serving.md §8) — so the page shows
+/// the numbers the parser uses and keeps no copy of its own. `greedy` is true when neither
+/// code sampler samples (then the sampling fields change nothing).
+pub fn field_defaults(opts: &super::ServeOptions) -> Value {
+    let d = &opts.defaults;
+    serde_json::json!({
+        "language": opts.language,
+        "greedy": !d.code0.do_sample && !d.sub_codes.do_sample,
+        "temperature": d.code0.temperature,
+        "top_k": d.code0.top_k,
+        "top_p": d.code0.top_p,
+        "repetition_penalty": d.repetition_penalty,
+        "sub_temperature": d.sub_codes.temperature,
+        "sub_top_k": d.sub_codes.top_k,
+        "sub_top_p": d.sub_codes.top_p,
+        "max_frames": d.max_frames,
+        "non_streaming": match opts.non_streaming {
+            vc_core::config::NonStreaming::True => "true",
+            vc_core::config::NonStreaming::False => "false",
+            vc_core::config::NonStreaming::Auto => "auto",
+        },
+    })
+}
+
 /// The voices a speech request may name.
 fn voice_names(state: &ServerState) -> Vec<String> {
     let mut names = Vec::new();
@@ -371,6 +397,38 @@ mod tests {
         let body: SpeechBody = serde_json::from_value(v).unwrap();
         assert!(body.model.is_none() && body.seed.is_none());
         assert_eq!(body.input, Some(Value::String("Hi.".into())));
+    }
+
+    /// The page fills its settings from these and sends them back under the same names: each
+    /// must be a field a request may have.
+    #[test]
+    fn field_defaults_are_named_as_request_fields() {
+        let gen = vc_model::files::GenerationConfig::default();
+        let opts = super::super::ServeOptions {
+            host: "127.0.0.1".into(),
+            port: 0,
+            api_key: None,
+            max_batch: 1,
+            max_queue: 1,
+            max_input_chars: 10,
+            max_body_bytes: 10,
+            max_voice_seconds: 1.0,
+            max_voices: 1,
+            shutdown_grace: std::time::Duration::ZERO,
+            defaults: DecodeOptions::from_generation_config(&gen),
+            language: "auto".into(),
+            non_streaming: vc_core::config::NonStreaming::Auto,
+            model_id: "m".into(),
+            speaker_paces: Default::default(),
+        };
+        let d = field_defaults(&opts);
+        assert_eq!(d["temperature"], gen.temperature);
+        assert_eq!(d["sub_top_k"], gen.subtalker_top_k);
+        assert_eq!(d["greedy"], false);
+        let mut body = d.as_object().unwrap().clone();
+        body.insert("model".into(), "m".into());
+        let parsed = serde_json::from_value::<SpeechBody>(Value::Object(body));
+        assert!(parsed.is_ok(), "{:?}", parsed.err());
     }
 
     #[test]
