@@ -8,7 +8,8 @@
 #            for scripts/bench/prep_baseline.py
 #
 # Produces:
-#   DEST/venv/                      Python venv (numpy, openai, ray; + baseline deps with --bench)
+#   DEST/venv/                      Python venv (numpy, openai, ray, tensorboard; + baseline deps
+#                                   with --bench)
 #   /usr/bin/torchrun               the real torchrun, from Debian's CPU build of PyTorch
 #                                   (python3-torch; PyPI's torch wheel needs ~3 GB of CUDA
 #                                   libraries to import)
@@ -47,6 +48,9 @@ WHISPER_SDIST="openai-whisper==20250625"
 OPENAI_PKG="openai>=1.60"
 # Ray, for scripts/launchers/ray_train.py's test on a local cluster (tests/it/train_launchers.rs).
 RAY_PKG="ray==2.60.0"
+# TensorBoard, whose own reader checks training's event files (scripts/ci/tensorboard_events.py,
+# tests/it/train_tensorboard.rs).
+TENSORBOARD_PKG="tensorboard==2.21.0"
 # chromium-headless-shell: the browser that renders checkpoints/report.html in its test
 # (tests/it/train_samples.rs).
 APT_PACKAGES=(ffmpeg sox asterisk-core-sounds-en-g722 asterisk-core-sounds-en pocketsphinx-testdata python3-torch
@@ -113,6 +117,12 @@ if "$PY" -c 'import ray' 2>/dev/null; then
 else
     log "installing $RAY_PKG"
     "$PY" -m pip install -q --disable-pip-version-check "$RAY_PKG"
+fi
+if "$PY" -c 'import tensorboard' 2>/dev/null; then
+    log "tensorboard present"
+else
+    log "installing $TENSORBOARD_PKG"
+    "$PY" -m pip install -q --disable-pip-version-check "$TENSORBOARD_PKG"
 fi
 if ((BENCH)); then
     if "$PY" -c 'import faster_whisper, librosa, soxr, soundfile' 2>/dev/null; then

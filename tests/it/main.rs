@@ -47,4 +47,5 @@ mod train_recovery;
 mod train_samples;
 mod train_samples_select;
 mod train_support;
+mod train_tensorboard;
 mod train_validation;

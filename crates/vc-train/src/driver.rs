@@ -6,7 +6,7 @@
 //! In a sharded run every rank runs this loop in lockstep: the step count, the checkpoint
 //! cadence and the stop decision (agreed through [`Engine::any_rank`]) are the same on every
 //! rank, so each rank calls the same collectives in the same order. Only the reporting rank
-//! (rank 0) writes metrics and shows progress.
+//! (rank 0) writes metrics (`metrics.jsonl`, the TensorBoard event files) and shows progress.
 
 use std::path::PathBuf;
 
@@ -16,6 +16,7 @@ use crate::evaluation::{Pages, SamplePlan, SampleRun, SampleSpeaker};
 use crate::metrics::{EvalMetrics, MetricsLog, StepMetrics};
 use crate::run_state::RunState;
 use crate::selection;
+use crate::tensorboard::TensorBoardLog;
 use crate::{checkpoint, Outcome, TrainOptions};
 use vc_core::config::Select;
 use vc_core::progress::Progress;
@@ -113,14 +114,22 @@ pub fn run_with(
     let hooks = engine.run().opts.hooks.clone();
     let device = engine.run().opts.device.clone();
     let samples = plan_samples(engine)?;
-    let log = if reporter {
+    let (log, tensorboard) = if reporter {
         before_first_write()?;
         for note in &samples.notes {
             println!("{note}");
         }
-        Some(MetricsLog::open(&opts_checkpoints, start_step)?)
+        let tensorboard = if c.tensorboard {
+            Some(TensorBoardLog::open(&opts_checkpoints, start_step)?)
+        } else {
+            None
+        };
+        (
+            Some(MetricsLog::open(&opts_checkpoints, start_step)?),
+            tensorboard,
+        )
     } else {
-        None
+        (None, None)
     };
     let progress = if reporter {
         Progress::new(total as u64, "steps", "train")
@@ -146,6 +155,9 @@ pub fn run_with(
                 .map_err(|e| with_hint(e, &opts_checkpoints, c.lr))?;
             if let Some(log) = &log {
                 log.append(&m)?;
+            }
+            if let Some(tb) = &tensorboard {
+                tb.append_step(&m)?;
             }
             frames += m.frames;
             seconds += m.seconds;
@@ -218,6 +230,9 @@ pub fn run_with(
                 if let (Some(log), Some(e)) = (&log, &evaluated) {
                     log.append_eval(e)?;
                 }
+                if let (Some(tb), Some(e)) = (&tensorboard, &evaluated) {
+                    tb.append_eval(e)?;
+                }
                 if let (Some(log), Some(dir)) = (&log, dir) {
                     let shown = match opts_checkpoints.parent() {
                         Some(base) => vc_core::fsutil::display_relative(&dir, base),
@@ -248,6 +263,9 @@ pub fn run_with(
                 }
             } else if let (Some(log), Some(e)) = (&log, &evaluated) {
                 log.append_eval(e)?;
+                if let Some(tb) = &tensorboard {
+                    tb.append_eval(e)?;
+                }
                 progress.println(format!(
                     "step {}/{total}: loss {:.4}, validation {:.4}",
                     m.step, m.loss, e.val_loss

@@ -14,9 +14,10 @@
 //! - checkpoints and their layout: [`checkpoint`];
 //! - export: [`export`] (the official model layout, or the adapters alone);
 //! - the run: [`run_setup`] (what a run is), [`run_state`] (where it stands, held once for
-//!   every trainer), [`driver`] (the one loop), [`metrics`], [`selection`] (the chosen
-//!   checkpoint), [`evaluation`] (what the loop asks of the `vc-eval` crate), [`plan`] (the
-//!   memory plan), [`lock`] (one run per workspace), [`hooks`] (test seams).
+//!   every trainer), [`driver`] (the one loop), [`metrics`] and [`tensorboard`] (the same
+//!   numbers as TensorBoard event files), [`selection`] (the chosen checkpoint), [`evaluation`]
+//!   (what the loop asks of the `vc-eval` crate), [`plan`] (the memory plan), [`lock`] (one run
+//!   per workspace), [`hooks`] (test seams).
 
 pub mod batch;
 pub mod checkpoint;
@@ -36,6 +37,7 @@ pub mod sampler;
 pub mod selection;
 pub mod sharded;
 pub mod step;
+pub mod tensorboard;
 #[cfg(test)]
 pub(crate) mod test_support;
 mod trainer;

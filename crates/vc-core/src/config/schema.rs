@@ -105,6 +105,9 @@ pub struct TrainConfig {
     pub samples: Samples,
     /// The texts the samples speak; empty = texts of held-out utterances.
     pub sample_texts: Vec<String>,
+    /// Whether the run writes TensorBoard event files to `checkpoints/tensorboard/`
+    /// (docs/training.md §9.1).
+    pub tensorboard: bool,
     pub freeze: Vec<String>,
     /// Rank of the low-rank adapters, 0 = a full fine-tune (docs/training.md §13).
     pub lora_rank: usize,
