@@ -39,6 +39,7 @@ RUNS=(
     "lora.sh|bash scripts/bench/lora.sh"
     "memory.sh|bash scripts/bench/memory.sh"
     "overlap.sh|bash scripts/bench/overlap.sh"
+    "peer.sh|bash scripts/bench/peer.sh"
     "plan_tables.sh|bash scripts/bench/plan_tables.sh"
     "portable.sh|bash scripts/bench/portable.sh"
     "prep.sh|bash scripts/bench/prep.sh"
@@ -55,6 +56,8 @@ RUNS=(
     # Its imports come after the arguments are read: without prep.sh's baseline packages (CI has
     # none, scripts/README.md) only its command line is checked.
     "prep_baseline.py --help|python3 scripts/bench/prep_baseline.py --help"
+    # It needs the peer's source (CI has none, scripts/README.md): only its usage is checked.
+    "peer_setup.sh --help|bash scripts/bench/peer_setup.sh --help"
 )
 # Files that the runs above source or call (scripts/README.md says which).
 USED="model.sh smoke.sh synthetic.py prep_wer.py serve_client.py"
