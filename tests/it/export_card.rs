@@ -88,6 +88,12 @@ fn cached_base(root: &Path) -> std::path::PathBuf {
 /// What every card of a merged export says, checked against the run's files.
 fn check_model_card(ws: &Path, out: &Path, tag: &str) -> String {
     let card = std::fs::read_to_string(out.join("README.md")).unwrap();
+    // Kept for a look by eye (`VOICECLONE_CARD_COPY=DIR`: DIR/<tag>.md).
+    if let Some(dest) = std::env::var_os("VOICECLONE_CARD_COPY") {
+        let dest = std::path::PathBuf::from(dest);
+        std::fs::create_dir_all(&dest).unwrap();
+        std::fs::write(dest.join(format!("{tag}.md")), &card).unwrap();
+    }
     let fm = front_matter(&card).unwrap_or_else(|| panic!("{tag}: no front matter\n{card}"));
     assert_eq!(fm["base_model_relation"], ["finetune"], "{tag}");
     assert_eq!(fm["pipeline_tag"], ["text-to-speech"], "{tag}");
