@@ -6,7 +6,9 @@
 //! With ROWS > 1, every part runs for that many rows at once, as the server's batch does
 //! (docs/performance.md §10): times are per step of the whole batch.
 //!
-//!     cargo run --release --example profile_speak -- MODEL_DIR [f32|bf16-weights|q8] [FRAMES] [ROWS]
+//!     cargo run --release --example profile_speak -- MODEL_DIR [f32|bf16-weights|q8|q4] [FRAMES] [ROWS]
+//!
+//! `VOICECLONE_ISA` narrows the kernels' paths (docs/performance.md §2.6).
 use std::time::Instant;
 
 use candle_core::Device;
@@ -24,9 +26,11 @@ fn run() -> anyhow::Result<()> {
         .expect("usage: profile_speak MODEL_DIR [PRECISION] [FRAMES] [ROWS]");
     // The crate's memory-reuse policy, as the `voiceclone` binary applies it.
     vc_kernels::alloc::keep_freed_memory();
+    vc_kernels::isa::IsaCap::from_env().map_err(anyhow::Error::msg)?;
     let prec = match std::env::args().nth(2).as_deref() {
         Some("f32") => Precision::F32,
         Some("q8") => Precision::Q8,
+        Some("q4") => Precision::Q4,
         None | Some("bf16-weights") | Some("bf16w") => Precision::Bf16Weights,
         Some(other) => anyhow::bail!("unknown precision {other}"),
     };

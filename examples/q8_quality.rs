@@ -1,16 +1,16 @@
-//! Quality of the `q8` precision against `f32` on a model directory (its
-//! figures in the README and docs/performance.md §3):
+//! Quality of the `q8` (or `q4`) precision against `f32` on a model directory (its
+//! figures in the README, docs/usage.md and docs/performance.md §3, §2.6):
 //!
-//! - per matrix: the relative error `‖y_q8 − y_f32‖ / ‖y_f32‖` of its product with random
+//! - per matrix: the relative error `‖y_q − y_f32‖ / ‖y_f32‖` of its product with random
 //!   activation rows (uniform in [-1, 1]; activations are quantized per row as in generation);
 //! - teacher-forced generation over `STEPS` (default 500) frames: both models read the same
 //!   frames (chosen greedily by f32 among the 2048 codes, so EOS never ends the run); at every
 //!   step the code-0 logits' relative error, whether both pick the same code-0 (top-1
-//!   agreement), the KL divergence `KL(p_f32 ‖ p_q8)` of the code-0 distribution (softmax over
+//!   agreement), the KL divergence `KL(p_f32 ‖ p_q)` of the code-0 distribution (softmax over
 //!   the ids sampling may draw: the 2048 codes and EOS), and the code predictor's top-1
 //!   agreement on the 15 sub-codes given the f32 sub-codes before them.
 //!
-//!     cargo run --release --example q8_quality -- MODEL_DIR [STEPS]
+//!     cargo run --release --example q8_quality -- MODEL_DIR [STEPS] [q8|q4]
 use anyhow::Result;
 use vc_core::hub::ModelSource;
 use vc_model::files::ModelFiles;
@@ -42,14 +42,19 @@ fn log_softmax(v: &[f32]) -> Vec<f64> {
 fn main() -> Result<()> {
     let dir = std::env::args()
         .nth(1)
-        .expect("usage: q8_quality MODEL_DIR [STEPS]");
+        .expect("usage: q8_quality MODEL_DIR [STEPS] [q8|q4]");
     let steps: usize = std::env::args().nth(2).map_or(Ok(500), |s| s.parse())?;
+    let (name, format) = match std::env::args().nth(3).as_deref() {
+        None | Some("q8") => ("q8", WeightFormat::Q8),
+        Some("q4") => ("q4", WeightFormat::Q4),
+        Some(other) => anyhow::bail!("{other} is not q8 or q4"),
+    };
     let files = ModelFiles::resolve(&ModelSource::Local(dir.clone().into()))?;
     let mapped = MappedWeights::open(&files.checkpoint.shards)?;
     let f32m = RowTalker::load(&mapped, &files.config, WeightFormat::F32)?;
     let t = std::time::Instant::now();
-    let q8m = RowTalker::load(&mapped, &files.config, WeightFormat::Q8)?;
-    eprintln!("q8 load + quantize {:.2} s", t.elapsed().as_secs_f64());
+    let qm = RowTalker::load(&mapped, &files.config, format)?;
+    eprintln!("{name} load + quantize {:.2} s", t.elapsed().as_secs_f64());
     let cfg = &files.config.talker_config;
     let eos = cfg.codec_eos_token_id as usize;
 
@@ -66,7 +71,7 @@ fn main() -> Result<()> {
             .collect()
     };
     let mut by_kind: std::collections::BTreeMap<String, (f64, f64, usize)> = Default::default();
-    for ((name, wf), (_, wq)) in f32m.matrices().iter().zip(q8m.matrices().iter()) {
+    for ((name, wf), (_, wq)) in f32m.matrices().iter().zip(qm.matrices().iter()) {
         let k = wf.dims().1;
         let x = noise(4 * k);
         let inp = Input::new(&x, 4, k);
@@ -93,7 +98,7 @@ fn main() -> Result<()> {
         entry.1 = entry.1.max(e);
         entry.2 += 1;
     }
-    println!("per-matrix relative error of q8 products (random rows):");
+    println!("per-matrix relative error of {name} products (random rows):");
     let (mut sum, mut count, mut worst) = (0.0, 0usize, 0f64);
     for (kind, (s, m, n)) in &by_kind {
         println!(
@@ -119,13 +124,13 @@ fn main() -> Result<()> {
     x.iter_mut().zip(&bos).for_each(|(a, b)| *a += b);
     let pad = f32m.text_embed(&[files.config.tts_pad_token_id])?;
     let cap = prompt.len() + steps + 1;
-    let (mut cf, mut cq) = (f32m.new_cache(cap), q8m.new_cache(cap));
+    let (mut cf, mut cq) = (f32m.new_cache(cap), qm.new_cache(cap));
     let (mut pf, mut pq) = (
         f32m.code_predictor.new_cache(),
-        q8m.code_predictor.new_cache(),
+        qm.code_predictor.new_cache(),
     );
     let hf = f32m.forward(&x, 1, prompt.len(), None, &mut cf)?;
-    let hq = q8m.forward(&x, 1, prompt.len(), None, &mut cq)?;
+    let hq = qm.forward(&x, 1, prompt.len(), None, &mut cq)?;
     let (mut lf, mut lq) = (
         hf[(prompt.len() - 1) * h..].to_vec(),
         hq[(prompt.len() - 1) * h..].to_vec(),
@@ -134,7 +139,7 @@ fn main() -> Result<()> {
         (0f64, 0usize, 0f64, 0f64, 0usize, 0usize);
     let started = std::time::Instant::now();
     for step in 0..steps {
-        let (zf, zq) = (f32m.codec_logits(&lf, 1), q8m.codec_logits(&lq, 1));
+        let (zf, zq) = (f32m.codec_logits(&lf, 1), qm.codec_logits(&lq, 1));
         err_sum += rel(&zq, &zf);
         let (c0f, c0q) = (argmax(&zf[..2048]), argmax(&zq[..2048]));
         top1 += (c0f == c0q) as usize;
@@ -147,13 +152,13 @@ fn main() -> Result<()> {
         let kl: f64 = lpf.iter().zip(&lpq).map(|(a, b)| a.exp() * (a - b)).sum();
         kl_sum += kl;
         kl_max = kl_max.max(kl);
-        // f32 sub-codes, then q8's picks given the same previous codes.
+        // f32 sub-codes, then the quantized model's picks given the same previous codes.
         let subf = f32m.predict_sub_codes(&lf, &[c0f], &mut pf, &mut |_, rows| {
             Ok(vec![argmax(&rows[0])])
         })?;
         let forced = subf[0].clone();
         let mut agree = 0;
-        q8m.predict_sub_codes(&lq, &[c0f], &mut pq, &mut |j, rows| {
+        qm.predict_sub_codes(&lq, &[c0f], &mut pq, &mut |j, rows| {
             agree += (argmax(&rows[0]) == forced[j - 1]) as usize;
             Ok(vec![forced[j - 1]])
         })?;
@@ -165,7 +170,7 @@ fn main() -> Result<()> {
         let mut xf = f32m.frame_embed(&[frame])?;
         xf.iter_mut().zip(&pad).for_each(|(a, b)| *a += b);
         lf = f32m.forward(&xf, 1, 1, None, &mut cf)?;
-        lq = q8m.forward(&xf, 1, 1, None, &mut cq)?;
+        lq = qm.forward(&xf, 1, 1, None, &mut cq)?;
         if (step + 1) % 100 == 0 {
             eprintln!(
                 "{} steps ({:.0} s)",
@@ -182,7 +187,7 @@ fn main() -> Result<()> {
         100.0 * top1 as f64 / n
     );
     println!(
-        "  code-0 KL(f32 ‖ q8)           mean {:.2e} nats, max {:.2e}",
+        "  code-0 KL(f32 ‖ {name})           mean {:.2e} nats, max {:.2e}",
         kl_sum / n,
         kl_max
     );

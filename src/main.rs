@@ -11,7 +11,16 @@ static ALLOCATOR: vc_kernels::alloc::Counting = vc_kernels::alloc::Counting;
 fn main() -> ExitCode {
     // The memory-reuse policy of every command (see `vc_kernels::alloc`).
     vc_kernels::alloc::keep_freed_memory();
-    let cli = parse_cli();
+    // A cap on the kernels' paths that names no level is refused before anything runs (the
+    // kernels themselves would ignore it, docs/performance.md §2.6).
+    let cap = match vc_kernels::isa::IsaCap::from_env() {
+        Ok(cap) => cap,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let cli = parse_cli(cap);
     let default_level = match cli.verbose {
         0 => "warn",
         1 => "info",
@@ -48,7 +57,7 @@ fn main() -> ExitCode {
 }
 
 /// The command line, with `--version` telling what this binary is (`voiceclone::build_info`).
-fn parse_cli() -> voiceclone::cli::Cli {
+fn parse_cli(cap: Option<vc_kernels::isa::IsaCap>) -> voiceclone::cli::Cli {
     use clap::{CommandFactory, FromArgMatches};
     let build = voiceclone::build_info::Build {
         commit: env!("VOICECLONE_COMMIT"),
@@ -57,7 +66,7 @@ fn parse_cli() -> voiceclone::cli::Cli {
     let isa = vc_kernels::isa::Isa::detected();
     // clap keeps the text for the life of the process; made once per process.
     let text: &'static str =
-        Box::leak(voiceclone::build_info::describe(build, isa).into_boxed_str());
+        Box::leak(voiceclone::build_info::describe(build, isa, cap).into_boxed_str());
     let matches = voiceclone::cli::Cli::command()
         .long_version(text)
         .get_matches();

@@ -86,14 +86,14 @@ pub fn check_adapter_base(adapter: &AdapterDir, files: &ModelFiles) -> Result<()
 /// A CUDA device when built with `cuda` and one is present, else the CPU, and the precision
 /// with the reason it was chosen. `auto` never lowers what the checkpoint stores
 /// ([`Precision::auto`]): bf16 on a GPU; on a CPU bf16-weights for bf16-stored matrices and f32
-/// otherwise. `q8` runs on the CPU (a GPU present is not used for it).
+/// otherwise. `q8` and `q4` run on the CPU (a GPU present is not used for them).
 pub fn compute_device(
     precision: config::PrecisionSetting,
     files: &ModelFiles,
 ) -> Result<(Device, Precision, String)> {
     use config::PrecisionSetting as P;
     let device = match precision {
-        P::Q8 => Device::Cpu,
+        P::Q8 | P::Q4 => Device::Cpu,
         _ => Device::cuda_if_available(0)?,
     };
     let stored = Precision::stored(files);
@@ -102,6 +102,7 @@ pub fn compute_device(
         P::Bf16Weights => (device, Precision::Bf16Weights, "as asked".into()),
         P::Bf16 => (device, Precision::Bf16, "as asked".into()),
         P::Q8 => (device, Precision::Q8, "as asked".into()),
+        P::Q4 => (device, Precision::Q4, "as asked".into()),
         P::Auto => {
             let p = Precision::auto(stored, device.is_cuda());
             let why = match (device.is_cuda(), stored) {

@@ -240,8 +240,9 @@ pub struct SpeakArgs {
     #[arg(long, value_name = "N")]
     pub stream_chunk_frames: Option<usize>,
 
-    /// Number format: auto (the checkpoint's own), f32, bf16-weights (CPU), q8 (8-bit, fastest on a
-    /// CPU), bf16 (GPU) [speak.precision].
+    /// Number format: auto (the checkpoint's own), f32, bf16-weights (CPU), q8 (8-bit, fast on a
+    /// CPU), q4 (4-bit: half q8's bytes, for CPUs q8 leaves short of real time), bf16 (GPU)
+    /// [speak.precision].
     #[arg(long, value_name = "P")]
     pub precision: Option<String>,
 

@@ -66,9 +66,11 @@ pub fn run(ws: &Workspace, resolved: &config::Resolved) -> Result<()> {
         P::F32 => (Precision::F32, "as asked".into()),
         P::Bf16Weights => (Precision::Bf16Weights, "as asked".into()),
         P::Q8 => (Precision::Q8, "as asked".into()),
+        P::Q4 => (Precision::Q4, "as asked".into()),
         P::Bf16 => bail!(
             "voiceclone serve runs on the row inference path: precision bf16 (the GPU path) is \
-             not available; use auto, f32, bf16-weights or q8 (speak.precision / --precision)"
+             not available; use auto, f32, bf16-weights, q8 or q4 (speak.precision / \
+             --precision)"
         ),
     };
     eprintln!(

@@ -32,6 +32,7 @@ mod serve_usage_examples;
 mod serve_voices;
 mod speak_cli;
 mod speak_parity;
+mod speak_q4;
 mod speakers_cli;
 mod speakers_prep_embed;
 mod train_cli;

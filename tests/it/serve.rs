@@ -563,6 +563,12 @@ fn concurrent_requests_give_what_each_gives_alone_in_q8() {
     concurrent_equals_alone("q8");
 }
 
+/// q4 shares q8's activation rows: the same holds (docs/performance.md §2.6).
+#[test]
+fn concurrent_requests_give_what_each_gives_alone_in_q4() {
+    concurrent_equals_alone("q4");
+}
+
 fn concurrent_equals_alone(precision: &str) {
     let ws = workspace("\n[serve]\nmax_batch = 4\n");
     let env = slow_frames(40);

@@ -216,7 +216,7 @@ fn two_adapter_voices_on_one_base_each_speak_as_speak_adapter() {
     );
 }
 
-/// On a bf16-stored base, in bf16-weights and in q8, an adapter row's samples do not depend on
+/// On a bf16-stored base, in bf16-weights, q8 and q4, an adapter row's samples do not depend on
 /// what else is in the batch (each row's correction is its own), and the two adapters differ.
 /// (`speak --adapter` merges into the stored bf16, so there the served voice differs from it by
 /// that rounding, docs/serving.md §7.)
@@ -227,7 +227,7 @@ fn adapter_voices_on_a_bf16_base_do_not_depend_on_the_batch() {
     let a = adapter(ws_a.path(), &[], "alice");
     let b = adapter(ws_b.path(), &["--seed", "7"], "bob");
     let text = "Both adapters say the same words.";
-    for precision in ["bf16-weights", "q8"] {
+    for precision in ["bf16-weights", "q8", "q4"] {
         let env = slow_frames(30);
         let server = Server::start(
             ws_a.path(),

@@ -374,6 +374,7 @@ fn every_precision_reaches_the_synthesizer() {
         ("f32", "f32 on the CPU ("),
         ("bf16-weights", "bf16-weights on the CPU ("),
         ("q8", "q8 on the CPU ("),
+        ("q4", "q4 on the CPU ("),
         ("bf16", "bf16 on Cpu (candle)"),
     ] {
         let (loading, loaded) = run(flag);
@@ -400,6 +401,7 @@ fn every_precision_reaches_the_synthesizer() {
         );
     }
     assert!(!lines["q8"].contains("widened"), "{lines:?}");
+    assert!(!lines["q4"].contains("widened"), "{lines:?}");
     // The same products over the same stored values: the same audio, sample for sample.
     let samples = |flag: &str| std::fs::read(ws.path().join(format!("{flag}.wav"))).unwrap();
     assert!(
@@ -429,13 +431,13 @@ fn every_precision_reaches_the_synthesizer() {
             "--ref-audio",
             &r,
             "--precision",
-            "q4",
+            "q3",
         ],
     );
     assert!(!o.status.success());
     let err = stderr(&o);
     assert!(
-        err.contains("speak.precision") && err.contains("auto, f32, bf16-weights, bf16, q8"),
+        err.contains("speak.precision") && err.contains("auto, f32, bf16-weights, bf16, q8, q4"),
         "{err}"
     );
     assert!(!ws.path().join("bad.wav").exists());

@@ -506,16 +506,16 @@ fn the_adapter_only_export_is_peft_format() {
 
 /// `speak --adapter DIR` puts the adapter on its base model as the merged export would be, so it
 /// speaks exactly as `speak` on the merged export of the same checkpoint (also both exported at
-/// `--lora-scale 0.35`): the same greedy codes and the same WAV bytes, in f32, bf16-weights and q8 on a
+/// `--lora-scale 0.35`): the same greedy codes and the same WAV bytes, in f32, bf16-weights, q8 and q4 on a
 /// bf16-stored base, and in bf16-weights on an f32-stored one (the one precision in which the
-/// export's bf16 rounding is the loader's too: f32 and q8 read the f32 base's merged matrices
+/// export's bf16 rounding is the loader's too: f32, q8 and q4 read the f32 base's merged matrices
 /// unrounded, as they would read an f32 export).
 #[test]
 fn speaking_with_an_adapter_is_speaking_with_the_merged_export() {
     let f32_copy = f32_model_copy("tiny-0b6");
     let f32_base = f32_copy.path().to_str().unwrap().to_string();
     for (base, precisions) in [
-        ("tiny-0b6", vec!["f32", "bf16-weights", "q8"]),
+        ("tiny-0b6", vec!["f32", "bf16-weights", "q8", "q4"]),
         (f32_base.as_str(), vec!["bf16-weights"]),
     ] {
         let ws = workspace(base);

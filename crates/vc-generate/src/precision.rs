@@ -22,6 +22,10 @@ pub enum Precision {
     /// Talker and code-predictor matrices quantized at load time to 8-bit blocks with one scale
     /// per 32 weights; activations quantized per row on the fly; integer dot products (CPU).
     Q8,
+    /// As [`Self::Q8`] with 4-bit blocks (one f16 scale per 32 weights): about half the bytes
+    /// per frame of `q8`, for CPUs that `q8` leaves short of real time
+    /// (docs/performance.md §2.6).
+    Q4,
 }
 
 impl Precision {
@@ -32,6 +36,7 @@ impl Precision {
             Precision::Bf16Weights => "bf16-weights",
             Precision::Bf16 => "bf16",
             Precision::Q8 => "q8",
+            Precision::Q4 => "q4",
         }
     }
 
@@ -61,7 +66,7 @@ impl Precision {
     /// Activation dtype of the candle path.
     pub fn activations(self) -> DType {
         match self {
-            Precision::F32 | Precision::Bf16Weights | Precision::Q8 => DType::F32,
+            Precision::F32 | Precision::Bf16Weights | Precision::Q8 | Precision::Q4 => DType::F32,
             Precision::Bf16 => DType::BF16,
         }
     }
@@ -83,6 +88,7 @@ impl Precision {
             Precision::F32 => Some(WeightFormat::F32),
             Precision::Bf16Weights => Some(WeightFormat::Bf16),
             Precision::Q8 => Some(WeightFormat::Q8),
+            Precision::Q4 => Some(WeightFormat::Q4),
             Precision::Bf16 => None,
         }
     }

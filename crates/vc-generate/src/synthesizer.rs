@@ -195,9 +195,9 @@ impl Synthesizer {
             }
             None => {
                 ensure!(
-                    precision != Precision::Q8,
-                    "precision q8 runs on the CPU only (this build uses {device:?}); choose bf16 \
-                     or f32"
+                    !matches!(precision, Precision::Q8 | Precision::Q4),
+                    "precision {precision} runs on the CPU only (this build uses {device:?}); \
+                     choose bf16 or f32"
                 );
                 let mut weights = Weights::load_as(
                     &files.checkpoint.shards,
@@ -258,6 +258,7 @@ impl Synthesizer {
                 let per_frame = t.step_weight_bytes() + t.code_predictor.weight_bytes_per_frame();
                 let kernels = match self.precision {
                     Precision::Q8 => isa.q8_path(),
+                    Precision::Q4 => isa.q4_path(),
                     _ => isa.bf16_path(),
                 };
                 let widened = t
@@ -333,7 +334,7 @@ impl Synthesizer {
         let TalkerBackend::Row(talker) = &mut self.backend else {
             bail!(
                 "{what}: adapters kept beside the base model run on the row inference path \
-                 (precision f32, bf16-weights or q8), not {}",
+                 (precision f32, bf16-weights, q8 or q4), not {}",
                 self.precision
             );
         };

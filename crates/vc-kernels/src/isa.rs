@@ -1,5 +1,7 @@
-//! Which x86-64 extensions the inference kernels ([`super::q8`], [`super::bf16_dot`]) may use,
-//! detected once at run time (docs/performance.md §2.2).
+//! Which x86-64 extensions the inference kernels ([`super::q8`], [`super::q4`],
+//! [`super::bf16_dot`]) may use, detected once at run time (docs/performance.md §2.2), and the
+//! cap on them that `VOICECLONE_ISA` sets, so that a narrower path can be measured on a wider CPU
+//! ([`IsaCap`], docs/performance.md §2.6).
 //!
 //! Under Miri only the features enabled at compile time count (Miri cannot run `cpuid`), so the
 //! tests there exercise the scalar paths unless `-C target-feature` says otherwise.
@@ -28,10 +30,32 @@ impl Isa {
         avx512_vnni: false,
     };
 
-    /// What this CPU has (detected once).
+    /// What the kernels may use: what this CPU has, narrowed by `VOICECLONE_ISA` where it is
+    /// set (detected once). A value [`IsaCap::from_env`] refuses caps nothing here; the binary
+    /// refuses to start with it, and the examples print the path they take.
     pub fn detected() -> Isa {
         static ISA: OnceLock<Isa> = OnceLock::new();
+        *ISA.get_or_init(|| match IsaCap::from_env() {
+            Ok(Some(cap)) => Isa::hardware().within(cap),
+            Ok(None) | Err(_) => Isa::hardware(),
+        })
+    }
+
+    /// What this CPU has, whatever the cap (detected once).
+    pub fn hardware() -> Isa {
+        static ISA: OnceLock<Isa> = OnceLock::new();
         *ISA.get_or_init(detect)
+    }
+
+    /// The extensions of `self` that `cap` allows: never more than `self` has.
+    pub fn within(self, cap: IsaCap) -> Isa {
+        let allowed = cap.widest();
+        Isa {
+            avx2: self.avx2 && allowed.avx2,
+            avx_vnni: self.avx_vnni && allowed.avx_vnni,
+            avx512: self.avx512 && allowed.avx512,
+            avx512_vnni: self.avx512_vnni && allowed.avx512_vnni,
+        }
     }
 
     /// The paths worth testing against the scalar reference on this CPU: the detected set and
@@ -78,6 +102,12 @@ impl Isa {
         }
     }
 
+    /// A short name of the widest 4-bit path ([`super::q4`]): the integer paths of `q8`, with
+    /// nibbles unpacked in registers.
+    pub fn q4_path(self) -> &'static str {
+        self.q8_path()
+    }
+
     /// A short name of the widest bf16 path ([`super::bf16_dot`]).
     pub fn bf16_path(self) -> &'static str {
         if self.avx512 {
@@ -86,6 +116,78 @@ impl Isa {
             "avx2"
         } else {
             "scalar"
+        }
+    }
+}
+
+/// The environment variable that caps the kernels' paths (docs/performance.md §2.6).
+pub const CAP_VAR: &str = "VOICECLONE_ISA";
+
+/// How far `VOICECLONE_ISA` lets the kernels go: each level allows its extensions and those of
+/// the levels before it, and only where the CPU has them ([`Isa::within`]), so a cap narrows
+/// and never widens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IsaCap {
+    /// Every kernel's scalar path.
+    Scalar,
+    /// AVX2 + FMA + F16C (the `vpmaddubsw` integer paths).
+    Avx2,
+    /// AVX2 and AVX-VNNI (256-bit `vpdpbusd`), no AVX-512.
+    AvxVnni,
+    /// Everything the kernels use, AVX-512 and its VNNI included (no cap).
+    Avx512,
+}
+
+impl IsaCap {
+    /// The values `VOICECLONE_ISA` takes, in the order of the levels.
+    pub const NAMES: &'static [&'static str] = &["scalar", "avx2", "avx-vnni", "avx512"];
+    const ALL: [IsaCap; 4] = [
+        IsaCap::Scalar,
+        IsaCap::Avx2,
+        IsaCap::AvxVnni,
+        IsaCap::Avx512,
+    ];
+
+    /// The name `VOICECLONE_ISA` uses.
+    pub fn name(self) -> &'static str {
+        Self::NAMES[self as usize]
+    }
+
+    /// A level by its name.
+    pub fn parse(s: &str) -> Result<IsaCap, String> {
+        Self::ALL
+            .into_iter()
+            .find(|c| c.name() == s)
+            .ok_or_else(|| {
+                format!(
+                    "{CAP_VAR}={s:?} is not a level of the kernels' paths; use one of {}",
+                    Self::NAMES.join(", ")
+                )
+            })
+    }
+
+    /// The cap `VOICECLONE_ISA` sets: `None` where it is unset or empty, an error message
+    /// where it names no level (or is not Unicode).
+    pub fn from_env() -> Result<Option<IsaCap>, String> {
+        match std::env::var(CAP_VAR) {
+            Err(std::env::VarError::NotPresent) => Ok(None),
+            Err(std::env::VarError::NotUnicode(v)) => Err(format!(
+                "{CAP_VAR}={v:?} is not a level of the kernels' paths; use one of {}",
+                Self::NAMES.join(", ")
+            )),
+            Ok(v) if v.is_empty() => Ok(None),
+            Ok(v) => Self::parse(&v).map(Some),
+        }
+    }
+
+    /// The widest set of extensions this level allows.
+    fn widest(self) -> Isa {
+        let at_least = |level: IsaCap| self as usize >= level as usize;
+        Isa {
+            avx2: at_least(IsaCap::Avx2),
+            avx_vnni: at_least(IsaCap::AvxVnni),
+            avx512: at_least(IsaCap::Avx512),
+            avx512_vnni: at_least(IsaCap::Avx512),
         }
     }
 }
@@ -125,5 +227,48 @@ fn detect() -> Isa {
         avx_vnni: avx2 && cfg!(target_feature = "avxvnni"),
         avx512,
         avx512_vnni: avx512 && cfg!(target_feature = "avx512vnni"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cap_narrows_and_never_widens() {
+        let all = Isa {
+            avx2: true,
+            avx_vnni: true,
+            avx512: true,
+            avx512_vnni: true,
+        };
+        assert_eq!(all.within(IsaCap::Scalar), Isa::SCALAR);
+        assert_eq!(all.within(IsaCap::Avx2).q4_path(), "avx2");
+        assert_eq!(all.within(IsaCap::AvxVnni).q4_path(), "avx-vnni");
+        assert!(!all.within(IsaCap::AvxVnni).avx512);
+        assert_eq!(all.within(IsaCap::Avx512), all);
+        // An AVX2-only CPU stays AVX2-only under any wider cap.
+        let avx2 = Isa {
+            avx2: true,
+            ..Isa::SCALAR
+        };
+        for cap in IsaCap::ALL {
+            assert!(avx2.within(cap) == avx2 || cap == IsaCap::Scalar, "{cap:?}");
+            assert_eq!(Isa::SCALAR.within(cap), Isa::SCALAR);
+        }
+    }
+
+    #[test]
+    fn cap_names_round_trip_and_unknown_ones_are_messages() {
+        for (cap, name) in IsaCap::ALL.iter().zip(IsaCap::NAMES) {
+            assert_eq!(cap.name(), *name);
+            assert_eq!(IsaCap::parse(name), Ok(*cap));
+        }
+        let err = IsaCap::parse("avx1024").unwrap_err();
+        assert!(
+            err.contains("VOICECLONE_ISA=\"avx1024\"")
+                && err.contains("scalar, avx2, avx-vnni, avx512"),
+            "{err}"
+        );
     }
 }

@@ -15,8 +15,9 @@
 //! | [`conv`], [`winograd`] | the codec's causal convolutions in row tiles |
 //! | [`conv_transpose`], [`depthwise_conv`], [`rows_linear`] | its transposed and depthwise convolutions and channels-last linear layers, on those tiles |
 //! | [`residual_unit`] | the codec's residual unit, fused tile by tile |
-//! | [`isa`] | run-time detection of AVX2, AVX-VNNI, AVX-512 (VNNI, BF16) |
+//! | [`isa`] | run-time detection of AVX2, AVX-VNNI, AVX-512 (VNNI, BF16), capped by `VOICECLONE_ISA` |
 //! | [`q8`] | 8-bit block-quantized matrices times activation rows (`vpdpbusd`), inference (`q8::rows`: the activation rows' quantization; `q8::x86`: the x86-64 kernels) |
+//! | [`q4`] | 4-bit block-quantized matrices times the same activation rows, inference (`q4::x86`: its x86-64 kernels) |
 //! | [`bf16_dot`] | bf16- or f32-stored matrices times activation rows (widening + FMA), inference |
 //! | [`matvec`] | `x · wᵀ` for a few f32 rows against bf16 candle weights (the tensor path) |
 //! | [`grad`] | inner loops of the training kernels with hand-written backward passes |
@@ -37,7 +38,7 @@
 //! - **Parallelism.** Outputs are split into disjoint chunks that each task owns, with
 //!   per-worker scratch where needed; no threads are spawned per call. It goes through rayon
 //!   (`par_chunks_mut`, [`buf::par_new_vec`]; nested calls simply nest), with one exception:
-//!   the `q8` products and the attention heads, the loops of a frame of speech, run on
+//!   the `q8` and `q4` products and the attention heads, the loops of a frame of speech, run on
 //!   [`team`], whose helpers stay awake between loops instead of parking as rayon's workers do
 //!   (its one shared pointer is the chunked output, each chunk claimed once). Callers with many
 //!   small parallel loops in a row (a frame of speech) run them from inside the pool
@@ -71,6 +72,7 @@ pub mod matvec;
 pub mod moment8;
 pub mod optim;
 pub mod pool;
+pub mod q4;
 pub mod q8;
 pub mod residual_unit;
 pub mod rows_linear;

@@ -48,7 +48,7 @@ pub const TILE: usize = 16;
 /// Bytes of one block of one tile: 8 steps × 16 rows × 4 bytes.
 const TILE_BLOCK_BYTES: usize = BLOCK * TILE;
 /// Activation rows handled per pass over a tile (registers hold their accumulators).
-const ROW_GROUP: usize = 4;
+pub(crate) const ROW_GROUP: usize = 4;
 
 /// A matrix `(n, k)` (PyTorch layout: one row per output) in the tiled 8-bit format above.
 #[derive(Clone)]
@@ -110,10 +110,6 @@ impl Q8Matrix {
     /// Bytes held (quantized weights and scales, padding included).
     pub fn bytes(&self) -> usize {
         self.qs.len() + 2 * self.scales.len()
-    }
-
-    fn tiles(&self) -> usize {
-        self.n.div_ceil(TILE)
     }
 
     fn build(n: usize, k: usize, src: QuantSource<'_>) -> Result<Self, Q8Error> {
@@ -229,7 +225,6 @@ impl Q8Matrix {
             out.len()
         );
         let kb = self.kp / BLOCK;
-        let tiles = self.tiles();
         if m == 0 || n == 0 {
             return;
         }
@@ -237,49 +232,64 @@ impl Q8Matrix {
             out.fill(0.0);
             return;
         }
-        // Per tile: `[row of x][16 outputs]`.
-        let mut tmp = vec![0f32; tiles * m * TILE];
-        let per_task = tiles.div_ceil(rayon::current_num_threads() * 4).max(1);
-        super::team::for_each_chunk(&mut tmp, per_task * m * TILE, |task, chunk| {
-            let tiles_here = chunk.len() / (m * TILE);
-            let weights = |t: usize| -> TileRef<'_> {
-                (
-                    &self.qs[t * kb * TILE_BLOCK_BYTES..(t + 1) * kb * TILE_BLOCK_BYTES],
-                    &self.scales[t * kb * TILE..(t + 1) * kb * TILE],
-                )
-            };
-            let mut j = 0;
-            while j < tiles_here {
-                let t = task * per_task + j;
-                // Two tiles at a time where the task has two left: each activation
-                // broadcast feeds both.
-                let paired = j + 1 < tiles_here;
-                let (o0, rest) = chunk[j * m * TILE..].split_at_mut(m * TILE);
-                let mut o1 = paired.then(|| &mut rest[..m * TILE]);
-                let (w0, w1) = (weights(t), paired.then(|| weights(t + 1)));
-                let mut row0 = 0;
-                while row0 < m {
-                    let g = (m - row0).min(ROW_GROUP);
-                    let span = row0 * TILE..(row0 + g) * TILE;
-                    let o0 = &mut o0[span.clone()];
-                    let second = w1.zip(o1.as_deref_mut().map(|o| &mut o[span]));
-                    match g {
-                        1 => tile_or_pair::<1>(isa, w0, second, x, row0, o0),
-                        2 => tile_or_pair::<2>(isa, w0, second, x, row0, o0),
-                        3 => tile_or_pair::<3>(isa, w0, second, x, row0, o0),
-                        _ => tile_or_pair::<4>(isa, w0, second, x, row0, o0),
-                    }
-                    row0 += g;
-                }
-                j += if paired { 2 } else { 1 };
+        let weights = |t: usize| -> TileRef<'_> {
+            (
+                &self.qs[t * kb * TILE_BLOCK_BYTES..(t + 1) * kb * TILE_BLOCK_BYTES],
+                &self.scales[t * kb * TILE..(t + 1) * kb * TILE],
+            )
+        };
+        for_each_tile(m, n, out, |t, paired, row0, g, o0, o1| {
+            let second = paired.then(|| weights(t + 1)).zip(o1);
+            match g {
+                1 => tile_or_pair::<1>(isa, weights(t), second, x, row0, o0),
+                2 => tile_or_pair::<2>(isa, weights(t), second, x, row0, o0),
+                3 => tile_or_pair::<3>(isa, weights(t), second, x, row0, o0),
+                _ => tile_or_pair::<4>(isa, weights(t), second, x, row0, o0),
             }
         });
-        for t in 0..tiles {
-            let rows = TILE.min(n - t * TILE);
-            for i in 0..m {
-                let src = &tmp[(t * m + i) * TILE..(t * m + i) * TILE + rows];
-                out[i * n + t * TILE..i * n + t * TILE + rows].copy_from_slice(src);
+    }
+}
+
+/// The parallel loop of a tiled product `out (m, n)` (`n` outputs in tiles of [`TILE`] rows),
+/// shared by `q8` and `q4`: the tiles are split across [`super::team`], each task owns its
+/// tiles' outputs, and within a task `kernel(t, paired, row0, g, out0, out1)` computes
+/// activation rows `row0..row0 + g` (`g ≤` [`ROW_GROUP`]) of tile `t` into `out0`
+/// (`[g][TILE]`) and, where `paired`, of tile `t + 1` into `out1`: two tiles at a time where the
+/// task has two left, so that each activation broadcast feeds both.
+pub(crate) fn for_each_tile(
+    m: usize,
+    n: usize,
+    out: &mut [f32],
+    kernel: impl Fn(usize, bool, usize, usize, &mut [f32], Option<&mut [f32]>) + Sync,
+) {
+    let tiles = n.div_ceil(TILE);
+    // Per tile: `[row of x][16 outputs]`.
+    let mut tmp = vec![0f32; tiles * m * TILE];
+    let per_task = tiles.div_ceil(rayon::current_num_threads() * 4).max(1);
+    super::team::for_each_chunk(&mut tmp, per_task * m * TILE, |task, chunk| {
+        let tiles_here = chunk.len() / (m * TILE);
+        let mut j = 0;
+        while j < tiles_here {
+            let t = task * per_task + j;
+            let paired = j + 1 < tiles_here;
+            let (o0, rest) = chunk[j * m * TILE..].split_at_mut(m * TILE);
+            let mut o1 = paired.then(|| &mut rest[..m * TILE]);
+            let mut row0 = 0;
+            while row0 < m {
+                let g = (m - row0).min(ROW_GROUP);
+                let span = row0 * TILE..(row0 + g) * TILE;
+                let second = o1.as_deref_mut().map(|o| &mut o[span.clone()]);
+                kernel(t, paired, row0, g, &mut o0[span], second);
+                row0 += g;
             }
+            j += if paired { 2 } else { 1 };
+        }
+    });
+    for t in 0..tiles {
+        let rows = TILE.min(n - t * TILE);
+        for i in 0..m {
+            let src = &tmp[(t * m + i) * TILE..(t * m + i) * TILE + rows];
+            out[i * n + t * TILE..i * n + t * TILE + rows].copy_from_slice(src);
         }
     }
 }
@@ -292,7 +302,7 @@ enum QuantSource<'a> {
     Bf16(&'a [u16]),
 }
 
-fn check_len(len: usize, n: usize, k: usize) -> Result<(), Q8Error> {
+pub(crate) fn check_len(len: usize, n: usize, k: usize) -> Result<(), Q8Error> {
     if len != n * k {
         return Err(Q8Error::Len {
             expected: n * k,
@@ -306,7 +316,7 @@ fn check_len(len: usize, n: usize, k: usize) -> Result<(), Q8Error> {
 /// quantization loops, where they are inlined into it, use wider vectors. The results are the
 /// same either way: every operation is exactly rounded.
 #[inline(always)]
-fn with_simd<R>(f: impl FnOnce() -> R) -> R {
+pub(crate) fn with_simd<R>(f: impl FnOnce() -> R) -> R {
     #[cfg(target_arch = "x86_64")]
     {
         if Isa::detected().avx2 {
@@ -332,7 +342,7 @@ fn round_q(v: f32) -> i32 {
 
 /// `max |v|` of a block, in 8 lanes (vectorisable).
 #[inline(always)]
-fn abs_max(blk: &[f32]) -> f32 {
+pub(crate) fn abs_max(blk: &[f32]) -> f32 {
     let mut m = [0f32; 8];
     for c in blk.chunks_exact(8) {
         for l in 0..8 {
@@ -454,11 +464,11 @@ fn tile_scalar<const M: usize>(qs: &[u8], sc: &[u16], x: &Q8Rows, row0: usize, o
 }
 
 /// f32 → IEEE half (round to nearest even), as `half` does.
-fn f32_to_f16(v: f32) -> u16 {
+pub(crate) fn f32_to_f16(v: f32) -> u16 {
     half::f16::from_f32(v).to_bits()
 }
 
-fn f16_to_f32(bits: u16) -> f32 {
+pub(crate) fn f16_to_f32(bits: u16) -> f32 {
     half::f16::from_bits(bits).to_f32()
 }
 

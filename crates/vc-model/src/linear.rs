@@ -1,6 +1,6 @@
 //! Weights of the row inference path ([`super::infer`]) that are not candle tensors: a matrix in
 //! the format its precision asks for — f32, bf16 (in place in the mapped checkpoint where the
-//! file stores bf16) or 8-bit blocks quantized at load time — and embedding tables, whose rows
+//! file stores bf16) or 8- or 4-bit blocks quantized at load time — and embedding tables, whose rows
 //! are widened to f32 when gathered (docs/performance.md §2.2).
 //!
 //! The training path never sees these: it builds the talker from candle tensors
@@ -12,6 +12,7 @@ use anyhow::{Context, Result};
 
 use super::weights::{Bf16Data, MappedWeights};
 use vc_kernels::bf16_dot::{self, Dense, Rows};
+use vc_kernels::q4::{Q4Kind, Q4Matrix};
 use vc_kernels::q8::{Q8Matrix, Q8Rows};
 
 /// How the matrices of the row inference path are held.
@@ -25,6 +26,9 @@ pub enum WeightFormat {
     Bf16,
     /// 8-bit blocks with an f16 scale per 32 weights ([`vc_kernels::q8`]).
     Q8,
+    /// 4-bit blocks with an f16 scale per 32 weights ([`vc_kernels::q4`], its symmetric kind:
+    /// docs/performance.md §2.6 has why).
+    Q4,
 }
 
 /// One `(n, k)` matrix (PyTorch layout: `y = x · Wᵀ`).
@@ -43,11 +47,12 @@ pub enum LinearWeight {
         k: usize,
     },
     Q8(Q8Matrix),
+    Q4(Q4Matrix),
 }
 
 impl LinearWeight {
-    /// Loads `name` `(n, k)` in `format`. For [`WeightFormat::Q8`] the source pages are given
-    /// back after quantizing.
+    /// Loads `name` `(n, k)` in `format`. For [`WeightFormat::Q8`] and [`WeightFormat::Q4`]
+    /// the source pages are given back after quantizing.
     pub fn load(
         src: &MappedWeights,
         name: &str,
@@ -82,6 +87,18 @@ impl LinearWeight {
                 src.release(name);
                 LinearWeight::Q8(q)
             }
+            WeightFormat::Q4 => {
+                let kind = Q4Kind::Symmetric;
+                let q = if src.stored_dtype(name) == Some(safetensors::Dtype::BF16) {
+                    let b = src.bf16(name, &shape)?;
+                    Q4Matrix::from_bf16(b.bits(), n, k, kind)
+                } else {
+                    Q4Matrix::from_f32(&src.f32(name, &shape)?, n, k, kind)
+                }
+                .with_context(|| format!("quantizing {name}"))?;
+                src.release(name);
+                LinearWeight::Q4(q)
+            }
         })
     }
 
@@ -90,6 +107,7 @@ impl LinearWeight {
         match self {
             LinearWeight::F32 { n, k, .. } | LinearWeight::Bf16 { n, k, .. } => (*n, *k),
             LinearWeight::Q8(q) => q.dims(),
+            LinearWeight::Q4(q) => q.dims(),
         }
     }
 
@@ -99,6 +117,7 @@ impl LinearWeight {
             LinearWeight::F32 { w, .. } => 4 * w.len(),
             LinearWeight::Bf16 { w, .. } => 2 * w.bits().len(),
             LinearWeight::Q8(q) => q.bytes(),
+            LinearWeight::Q4(q) => q.bytes(),
         }
     }
 
@@ -119,6 +138,7 @@ impl LinearWeight {
                 bf16_dot::matmul_t(Dense::Bf16(w.bits()), n, x.dense(), &mut out)
             }
             LinearWeight::Q8(q) => q.matmul_t(x.q8(), &mut out),
+            LinearWeight::Q4(q) => q.matmul_t(x.q8(), &mut out),
         }
         out
     }
@@ -134,7 +154,7 @@ impl LinearWeight {
 }
 
 /// Activation rows `(m, k)` for one or more products, prepared for each kernel once (the bf16
-/// parts or the 8-bit blocks), when first needed.
+/// parts or the 8-bit blocks, which the 8- and 4-bit matrices share), when first needed.
 pub struct Input<'a> {
     x: &'a [f32],
     m: usize,

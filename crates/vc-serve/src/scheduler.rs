@@ -90,7 +90,7 @@ impl Scheduler {
         anyhow::ensure!(
             synth.row_talker().is_some(),
             "voiceclone serve runs the talker on the row inference path (precision f32, \
-             bf16-weights or q8); {} is not one of them",
+             bf16-weights, q8 or q4); {} is not one of them",
             synth.precision()
         );
         let shared = Arc::new(SchedulerState {

@@ -166,7 +166,7 @@ mod tests {
         assert!(
             err.contains("`speak.precision`")
                 && err.contains("a.toml")
-                && err.contains("\"bf17\" is not one of auto, f32, bf16-weights, bf16, q8"),
+                && err.contains("\"bf17\" is not one of auto, f32, bf16-weights, bf16, q8, q4"),
             "{err}"
         );
         let err = resolve_layers(vec![(
@@ -195,6 +195,7 @@ mod tests {
             PrecisionSetting::Bf16Weights,
             PrecisionSetting::Bf16,
             PrecisionSetting::Q8,
+            PrecisionSetting::Q4,
         ];
         assert_eq!(all.len(), PrecisionSetting::NAMES.len());
         for (p, name) in all.iter().zip(PrecisionSetting::NAMES) {

@@ -514,10 +514,12 @@ pub enum PrecisionSetting {
     Bf16,
     /// 8-bit block-quantized matrices (CPU).
     Q8,
+    /// 4-bit block-quantized matrices (CPU).
+    Q4,
 }
 
 impl PrecisionSetting {
-    pub const NAMES: &'static [&'static str] = &["auto", "f32", "bf16-weights", "bf16", "q8"];
+    pub const NAMES: &'static [&'static str] = &["auto", "f32", "bf16-weights", "bf16", "q8", "q4"];
 }
 
 /// `speak.non_streaming`: the whole text before the first frame (the official

@@ -8,16 +8,16 @@ use super::{abs_max, check_len, round_q, with_simd, Q8Error, BLOCK};
 /// Activation rows quantized to 8-bit blocks (see the docs of [`super`]).
 #[derive(Debug, Clone)]
 pub struct Q8Rows {
-    pub(super) m: usize,
-    pub(super) k: usize,
+    pub(crate) m: usize,
+    pub(crate) k: usize,
     /// `k` rounded up to whole blocks (the padding quantizes to zeros).
-    pub(super) kp: usize,
+    pub(crate) kp: usize,
     /// The quantized values, 4 per word (little-endian bytes), `[row][block][step]`.
-    pub(super) words: Vec<i32>,
+    pub(crate) words: Vec<i32>,
     /// Scale per `[row][block]`.
-    pub(super) d: Vec<f32>,
+    pub(crate) d: Vec<f32>,
     /// `128 · Σ q` per `[row][block]` (the weights' offset, taken back).
-    pub(super) corr: Vec<i32>,
+    pub(crate) corr: Vec<i32>,
 }
 
 impl Q8Rows {

@@ -36,20 +36,20 @@ pub struct RowTalker {
 
 impl RowTalker {
     /// Builds the talker from a mapped checkpoint with its matrices in `format`. The text
-    /// projection (used only for prompts) is never quantized: q8 keeps it bf16.
+    /// projection (used only for prompts) is never quantized: q8 and q4 keep it bf16.
     pub fn load(src: &MappedWeights, cfg: &Qwen3TtsConfig, format: WeightFormat) -> Result<Self> {
         const P: &str = crate::talker::PREFIX;
         let t = &cfg.talker_config;
         let (h, th) = (t.hidden_size, t.text_hidden_size);
         let proj_format = match format {
-            WeightFormat::Q8 => WeightFormat::Bf16,
+            WeightFormat::Q8 | WeightFormat::Q4 => WeightFormat::Bf16,
             f => f,
         };
         let name = |n: &str| format!("{P}.{n}");
         let table = |n: &str, rows: usize, width: usize| -> Result<Table> {
             Ok(match format {
                 // f32 of an f32-stored table; bf16-stored tables widen exactly when read.
-                WeightFormat::F32 | WeightFormat::Bf16 | WeightFormat::Q8 => {
+                WeightFormat::F32 | WeightFormat::Bf16 | WeightFormat::Q8 | WeightFormat::Q4 => {
                     Table::load(src, &name(n), rows, width)?
                 }
             })
