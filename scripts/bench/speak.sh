@@ -11,7 +11,7 @@
 # greedily (so both generate exactly FRAMES frames), in the same streaming-text layout with the
 # model's repetition penalty. Sides: the official package (`scripts/reference/bench_speak.py`, one
 # `generate_voice_clone` call) in float32 AND bfloat16, and `voiceclone speak --greedy
-# --max-frames N` in `bf16-weights` and `q8`. Timed: voice preparation + generation + decoding,
+# --max-frames N` in each precision of PRECISIONS (`bf16-weights`, `q8`, `q4`). Timed: voice preparation + generation + decoding,
 # model loading excluded on both sides; for voiceclone also the whole process (loading included).
 # Peak memory is the whole process's maximum RSS. Ratios are against the FASTER official setting
 # at the same thread count.
@@ -26,7 +26,10 @@
 #
 # Environment: PYTHON (torch + qwen-tts; default .reference-venv/bin/python, made by
 # scripts/reference/setup_venv.sh), MODEL (default .big-fixtures/qwen3-tts-0.6b-random),
-# FRAMES (50), ROUNDS (3), THREADS ("1 2"), TEXT, FORCE.
+# PRECISIONS ("bf16-weights q8 q4"), OFFICIAL (1; 0 leaves the official side out, as when only
+# voiceclone's kernel paths are compared), FRAMES (50), ROUNDS (3), THREADS ("1 2"), TEXT, FORCE.
+# VOICECLONE_ISA (e.g. avx2) narrows voiceclone's kernels to a CPU class below this machine's
+# (docs/performance.md §2.6); the table names the paths `voiceclone --version` reports.
 #
 # SMOKE=1 (scripts/bench/smoke.sh): the tiny fixture model, 8 frames, one thread, one round, a
 # 16 MiB bandwidth probe; BIN the test build and examples/bandwidth beside it, nothing built;
@@ -52,8 +55,11 @@ trap 'rm -rf "$OUT"' EXIT
 
 require_quiet "before starting"
 
-SIDES="official-float32 official-bfloat16 bf16-weights q8"
-reference_side "$PYTHON" "torch, qwen_tts" || SIDES="bf16-weights q8"
+PRECISIONS=${PRECISIONS:-"bf16-weights q8 q4"}
+SIDES="official-float32 official-bfloat16 $PRECISIONS"
+if [[ ${OFFICIAL:-1} == 0 ]] || ! reference_side "$PYTHON" "torch, qwen_tts"; then
+    SIDES=$PRECISIONS
+fi
 if [[ ! -f $MODEL/model.safetensors ]]; then
     echo "== writing the 0.6B-shaped random model to $MODEL (once)" >&2
     "$PYTHON" scripts/reference/make_fixtures.py --full-size "$MODEL"
@@ -140,6 +146,7 @@ best() { sort -n | head -1; }
 printf '\n%s greedy frames of %s, best of %s alternating round(s); %s\n' \
     "$FRAMES" "$MODEL" "$ROUNDS" "$LOAD_NOTE"
 printf 'end of run: load average %s\n' "$(cut -d' ' -f1 /proc/loadavg)"
+printf 'voiceclone %s\n' "$("$BIN" --version | grep -E '^ *(cpu|kernels):' | sed 's/^ *//' | paste -sd ';')"
 printf '%-3s %-26s %8s %9s %6s %9s %8s %9s %10s %9s %11s\n' thr side "call s" frames/s RTF \
     "peak MiB" "vs best" "whole s" "whole/call" "GB/s" "limit f/s"
 for threads in $THREADS; do
