@@ -35,9 +35,7 @@
 use rayon::prelude::*;
 
 use super::isa::Isa;
-use super::q8::{
-    check_len, f16_to_f32, f32_to_f16, for_each_tile, with_simd, Q8Error, Q8Rows, BLOCK, TILE,
-};
+use super::q8::{check_len, f16_to_f32, f32_to_f16, for_each_tile, Q8Error, Q8Rows, BLOCK, TILE};
 
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -134,37 +132,13 @@ impl Q4Matrix {
                         )
                     },
                     |(row, q, d, mn), (t, ((qs_t, sc_t), mn_t))| {
-                        with_simd(|| {
-                            for i in 0..TILE.min(n - t * TILE) {
-                                let r = t * TILE + i;
-                                match src {
-                                    Source::Bf16(w) => {
-                                        for (o, b) in row.iter_mut().zip(&w[r * k..(r + 1) * k]) {
-                                            *o = f32::from_bits((*b as u32) << 16);
-                                        }
-                                    }
-                                    Source::F32(w) => {
-                                        row[..k].copy_from_slice(&w[r * k..(r + 1) * k])
-                                    }
-                                }
-                                quantize_row(kind, row, q, d, mn);
-                                for b in 0..kb {
-                                    sc_t[b * TILE + i] = d[b];
-                                    if offset {
-                                        mn_t[b * TILE + i] = mn[b];
-                                    }
-                                    let lv = &q[b * BLOCK..(b + 1) * BLOCK];
-                                    let blk =
-                                        &mut qs_t[b * TILE_BLOCK_BYTES..(b + 1) * TILE_BLOCK_BYTES];
-                                    for l in 0..4 {
-                                        for j in 0..4 {
-                                            blk[l * TILE * 4 + i * 4 + j] =
-                                                lv[4 * l + j] | (lv[16 + 4 * l + j] << 4);
-                                        }
-                                    }
-                                }
-                            }
-                        })
+                        let tile = TileOut {
+                            qs: qs_t,
+                            scales: sc_t,
+                            mins: mn_t,
+                        };
+                        let scratch = Scratch { row, q, d, mn };
+                        quantize_tile_simd(kind, src, n, k, t, scratch, tile);
                     },
                 );
         }
@@ -272,6 +246,101 @@ enum Source<'a> {
     Bf16(&'a [u16]),
 }
 
+/// One tile's share of a quantized matrix: its level bytes, scales and minimums.
+struct TileOut<'a> {
+    qs: &'a mut [u8],
+    scales: &'a mut [u16],
+    mins: &'a mut [u16],
+}
+
+/// A thread's buffers for one row: its f32 values, levels, scales and minimums.
+struct Scratch<'a> {
+    row: &'a mut [f32],
+    q: &'a mut [u8],
+    d: &'a mut [u16],
+    mn: &'a mut [u16],
+}
+
+/// [`quantize_tile`] compiled with AVX2 where the CPU has it. A named function rather than
+/// `with_simd`'s closure: a closure this large is not inlined into the feature-enabled caller,
+/// and then the scale search runs in SSE2 (profiled: 5× slower loads).
+fn quantize_tile_simd(
+    kind: Q4Kind,
+    src: Source<'_>,
+    n: usize,
+    k: usize,
+    t: usize,
+    scratch: Scratch<'_>,
+    out: TileOut<'_>,
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if Isa::detected().avx2 {
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn avx2(
+                kind: Q4Kind,
+                src: Source<'_>,
+                n: usize,
+                k: usize,
+                t: usize,
+                scratch: Scratch<'_>,
+                out: TileOut<'_>,
+            ) {
+                quantize_tile(kind, src, n, k, t, scratch, out)
+            }
+            // SAFETY: the CPU has the enabled features (checked above).
+            return unsafe { avx2(kind, src, n, k, t, scratch, out) };
+        }
+    }
+    quantize_tile(kind, src, n, k, t, scratch, out)
+}
+
+/// Quantizes the rows of tile `t` and interleaves their levels into the tile's bytes.
+#[inline(always)]
+fn quantize_tile(
+    kind: Q4Kind,
+    src: Source<'_>,
+    n: usize,
+    k: usize,
+    t: usize,
+    scratch: Scratch<'_>,
+    out: TileOut<'_>,
+) {
+    let Scratch { row, q, d, mn } = scratch;
+    let TileOut {
+        qs: qs_t,
+        scales: sc_t,
+        mins: mn_t,
+    } = out;
+    let kb = d.len();
+    let offset = kind == Q4Kind::Offset;
+    for i in 0..TILE.min(n - t * TILE) {
+        let r = t * TILE + i;
+        match src {
+            Source::Bf16(w) => {
+                for (o, b) in row.iter_mut().zip(&w[r * k..(r + 1) * k]) {
+                    *o = f32::from_bits((*b as u32) << 16);
+                }
+            }
+            Source::F32(w) => row[..k].copy_from_slice(&w[r * k..(r + 1) * k]),
+        }
+        quantize_row(kind, row, q, d, mn);
+        for b in 0..kb {
+            sc_t[b * TILE + i] = d[b];
+            if offset {
+                mn_t[b * TILE + i] = mn[b];
+            }
+            let lv = &q[b * BLOCK..(b + 1) * BLOCK];
+            let blk = &mut qs_t[b * TILE_BLOCK_BYTES..(b + 1) * TILE_BLOCK_BYTES];
+            for l in 0..4 {
+                for j in 0..4 {
+                    blk[l * TILE * 4 + i * 4 + j] = lv[4 * l + j] | (lv[16 + 4 * l + j] << 4);
+                }
+            }
+        }
+    }
+}
+
 /// `v` rounded to the nearest integer (ties to even) and clamped to `lo..=hi`, without a libm
 /// call (as `q8`'s `round_q`), so the quantization loops vectorise.
 #[inline(always)]
@@ -330,6 +399,8 @@ fn quantize_row(kind: Q4Kind, row: &[f32], q: &mut [u8], d: &mut [u16], mins: &m
 const GRID: usize = 9;
 const GRID_STEP: f32 = 0.25;
 const REFITS: usize = 2;
+/// Scales of the grid tried side by side, one per lane of a 256-bit vector.
+const LANES: usize = 8;
 
 /// The f16 scale of a symmetric block: of the scales that put the signed weight of largest
 /// magnitude at level 0 (`peak / −8`, ggml's) or beyond it, clamped, and of least-squares
@@ -338,15 +409,27 @@ const REFITS: usize = 2;
 /// search runs in f32; the format keeps the winner's f16 rounding.
 #[inline(always)]
 fn symmetric_scale(blk: &[f32; BLOCK]) -> u16 {
-    let mut peak = 0f32;
-    for v in blk {
-        if v.abs() > peak.abs() {
-            peak = *v;
+    let peak = signed_peak(blk);
+    let sq = dot8(blk, blk);
+    // The grid's first LANES scales in one pass over the block, one scale per vector lane: no
+    // sums across lanes and no dependence of one scale on the last (the pass per scale, with
+    // its two horizontal sums in a chain, made q4 loads 5× slower than q8's).
+    let mut scale = [0f32; LANES];
+    let mut inv = [0f32; LANES];
+    for t in 0..LANES {
+        scale[t] = peak / -(8.0 + t as f32 * GRID_STEP);
+        inv[t] = if scale[t] != 0.0 { 1.0 / scale[t] } else { 0.0 };
+    }
+    let (wq, qq) = grid_sums(blk, &inv);
+    let mut best = (f32::INFINITY, 0f32, 0f32, 0f32);
+    for t in 0..LANES {
+        let (d, w, q) = (scale[t], wq[0][t] + wq[1][t], qq[0][t] + qq[1][t]);
+        let e = sq - 2.0 * d * w + d * d * q;
+        if e < best.0 {
+            best = (e, d, w, q);
         }
     }
-    let sq = dot8(blk, blk);
-    let mut best = (f32::INFINITY, 0f32, 0f32, 0f32);
-    for t in 0..GRID {
+    for t in LANES..GRID {
         let d = peak / -(8.0 + t as f32 * GRID_STEP);
         let (e, wq, qq) = error_at(blk, sq, d);
         if e < best.0 {
@@ -365,6 +448,60 @@ fn symmetric_scale(blk: &[f32; BLOCK]) -> u16 {
         best = (e, d, wq, qq);
     }
     f32_to_f16(best.1)
+}
+
+/// `(Σ w·q, Σ q²)` of a block at each of [`LANES`] scales (given as their inverses), in two sets
+/// of sums (even and odd weights: half the chain of dependent adds); AVX2 where the CPU has it
+/// (`x86::grid_sums_avx2`, the same bits: the compiler left this loop in scalar code with
+/// spills), else this loop.
+#[inline(always)]
+fn grid_sums(blk: &[f32; BLOCK], inv: &[f32; LANES]) -> ([[f32; LANES]; 2], [[f32; LANES]; 2]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if Isa::detected().avx2 {
+            // SAFETY: the CPU has AVX2 (checked above).
+            return unsafe { x86::grid_sums_avx2(blk, inv) };
+        }
+    }
+    grid_sums_scalar(blk, inv)
+}
+
+/// [`grid_sums`] without vectors: the reference the AVX2 pass gives the bits of.
+#[inline(always)]
+fn grid_sums_scalar(
+    blk: &[f32; BLOCK],
+    inv: &[f32; LANES],
+) -> ([[f32; LANES]; 2], [[f32; LANES]; 2]) {
+    let (mut wq, mut qq) = ([[0f32; LANES]; 2], [[0f32; LANES]; 2]);
+    for (i, v) in blk.iter().enumerate() {
+        for t in 0..LANES {
+            let q = rounded(v * inv[t], -8.0, 7.0);
+            wq[i % 2][t] += v * q;
+            qq[i % 2][t] += q * q;
+        }
+    }
+    (wq, qq)
+}
+
+/// The block's weight of largest magnitude, with its sign (the larger side where the most
+/// positive and the most negative weights are equally large): its largest and smallest values
+/// in 8 lanes, so that no comparison branches per weight.
+#[inline(always)]
+fn signed_peak(blk: &[f32; BLOCK]) -> f32 {
+    let (mut hi, mut lo) = ([f32::MIN; 8], [f32::MAX; 8]);
+    for i in 0..BLOCK / 8 {
+        for l in 0..8 {
+            hi[l] = hi[l].max(blk[i * 8 + l]);
+            lo[l] = lo[l].min(blk[i * 8 + l]);
+        }
+    }
+    let hi = hi.iter().fold(f32::MIN, |a, b| a.max(*b));
+    let lo = lo.iter().fold(f32::MAX, |a, b| a.min(*b));
+    if hi >= -lo {
+        hi
+    } else {
+        lo
+    }
 }
 
 /// `Σ a·b` over a block's 32 positions, in 8 lanes (a fixed trip count: vectorised).
@@ -805,6 +942,42 @@ mod tests {
         // 4.5 and 5 bits per weight against 8.5.
         assert_eq!(sym.bytes() * 85, q8.bytes() * 45);
         assert_eq!(off.bytes() * 85, q8.bytes() * 50);
+    }
+
+    /// The scale search quantizes alike on every CPU: the AVX2 grid pass gives the scalar
+    /// loop's bits, on blocks of every magnitude and with weights past the grid's reach.
+    #[test]
+    fn the_grid_pass_gives_the_scalar_bits() {
+        #[cfg(target_arch = "x86_64")]
+        if Isa::detected().avx2 {
+            for seed in 0..64u64 {
+                let mut blk = [0f32; BLOCK];
+                let v = values(BLOCK, seed);
+                let magnitude = 10f32.powi(seed as i32 % 7 - 4);
+                for (o, x) in blk.iter_mut().zip(&v) {
+                    *o = x * magnitude;
+                }
+                blk[seed as usize % BLOCK] *= 9.0;
+                let peak = signed_peak(&blk);
+                let mut inv = [0f32; LANES];
+                for (t, o) in inv.iter_mut().enumerate() {
+                    let d = peak / -(8.0 + t as f32 * GRID_STEP);
+                    *o = if d != 0.0 { 1.0 / d } else { 0.0 };
+                }
+                // SAFETY: the CPU has AVX2 (checked above).
+                let fast = unsafe { x86::grid_sums_avx2(&blk, &inv) };
+                let slow = grid_sums_scalar(&blk, &inv);
+                let bits = |s: ([[f32; LANES]; 2], [[f32; LANES]; 2])| {
+                    [s.0, s.1]
+                        .concat()
+                        .concat()
+                        .iter()
+                        .map(|v| v.to_bits())
+                        .collect::<Vec<_>>()
+                };
+                assert_eq!(bits(fast), bits(slow), "seed {seed}");
+            }
+        }
     }
 
     #[test]

@@ -225,3 +225,55 @@ fn store_halves<const M: usize>(facc: &[[__m256; 2]; M], out: &mut [f32]) {
         }
     }
 }
+
+/// The symmetric scale search's grid pass ([`super::grid_sums`]) with one scale per lane of a
+/// 256-bit vector: the same operations in the same order as the scalar loop (multiply, clamp,
+/// round by the 1.5·2^23 trick, then separate multiplies and adds into two sets of sums), so
+/// both give the same bits and a matrix quantizes alike on every CPU.
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn grid_sums_avx2(
+    blk: &[f32; BLOCK],
+    inv: &[f32; super::LANES],
+) -> ([[f32; super::LANES]; 2], [[f32; super::LANES]; 2]) {
+    const MAGIC: f32 = 12_582_912.0;
+    // SAFETY: `inv` holds LANES = 8 floats.
+    let inv = unsafe { _mm256_loadu_ps(inv.as_ptr()) };
+    let (lo, hi, magic) = (
+        _mm256_set1_ps(-8.0),
+        _mm256_set1_ps(7.0),
+        _mm256_set1_ps(MAGIC),
+    );
+    // Named accumulators, not an array indexed by parity: that one lived on the stack.
+    let (mut wq0, mut wq1, mut qq0, mut qq1) = (
+        _mm256_setzero_ps(),
+        _mm256_setzero_ps(),
+        _mm256_setzero_ps(),
+        _mm256_setzero_ps(),
+    );
+    let level = |v: __m256| {
+        // `max` then `min` with the bound second: a NaN product gives the bound, as f32's do.
+        let x = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(v, inv), lo), hi);
+        _mm256_sub_ps(_mm256_add_ps(x, magic), magic)
+    };
+    for pair in blk.chunks_exact(2) {
+        let (v0, v1) = (_mm256_set1_ps(pair[0]), _mm256_set1_ps(pair[1]));
+        let (q0, q1) = (level(v0), level(v1));
+        wq0 = _mm256_add_ps(wq0, _mm256_mul_ps(v0, q0));
+        qq0 = _mm256_add_ps(qq0, _mm256_mul_ps(q0, q0));
+        wq1 = _mm256_add_ps(wq1, _mm256_mul_ps(v1, q1));
+        qq1 = _mm256_add_ps(qq1, _mm256_mul_ps(q1, q1));
+    }
+    let (wq, qq) = ([wq0, wq1], [qq0, qq1]);
+    let mut out = ([[0f32; super::LANES]; 2], [[0f32; super::LANES]; 2]);
+    for set in 0..2 {
+        // SAFETY: each destination holds LANES = 8 floats.
+        unsafe {
+            _mm256_storeu_ps(out.0[set].as_mut_ptr(), wq[set]);
+            _mm256_storeu_ps(out.1[set].as_mut_ptr(), qq[set]);
+        }
+    }
+    out
+}
